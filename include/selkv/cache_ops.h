@@ -1,0 +1,91 @@
+// selkv/cache_ops.h — memory-bound KV-cache operations (DESIGN C1-C3).
+//
+// All pointers are device pointers; every call is asynchronous on `stream`, never synchronizes
+// the host, never allocates, and is CUDA-graph capturable. The same Params structs, filled with
+// host pointers, drive the CPU oracle (src/reference/oracle.h).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "selkv/formats.h"
+#include "selkv/status.h"
+
+namespace selkv {
+
+// ---- C1: cache write -------------------------------------------------------------------------
+// bf16 latent [T,512] (+ RoPE [T,64] for ds_mla_fp8) -> FP8 records at slot_mapping[t].
+// slot_mapping < 0 skips the token (CUDA-graph padding); a slot >= num_slots is also skipped
+// (never written), so no caller value can write out of bounds.
+struct WriteKvCacheParams {
+  const void* latent = nullptr;    // bf16 [num_tokens, 512], rows 16-byte aligned
+  int64_t latent_row_stride = 0;   // in elements
+  const void* rope = nullptr;      // bf16 [num_tokens, 64]; required for ds_mla_fp8, else null
+  int64_t rope_row_stride = 0;     // in elements
+  const int64_t* slot_mapping = nullptr;  // [num_tokens]
+  int64_t num_tokens = 0;
+  void* cache = nullptr;           // uint8 paged cache, see PagedKvCache
+  int64_t num_blocks = 0;
+  int32_t page_size = 0;
+  int64_t block_stride_bytes = 0;
+  KvFormat format = KvFormat::kDsMlaFp8;
+  ScaleMode scale_mode = ScaleMode::kPow2;
+};
+Status write_kv_cache(const WriteKvCacheParams& p, cudaStream_t stream);
+
+// ---- C2: request-local top-k positions -> physical slots -----------------------------------
+// For row t < num_tokens: r = req_id_per_token[t]; for each k,
+//   pos = req_local_indices[t, k]; blk = pos / page_size;
+//   slot = block_table[r, blk] * page_size + pos % page_size
+// and -1 when r is outside [0, num_reqs), pos < 0, blk >= max_blocks_per_req, or the block id
+// is outside [0, num_blocks). Only the first num_tokens entries of req_id_per_token are read
+// (a longer vector is fine and never causes an out-of-bounds access).
+// valid_counts (optional, [num_tokens]) receives the number of valid slots per row.
+// compact: valid slots are moved to the front of the row in their original order and the rest
+// filled with -1, so valid_counts can serve as topk_length.
+struct ConvertIndicesParams {
+  const int32_t* req_local_indices = nullptr;  // [num_tokens, topk]
+  int64_t indices_row_stride = 0;              // in elements
+  const int32_t* req_id_per_token = nullptr;   // [>= num_tokens]
+  const int32_t* block_table = nullptr;        // [num_reqs, max_blocks_per_req]
+  int64_t block_table_row_stride = 0;          // in elements
+  int32_t num_reqs = 0;
+  int32_t max_blocks_per_req = 0;
+  int64_t num_tokens = 0;
+  int32_t topk = 0;
+  int32_t page_size = 0;
+  int64_t num_blocks = 0;
+  int32_t* out_slots = nullptr;                // [num_tokens, topk]
+  int64_t out_row_stride = 0;                  // in elements
+  int32_t* valid_counts = nullptr;             // optional [num_tokens]
+  bool compact = false;
+};
+Status convert_req_indices_to_slots(const ConvertIndicesParams& p, cudaStream_t stream);
+
+// ---- C3: gather + upconvert ------------------------------------------------------------------
+// For each request r < num_reqs: tokens [seq_starts[r], seq_starts[r] + seq_lens[r]) are read
+// through block_table row r, dequantized to bf16 and written to out rows
+// [ws_starts[r], ws_starts[r] + seq_lens[r]). ds_mla_fp8 -> [.., 576], nope_fp8 -> [.., 512].
+// Starts need not be page aligned. Tokens whose block is missing (past max_blocks_per_req or a
+// block id outside [0, num_blocks)) are written as zeros; out rows >= out_rows are never written.
+struct GatherKvParams {
+  const void* cache = nullptr;
+  int64_t num_blocks = 0;
+  int32_t page_size = 0;
+  int64_t block_stride_bytes = 0;
+  KvFormat format = KvFormat::kDsMlaFp8;
+  const int32_t* block_table = nullptr;  // [num_reqs, max_blocks_per_req]
+  int64_t block_table_row_stride = 0;
+  int32_t max_blocks_per_req = 0;
+  const int32_t* seq_starts = nullptr;   // [num_reqs] first token position to gather
+  const int32_t* seq_lens = nullptr;     // [num_reqs] tokens to gather (0 allowed)
+  const int32_t* ws_starts = nullptr;    // [num_reqs] first output row
+  int32_t num_reqs = 0;
+  void* out = nullptr;                   // bf16 [out_rows, dequant_dim(format)]
+  int64_t out_row_stride = 0;            // in elements
+  int64_t out_rows = 0;
+};
+Status gather_kv_bf16(const GatherKvParams& p, cudaStream_t stream);
+
+}  // namespace selkv

@@ -1,0 +1,7 @@
+// selkv — selected-KV (sparse) attention kernels and FP8 KV-cache operations for Hopper.
+// Umbrella header: includes the whole public C++ API.
+#pragma once
+
+#include "selkv/status.h"
+#include "selkv/formats.h"
+#include "selkv/cache_ops.h"
