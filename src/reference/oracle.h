@@ -1,0 +1,72 @@
+// CPU oracle ("reference"): a plain, obviously-correct implementation of every selkv op.
+// Bit-exact for quantization, packing, gathering and index conversion; fp64 accumulation for
+// attention. The cache ops take the same Params structs as the GPU ops, filled with host
+// pointers. Used by the tests, the main job's sample check, and the torch CPU ops.
+#pragma once
+
+#include <cstdint>
+
+#include "selkv/cache_ops.h"
+#include "selkv/formats.h"
+#include "selkv/status.h"
+
+namespace selkv::ref {
+
+// ---- records ---------------------------------------------------------------------------------
+// Encode one token: latent bf16[512] (+ rope bf16[64] for ds_mla_fp8; ignored for nope_fp8)
+// -> record_bytes(format) bytes.
+void encode_record(const uint16_t* latent, const uint16_t* rope, KvFormat format, ScaleMode mode,
+                   uint8_t* record);
+// Decode one record -> bf16 bits [dequant_dim(format)] (576 or 512).
+void decode_record(const uint8_t* record, KvFormat format, uint16_t* out);
+
+// ---- C1-C3 (host pointers; same semantics as the GPU ops) -----------------------------------
+Status write_kv_cache(const WriteKvCacheParams& p);
+Status convert_req_indices_to_slots(const ConvertIndicesParams& p);
+Status gather_kv_bf16(const GatherKvParams& p);
+
+// ---- C5 sparse MLA decode (fp64) ------------------------------------------------------------
+// Valid slot (DESIGN §2): 0 <= slot < cache.num_slots() and k < topk_length[b] when given.
+// score = sm_scale * q . k over 576 dims (k = dequantized record), out = softmax . v (v = first
+// 512 dims of k). A row with no valid slot: out = 0, lse = -inf.
+// attn_sink (optional, [H]): out *= 1 / (1 + exp(attn_sink[h] - lse)); lse is returned unchanged.
+struct SparseDecodeRefArgs {
+  const uint16_t* q = nullptr;   // bf16 [B, S_q, H, 576]
+  int B = 0, S_q = 0, H = 0;
+  PagedKvCache cache;            // host view
+  const int32_t* indices = nullptr;  // [B, S_q, K]
+  int K = 0;
+  const int32_t* topk_length = nullptr;  // [B] or null
+  float sm_scale = 0.f;
+  const float* attn_sink = nullptr;      // [H] or null
+  float* out = nullptr;          // [B, S_q, H, 512]
+  float* lse = nullptr;          // [B, S_q, H], natural log
+};
+void sparse_decode(const SparseDecodeRefArgs& a);
+
+// ---- C7 sparse prefill over bf16 KV (fp64) ---------------------------------------------------
+// Valid index: 0 <= idx < num_kv and k < topk_length[t] when given. score = sm_scale * q . kv
+// over d_qk dims (576 or 512); out = softmax . kv[:, :512]. max_logits = max valid score.
+// Empty row: out = 0, max_logits = -inf, lse = -inf.
+struct SparsePrefillRefArgs {
+  const uint16_t* q = nullptr;   // bf16 [T, H, d_qk]
+  int T = 0, H = 0, d_qk = 0;
+  const uint16_t* kv = nullptr;  // bf16 [num_kv, d_qk]
+  int64_t num_kv = 0;
+  const int32_t* indices = nullptr;  // [T, K]
+  int K = 0;
+  const int32_t* topk_length = nullptr;  // [T] or null
+  float sm_scale = 0.f;
+  float* out = nullptr;          // [T, H, 512]
+  float* max_logits = nullptr;   // [T, H]
+  float* lse = nullptr;          // [T, H]
+};
+void sparse_prefill(const SparsePrefillRefArgs& a);
+
+// ---- C9 LSE merge (fp64) ---------------------------------------------------------------------
+// outs [num_shards, rows, dim], lses [num_shards, rows] -> out [rows, dim], lse [rows].
+// Shards with lse = -inf contribute nothing; all -inf -> out 0, lse -inf; a +inf lse wins.
+void lse_merge(const float* outs, const float* lses, int num_shards, int64_t rows, int dim,
+               float* out, float* lse);
+
+}  // namespace selkv::ref

@@ -1,0 +1,82 @@
+// Shared helpers for the GoogleTest suites: golden-vector loading, seeded RNG, GPU skip.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "formats/codec.h"
+
+namespace selkv::test {
+
+// Golden vectors: $SELKV_VECTORS_DIR, else ../shared/vectors beside the checkout.
+inline std::string vectors_dir() {
+  if (const char* env = std::getenv("SELKV_VECTORS_DIR")) return env;
+#ifdef SELKV_DEFAULT_VECTORS_DIR
+  return SELKV_DEFAULT_VECTORS_DIR;
+#else
+  return "../shared/vectors";
+#endif
+}
+
+inline bool vectors_required() {
+  const char* env = std::getenv("SELKV_REQUIRE_VECTORS");
+  return env && std::string(env) == "1";
+}
+
+// Reads a raw little-endian array; empty vector if the file is missing.
+template <typename T>
+std::vector<T> read_vector(const std::string& name) {
+  std::ifstream f(vectors_dir() + "/" + name, std::ios::binary);
+  if (!f) return {};
+  std::vector<char> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::vector<T> v(bytes.size() / sizeof(T));
+  std::memcpy(v.data(), bytes.data(), v.size() * sizeof(T));
+  return v;
+}
+
+// Skips (or, with SELKV_REQUIRE_VECTORS=1 as CI sets it, fails) when the vectors are absent.
+#define SELKV_REQUIRE_VECTOR(vec, name)                                                      \
+  do {                                                                                       \
+    if ((vec).empty()) {                                                                     \
+      if (::selkv::test::vectors_required()) FAIL() << "golden vector missing: " << (name); \
+      GTEST_SKIP() << "golden vector missing: " << (name);                                   \
+    }                                                                                        \
+  } while (0)
+
+inline bool has_gpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+#define SELKV_REQUIRE_GPU()                                  \
+  do {                                                       \
+    if (!::selkv::test::has_gpu()) GTEST_SKIP() << "no GPU"; \
+  } while (0)
+
+// Fresh seed per process unless SELKV_TEST_SEED is set; printed on failure by the caller.
+inline uint64_t test_seed() {
+  if (const char* env = std::getenv("SELKV_TEST_SEED")) return std::strtoull(env, nullptr, 10);
+  static const uint64_t seed = std::random_device{}();
+  return seed;
+}
+
+inline uint16_t bf16(float f) { return codec::float_to_bf16(f); }
+inline float f32(uint16_t h) { return codec::bf16_to_float(h); }
+
+// bf16 bits of N(0, stddev) samples.
+inline std::vector<uint16_t> randn_bf16(size_t n, float stddev, std::mt19937_64& rng) {
+  std::normal_distribution<float> d(0.f, stddev);
+  std::vector<uint16_t> v(n);
+  for (auto& x : v) x = bf16(d(rng));
+  return v;
+}
+
+}  // namespace selkv::test
