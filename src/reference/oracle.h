@@ -43,6 +43,9 @@ struct SparseDecodeRefArgs {
   float* lse = nullptr;          // [B, S_q, H], natural log
 };
 void sparse_decode(const SparseDecodeRefArgs& a);
+// Argument check for sparse_decode (null pointers, sizes, cache view, format must be ds_mla_fp8).
+// sparse_decode itself writes nothing when this fails.
+Status check_sparse_decode_args(const SparseDecodeRefArgs& a);
 
 // ---- C7 sparse prefill over bf16 KV (fp64) ---------------------------------------------------
 // Valid index: 0 <= idx < num_kv and k < topk_length[t] when given. score = sm_scale * q . kv
@@ -62,11 +65,19 @@ struct SparsePrefillRefArgs {
   float* lse = nullptr;          // [T, H]
 };
 void sparse_prefill(const SparsePrefillRefArgs& a);
+// Argument check for sparse_prefill (null pointers, sizes, d_qk in {576, 512}; max_logits and
+// lse may be null). sparse_prefill itself writes nothing when this fails.
+Status check_sparse_prefill_args(const SparsePrefillRefArgs& a);
 
 // ---- C9 LSE merge (fp64) ---------------------------------------------------------------------
 // outs [num_shards, rows, dim], lses [num_shards, rows] -> out [rows, dim], lse [rows].
-// Shards with lse = -inf contribute nothing; all -inf -> out 0, lse -inf; a +inf lse wins.
+// Shards with lse = -inf contribute nothing; all -inf -> out 0, lse -inf; a +inf lse wins:
+// out = the out of the first shard whose lse is +inf, lse = +inf. A NaN lse in any shard makes
+// the row NaN (out and lse). lse may be null (out only).
 void lse_merge(const float* outs, const float* lses, int num_shards, int64_t rows, int dim,
                float* out, float* lse);
+// Argument check for lse_merge; lse_merge itself writes nothing when this fails.
+Status check_lse_merge_args(const float* outs, const float* lses, int num_shards, int64_t rows,
+                            int dim, const float* out);
 
 }  // namespace selkv::ref

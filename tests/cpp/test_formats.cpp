@@ -1,0 +1,338 @@
+// Codec unit tests (bf16, E4M3, tile scale) and the golden record vectors (DESIGN §1).
+#include <gtest/gtest.h>
+
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "formats/codec.h"
+#include "reference/oracle.h"
+#include "test_util.h"
+
+namespace selkv {
+namespace {
+
+using codec::bf16_to_float;
+using codec::bits_float;
+using codec::e4m3_to_float;
+using codec::float_bits;
+using codec::float_to_bf16;
+using codec::float_to_e4m3;
+
+// ---- independent slow references ---------------------------------------------------------------
+
+// Magnitude of non-negative E4M3 code c (0..0x7E), from the format definition.
+double e4m3_magnitude(int c) {
+  const int e = (c >> 3) & 15, m = c & 7;
+  return e == 0 ? std::ldexp(double(m), -9) : std::ldexp(1.0 + m / 8.0, e - 7);
+}
+
+// Nearest finite E4M3 value by exhaustive search, ties to the even code, |x| >= 448 saturates.
+uint8_t slow_e4m3(float x) {
+  if (std::isnan(x)) return 0x7f;
+  const uint8_t sign = std::signbit(x) ? 0x80 : 0x00;
+  const double a = std::fabs(double(x));
+  if (a >= 448.0) return sign | 0x7e;
+  int best = 0;
+  double best_err = a;
+  for (int c = 1; c <= 0x7e; ++c) {
+    const double err = std::fabs(a - e4m3_magnitude(c));
+    if (err < best_err || (err == best_err && (c & 1) == 0)) {
+      best = c;
+      best_err = err;
+    }
+  }
+  return uint8_t(sign | best);
+}
+
+// fp32 -> bf16 by comparing the two bracketing bf16 values in fp64, ties to even.
+uint16_t slow_bf16(float x) {
+  const uint32_t u = float_bits(x);
+  const uint16_t lo = uint16_t(u >> 16);  // truncation toward zero
+  if ((u & 0xffffu) == 0) return lo;
+  const uint16_t hi = uint16_t(lo + 1);   // next magnitude away from zero
+  auto value = [](uint16_t h) {
+    if ((h & 0x7fffu) == 0x7f80u) return std::ldexp(1.0, 128);  // inf as the next "value"
+    return double(std::fabs(bits_float(uint32_t(h) << 16)));
+  };
+  const double a = std::fabs(double(x));
+  const double dlo = a - value(lo), dhi = value(hi) - a;
+  if (dlo < dhi) return lo;
+  if (dhi < dlo) return hi;
+  return (lo & 1) ? hi : lo;
+}
+
+// ---- E4M3 --------------------------------------------------------------------------------------
+
+TEST(CodecE4m3, AllCodesRoundTrip) {
+  for (int c = 0; c < 256; ++c) {
+    const float v = e4m3_to_float(uint8_t(c));
+    if ((c & 0x7f) == 0x7f) {
+      EXPECT_TRUE(std::isnan(v)) << c;
+      EXPECT_EQ(float_to_e4m3(v), 0x7f) << c;
+      continue;
+    }
+    EXPECT_EQ(double(std::fabs(v)), e4m3_magnitude(c & 0x7f)) << c;
+    EXPECT_EQ(std::signbit(v), (c & 0x80) != 0) << c;
+    EXPECT_EQ(float_to_e4m3(v), c) << "code " << c << " value " << v;
+  }
+}
+
+TEST(CodecE4m3, KnownValues) {
+  EXPECT_EQ(e4m3_to_float(0x7e), 448.f);
+  EXPECT_EQ(e4m3_to_float(0xfe), -448.f);
+  EXPECT_EQ(e4m3_to_float(0x38), 1.f);
+  EXPECT_EQ(e4m3_to_float(0x08), std::ldexp(1.f, -6));  // smallest normal
+  EXPECT_EQ(e4m3_to_float(0x01), std::ldexp(1.f, -9));  // smallest subnormal
+  EXPECT_EQ(e4m3_to_float(0x07), 7.f * std::ldexp(1.f, -9));
+  for (int c = 0; c < 0x7e; ++c) EXPECT_LT(e4m3_to_float(uint8_t(c)), e4m3_to_float(uint8_t(c + 1)));
+}
+
+TEST(CodecE4m3, TiesBetweenNeighboursGoToEven) {
+  for (int c = 0; c < 0x7e; ++c) {
+    const float lo = e4m3_to_float(uint8_t(c)), hi = e4m3_to_float(uint8_t(c + 1));
+    const float mid = (lo + hi) * 0.5f;  // exact in fp32
+    ASSERT_EQ(double(mid), (double(lo) + double(hi)) / 2);
+    const int even = (c & 1) ? c + 1 : c;
+    EXPECT_EQ(float_to_e4m3(mid), even) << "tie between " << c << " and " << c + 1;
+    EXPECT_EQ(float_to_e4m3(-mid), 0x80 | even);
+    EXPECT_EQ(float_to_e4m3(std::nextafter(mid, 0.f)), c);
+    EXPECT_EQ(float_to_e4m3(std::nextafter(mid, 1000.f)), c + 1);
+  }
+}
+
+TEST(CodecE4m3, Saturation) {
+  const float inf = std::numeric_limits<float>::infinity();
+  for (float x : {448.f, 448.5f, 449.f, 463.99f, 464.f, 480.f, 1e9f, FLT_MAX, inf}) {
+    EXPECT_EQ(float_to_e4m3(x), 0x7e) << x;
+    EXPECT_EQ(float_to_e4m3(-x), 0xfe) << -x;
+  }
+  EXPECT_EQ(float_to_e4m3(447.9f), 0x7e);  // nearer 448 than 416
+  EXPECT_EQ(float_to_e4m3(431.f), 0x7d);   // nearer 416
+  EXPECT_EQ(float_to_e4m3(432.f), 0x7e);   // tie 416/448 -> even code 0x7e
+}
+
+TEST(CodecE4m3, ZerosNaNAndSubnormals) {
+  EXPECT_EQ(float_to_e4m3(0.f), 0x00);
+  EXPECT_EQ(float_to_e4m3(-0.f), 0x80);
+  EXPECT_EQ(float_to_e4m3(std::numeric_limits<float>::quiet_NaN()), 0x7f);
+  EXPECT_EQ(float_to_e4m3(-std::numeric_limits<float>::quiet_NaN()), 0x7f);
+  EXPECT_EQ(float_to_e4m3(bits_float(0x7f800001u)), 0x7f);  // signalling NaN
+  const float u = std::ldexp(1.f, -9);                     // one subnormal step
+  EXPECT_EQ(float_to_e4m3(u), 0x01);
+  EXPECT_EQ(float_to_e4m3(0.5f * u), 0x00);     // tie 0 / 0x01 -> 0
+  EXPECT_EQ(float_to_e4m3(-0.5f * u), 0x80);
+  EXPECT_EQ(float_to_e4m3(0.75f * u), 0x01);
+  EXPECT_EQ(float_to_e4m3(1.5f * u), 0x02);     // tie 0x01 / 0x02 -> 0x02
+  EXPECT_EQ(float_to_e4m3(2.5f * u), 0x02);     // tie 0x02 / 0x03 -> 0x02
+  EXPECT_EQ(float_to_e4m3(7.5f * u), 0x08);     // tie 0x07 / smallest normal 0x08 -> 0x08
+  EXPECT_EQ(float_to_e4m3(1e-30f), 0x00);
+  EXPECT_EQ(float_to_e4m3(-1e-30f), 0x80);
+  EXPECT_EQ(float_to_e4m3(bits_float(1u)), 0x00);           // fp32 subnormal
+  EXPECT_EQ(float_to_e4m3(bits_float(0x80000001u)), 0x80);
+}
+
+TEST(CodecE4m3, BruteForceAgainstSlowReference) {
+  const uint64_t seed = test::test_seed();
+  std::mt19937_64 rng(seed);
+  std::vector<float> xs;
+  // Boundaries: every code value, neighbour midpoints and their fp32 neighbours, both signs.
+  for (int c = 0; c <= 0x7e; ++c) {
+    const float v = e4m3_to_float(uint8_t(c));
+    const float next = c < 0x7e ? e4m3_to_float(uint8_t(c + 1)) : 512.f;
+    const float mid = (v + next) * 0.5f;
+    for (float x : {v, mid, std::nextafter(mid, 0.f), std::nextafter(mid, 1e9f),
+                    std::nextafter(v, 0.f), std::nextafter(v, 1e9f)}) {
+      xs.push_back(x);
+      xs.push_back(-x);
+    }
+  }
+  // Random fp32 bit patterns (all classes) and random values in the E4M3 range.
+  std::uniform_int_distribution<uint32_t> bits;
+  std::uniform_real_distribution<float> mant(1.f, 2.f);
+  std::uniform_int_distribution<int> ex(-14, 10);
+  for (int i = 0; i < 1000000; ++i) xs.push_back(bits_float(bits(rng)));
+  for (int i = 0; i < 2000000; ++i) {
+    const float x = std::ldexp(mant(rng), ex(rng));
+    xs.push_back((rng() & 1) ? -x : x);
+  }
+  int64_t mismatches = 0;
+  for (float x : xs) {
+    const uint8_t got = float_to_e4m3(x), want = slow_e4m3(x);
+    if (got != want && ++mismatches <= 10) {
+      ADD_FAILURE() << "x=" << x << " bits=0x" << std::hex << float_bits(x) << " got 0x"
+                    << int(got) << " want 0x" << int(want) << std::dec << " seed " << seed;
+    }
+  }
+  EXPECT_EQ(mismatches, 0);
+}
+
+// ---- tile scale --------------------------------------------------------------------------------
+
+TEST(CodecScale, Pow2Properties) {
+  std::mt19937_64 rng(test::test_seed());
+  std::uniform_real_distribution<float> mant(1.f, 2.f);
+  std::uniform_int_distribution<int> ex(-40, 40);
+  std::vector<float> amaxes = {0.f, 1e-30f, 1e-4f, 448e-4f, std::nextafter(448e-4f, 1.f), 1.f,
+                               448.f, 449.f, 896.f, 1e6f, 3e38f};
+  for (int i = 0; i < 100000; ++i) amaxes.push_back(std::ldexp(mant(rng), ex(rng)));
+  for (float amax : amaxes) {
+    const float s = codec::tile_scale(amax, ScaleMode::kPow2);
+    ASSERT_TRUE(std::isfinite(s) && s > 0) << amax;
+    EXPECT_EQ(float_bits(s) & 0x7fffffu, 0u) << "not a power of two: " << s;
+    const float v = std::max(amax / 448.f, 1e-4f);
+    EXPECT_GE(s, v) << amax;
+    EXPECT_LT(s * 0.5f, v) << amax;  // the smallest such power of two
+    if (amax <= 448e-4f * 0.999f) {
+      EXPECT_EQ(s, std::ldexp(1.f, -13)) << amax;  // the 1e-4 floor
+    }
+  }
+  EXPECT_EQ(codec::tile_scale(448.f, ScaleMode::kPow2), 1.f);
+  EXPECT_EQ(codec::tile_scale(449.f, ScaleMode::kPow2), 2.f);
+  EXPECT_EQ(codec::tile_scale(std::numeric_limits<float>::quiet_NaN(), ScaleMode::kPow2),
+            std::ldexp(1.f, -13));  // NaN amax falls to the floor rather than poisoning s
+}
+
+TEST(CodecScale, AmaxMode) {
+  EXPECT_EQ(codec::tile_scale(0.f, ScaleMode::kAmax), FLT_MIN);
+  EXPECT_EQ(codec::tile_scale(448.f, ScaleMode::kAmax), 1.f);
+  EXPECT_EQ(codec::tile_scale(3.f, ScaleMode::kAmax), 3.f / 448.f);
+  EXPECT_EQ(codec::tile_scale(1e-40f, ScaleMode::kAmax), FLT_MIN);
+}
+
+TEST(CodecScale, Pow2DequantIsExactInBf16) {
+  for (int e = -13; e <= 20; ++e) {
+    const float s = std::ldexp(1.f, e);
+    for (int c = 0; c < 256; ++c) {
+      if ((c & 0x7f) == 0x7f) continue;
+      const float exact = e4m3_to_float(uint8_t(c)) * s;
+      EXPECT_EQ(bf16_to_float(codec::dequant_e4m3(uint8_t(c), s)), exact) << c << " " << s;
+    }
+  }
+}
+
+// ---- bf16 --------------------------------------------------------------------------------------
+
+TEST(CodecBf16, RoundNearestEven) {
+  EXPECT_EQ(float_to_bf16(1.f), 0x3f80);
+  EXPECT_EQ(float_to_bf16(-0.f), 0x8000);
+  EXPECT_EQ(float_to_bf16(1.f + std::ldexp(1.f, -8)), 0x3f80);      // tie -> even
+  EXPECT_EQ(float_to_bf16(1.f + 3 * std::ldexp(1.f, -8)), 0x3f82);  // tie -> even (up)
+  EXPECT_EQ(float_to_bf16(std::nextafter(1.f + std::ldexp(1.f, -8), 2.f)), 0x3f81);
+  EXPECT_EQ(float_to_bf16(std::nextafter(1.f + 3 * std::ldexp(1.f, -8), 0.f)), 0x3f81);
+  EXPECT_EQ(float_to_bf16(std::numeric_limits<float>::infinity()), 0x7f80);
+  EXPECT_EQ(float_to_bf16(-std::numeric_limits<float>::infinity()), 0xff80);
+  EXPECT_EQ(float_to_bf16(FLT_MAX), 0x7f80);  // rounds up past the largest bf16
+  EXPECT_EQ(float_to_bf16(bits_float(0x7f7f7fffu)), 0x7f7f);
+  EXPECT_EQ(float_to_bf16(bits_float(1u)), 0x0000);  // fp32 subnormal rounds to 0
+  for (uint32_t nan : {0x7fc00000u, 0x7f800001u, 0xffc00001u, 0x7fff0000u}) {
+    const uint16_t h = float_to_bf16(bits_float(nan));
+    EXPECT_EQ(h & 0x7f80u, 0x7f80u);
+    EXPECT_NE(h & 0x007fu, 0u) << std::hex << nan;  // still a NaN, never inf
+    EXPECT_TRUE(std::isnan(bf16_to_float(h)));
+  }
+  for (uint32_t h = 0; h < 0x10000u; ++h) {  // every bf16 survives the round trip
+    const float f = bf16_to_float(uint16_t(h));
+    if (std::isnan(f)) continue;
+    ASSERT_EQ(float_to_bf16(f), h);
+  }
+}
+
+TEST(CodecBf16, BruteForceAgainstSlowReference) {
+  const uint64_t seed = test::test_seed();
+  std::mt19937_64 rng(seed ^ 0x9e3779b97f4a7c15ull);
+  std::uniform_int_distribution<uint32_t> bits;
+  int64_t mismatches = 0;
+  for (int i = 0; i < 2000000; ++i) {
+    uint32_t u = bits(rng);
+    if (i & 1) u = (u & 0xffff0000u) | 0x8000u;  // exact ties half of the time
+    const float x = bits_float(u);
+    if (std::isnan(x)) continue;
+    if (float_to_bf16(x) != slow_bf16(x) && ++mismatches <= 10) {
+      ADD_FAILURE() << std::hex << "bits=0x" << u << " got 0x" << float_to_bf16(x) << " want 0x"
+                    << slow_bf16(x) << std::dec << " seed " << seed;
+    }
+  }
+  EXPECT_EQ(mismatches, 0);
+}
+
+// ---- golden record vectors ---------------------------------------------------------------------
+
+constexpr int kTokens = 96;
+
+struct GoldenCase {
+  KvFormat format;
+  ScaleMode mode;
+  const char* records;
+  const char* decoded;  // ds_mla decode [96, 576]; nope records decode to its first 512 columns
+};
+
+class GoldenRecords : public ::testing::TestWithParam<GoldenCase> {};
+
+TEST_P(GoldenRecords, EncodeByteExactAndDecodeBitExact) {
+  const GoldenCase gc = GetParam();
+  const auto latent = test::read_vector<uint16_t>("fmt_latent_bf16.bin");
+  const auto rope = test::read_vector<uint16_t>("fmt_rope_bf16.bin");
+  const auto want = test::read_vector<uint8_t>(std::string(gc.records) + ".bin");
+  const auto decoded = test::read_vector<uint16_t>(std::string(gc.decoded) + ".bin");
+  SELKV_REQUIRE_VECTOR(latent, "fmt_latent_bf16.bin");
+  SELKV_REQUIRE_VECTOR(rope, "fmt_rope_bf16.bin");
+  SELKV_REQUIRE_VECTOR(want, gc.records);
+  SELKV_REQUIRE_VECTOR(decoded, gc.decoded);
+  const int rb = fmt::record_bytes(gc.format);
+  const int dim = fmt::dequant_dim(gc.format);
+  ASSERT_EQ(latent.size(), size_t(kTokens) * 512);
+  ASSERT_EQ(rope.size(), size_t(kTokens) * 64);
+  ASSERT_EQ(want.size(), size_t(kTokens) * rb);
+  ASSERT_EQ(decoded.size(), size_t(kTokens) * 576);
+
+  std::vector<uint8_t> rec(rb);
+  std::vector<uint16_t> dec(dim);
+  for (int t = 0; t < kTokens; ++t) {
+    ref::encode_record(&latent[t * 512], &rope[t * 64], gc.format, gc.mode, rec.data());
+    for (int i = 0; i < rb; ++i) {
+      ASSERT_EQ(rec[i], want[size_t(t) * rb + i]) << "token " << t << " byte " << i;
+    }
+    ref::decode_record(&want[size_t(t) * rb], gc.format, dec.data());
+    for (int i = 0; i < dim; ++i) {
+      ASSERT_EQ(dec[i], decoded[size_t(t) * 576 + i]) << "token " << t << " element " << i;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AllFormats, GoldenRecords,
+    ::testing::Values(
+        GoldenCase{KvFormat::kDsMlaFp8, ScaleMode::kPow2, "fmt_ds_mla_fp8_pow2", "fmt_ds_mla_fp8_pow2_decoded"},
+        GoldenCase{KvFormat::kNopeFp8, ScaleMode::kPow2, "fmt_nope_fp8_pow2", "fmt_ds_mla_fp8_pow2_decoded"},
+        GoldenCase{KvFormat::kDsMlaFp8, ScaleMode::kAmax, "fmt_ds_mla_fp8_amax", "fmt_ds_mla_fp8_amax_decoded"},
+        GoldenCase{KvFormat::kNopeFp8, ScaleMode::kAmax, "fmt_nope_fp8_amax", "fmt_ds_mla_fp8_amax_decoded"}),
+    [](const auto& info) { return std::string(info.param.records).substr(4); });
+
+// The record layout the vectors pin: scales are the documented fp32 words, RoPE is verbatim.
+TEST(GoldenRecordsLayout, ScalesAndRope) {
+  const auto latent = test::read_vector<uint16_t>("fmt_latent_bf16.bin");
+  const auto rope = test::read_vector<uint16_t>("fmt_rope_bf16.bin");
+  const auto rec = test::read_vector<uint8_t>("fmt_ds_mla_fp8_pow2.bin");
+  SELKV_REQUIRE_VECTOR(latent, "fmt_latent_bf16.bin");
+  SELKV_REQUIRE_VECTOR(rope, "fmt_rope_bf16.bin");
+  SELKV_REQUIRE_VECTOR(rec, "fmt_ds_mla_fp8_pow2.bin");
+  for (int t = 0; t < kTokens; ++t) {
+    const uint8_t* r = &rec[size_t(t) * 656];
+    EXPECT_EQ(std::memcmp(r + 528, &rope[t * 64], 128), 0) << t;
+    for (int k = 0; k < 4; ++k) {
+      float s;
+      std::memcpy(&s, r + 512 + 4 * k, 4);
+      float amax = 0.f;
+      for (int i = 0; i < 128; ++i)
+        amax = std::max(amax, std::fabs(bf16_to_float(latent[t * 512 + k * 128 + i])));
+      EXPECT_EQ(s, codec::tile_scale(amax, ScaleMode::kPow2)) << t << " tile " << k;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace selkv
