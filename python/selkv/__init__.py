@@ -1,0 +1,59 @@
+"""selkv: selected-KV (sparse) attention kernels and FP8 KV-cache operations for Hopper GPUs.
+
+Importing the package loads the compiled operator library, which registers the
+``torch.ops.selkv.*`` operators (see :mod:`selkv._ops` for where it is looked up). The
+functions here are documented wrappers over those operators that allocate outputs when no
+``out=`` is given; the operators themselves are out-variants usable directly, under CUDA graphs
+and under ``torch.compile``.
+
+Modules:
+    :mod:`selkv.formats`    -- KV record layouts and constants (656 / 528-byte records)
+    :mod:`selkv.cache_ops`  -- cache write, index conversion, gather + upconvert
+    :mod:`selkv.flash_mla`  -- FlashMLA-compatible names (drop-in import)
+"""
+
+from __future__ import annotations
+
+from ._ops import load_library as _load_library
+
+_load_library()
+
+from . import flash_mla, formats  # noqa: E402
+from ._ops import library_path  # noqa: E402
+from .cache_ops import (  # noqa: E402
+    convert_req_indices_to_slots,
+    empty_kv_cache,
+    gather_kv_bf16,
+    write_kv_cache,
+)
+from .formats import (  # noqa: E402
+    DS_MLA_FP8_RECORD_BYTES,
+    NOPE_FP8_RECORD_BYTES,
+    FORMATS,
+    SCALE_MODES,
+    dequant_dim,
+    record_bytes,
+)
+
+try:  # the version of the installed distribution (CMakeLists.txt's project version)
+    from importlib.metadata import version as _dist_version
+
+    __version__ = _dist_version("selkv")
+except Exception:  # running from a source tree
+    __version__ = "0+unknown"
+
+__all__ = [
+    "DS_MLA_FP8_RECORD_BYTES",
+    "NOPE_FP8_RECORD_BYTES",
+    "FORMATS",
+    "SCALE_MODES",
+    "convert_req_indices_to_slots",
+    "dequant_dim",
+    "empty_kv_cache",
+    "flash_mla",
+    "formats",
+    "gather_kv_bf16",
+    "library_path",
+    "record_bytes",
+    "write_kv_cache",
+]
