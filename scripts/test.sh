@@ -33,7 +33,9 @@ import sys, torch
 sys.exit(0 if torch.cuda.is_available() else 1)
 PY
   then
-    if find "$BUILD_DIR" python -name '*.so' 2>/dev/null | grep -qi selkv; then
+    ops_lib="${SELKV_OPS_LIBRARY:-$(find "$BUILD_DIR" -name '_selkv_ops*.so' 2>/dev/null | head -n1)}"
+    if [[ -n "$ops_lib" && -f "$ops_lib" ]]; then
+      export SELKV_OPS_LIBRARY="$ops_lib"
       run_pytest=1
     else
       log "a CUDA torch is importable but no selkv torch extension was built: pytest skipped"
