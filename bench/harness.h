@@ -48,7 +48,7 @@ class Timer {
   void flush(cudaStream_t s);
   void ensure_events(size_t n);
   Timing time_eager(const LaunchFn& fn, const TimingConfig& cfg);
-  Timing time_graph(const LaunchFn& fn, const TimingConfig& cfg);
+  Timing time_graph(const LaunchFn& fn, const TimingConfig& cfg, bool event_nodes = true);
 
   cudaStream_t stream_;
   DeviceBuffer flush_buf_;

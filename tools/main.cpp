@@ -242,6 +242,7 @@ void add_ceiling_rows(GpuContext& g, Table& t) {
 // Check, then time one workload; adds a table row and a CSV row. Returns false on failure.
 bool run_workload(GpuContext& g, const Options& o, const std::string& key, Workload& w, bool graph, bool flush,
                   Table& t, std::vector<std::string>& notes) {
+  SELKV_BENCH_CUDA(cudaDeviceSynchronize());  // inputs uploaded through the legacy stream
   progress("%s: checking against the CPU oracle (%s)", key, w.shape());
   const CheckResult chk = w.check(g.stream);
   progress("%s: timing", key);
