@@ -233,9 +233,9 @@ void add_ceiling_rows(GpuContext& g, Table& t) {
                    c.matmul_tflops, 0, 100};
   g.csv.write(copy);
   g.csv.write(mm);
-  t.add({"ceiling", copy.shape + " copy", fmt_num(c.copy_timing.median_us, 1), fmt_num(c.copy_gbps, 0), "-",
+  t.add({"ceiling", copy.shape, copy.variant, fmt_num(c.copy_timing.median_us, 1), fmt_num(c.copy_gbps, 0), "-",
          "100", "-"});
-  t.add({"ceiling", mm.shape + " matmul", fmt_num(c.matmul_timing.median_us, 1), "-", fmt_num(c.matmul_tflops, 1),
+  t.add({"ceiling", mm.shape, mm.variant, fmt_num(c.matmul_timing.median_us, 1), "-", fmt_num(c.matmul_tflops, 1),
          "100", "-"});
 }
 
@@ -258,7 +258,7 @@ bool run_workload(GpuContext& g, const Options& o, const std::string& key, Workl
   g.csv.write(row);
   t.add({key, row.shape, row.variant, fmt_num(tm.median_us, 2), fmt_num(row.gbps, 0),
          w.flops() > 0 ? fmt_num(row.tflops, 1) : "-", fmt_num(row.pct, 1), chk.label()});
-  if (chk.failed()) notes.push_back(key + " " + row.shape + ": " + chk.detail);
+  notes.push_back(chk.label() + "  " + key + " " + row.shape + ": " + chk.detail);
   return !chk.failed();
 }
 
@@ -291,6 +291,7 @@ Table make_table() {
 
 int finish(Table& t, const std::vector<std::string>& notes, int failures, const Options& o) {
   t.print();
+  if (!notes.empty()) std::printf("\nchecks against the CPU oracle (selkv::ref):\n");
   for (const auto& n : notes) std::printf("  %s\n", n.c_str());
   std::printf("\n%% ceiling = roofline time (bytes / copy ceiling, flops / matmul ceiling) over measured time.\n");
   std::printf("times: median of group means, CUDA events%s.\n",
@@ -320,7 +321,7 @@ int run_job(const Options& o) {
     } catch (const std::exception& e) {
       ++failures;
       t.add({op->key, "-", "-", "-", "-", "-", "-", "ERROR"});
-      notes.push_back(op->key + ": " + e.what());
+      notes.push_back("ERROR " + op->key + ": " + e.what());
     }
   }
   return finish(t, notes, failures, o);
@@ -344,7 +345,7 @@ int run_bench(const Options& o) {
     } catch (const std::exception& e) {
       ++failures;
       t.add({c->op, "-", "-", "-", "-", "-", "-", "ERROR"});
-      notes.push_back(c->op + ": " + e.what());
+      notes.push_back("ERROR " + c->op + ": " + e.what());
     }
   }
   return finish(t, notes, failures, o);
