@@ -1,0 +1,27 @@
+// Argument validation for the cache ops C1-C3 (include/selkv/cache_ops.h). Pure C++, no CUDA
+// call: every check runs before a launcher touches the device, so the CPU test suite
+// (tests/cpp/test_cache_checks.cpp) covers each rejection. A failed check names the op and the
+// argument: "selkv::write_kv_cache: latent_row_stride: must be a multiple of 8 ...".
+#pragma once
+
+#include <cstdint>
+
+#include "selkv/cache_ops.h"
+
+namespace selkv::cache {
+
+// C3 keeps an int64 prefix sum of the per-request lengths in shared memory (8 bytes/request):
+// 4096 requests = 32 KiB. Larger batches must be split by the caller.
+inline constexpr int32_t kMaxGatherReqs = 4096;
+
+// What a launcher must do after a successful check.
+enum class Work { kNone, kLaunch };
+
+Status check_write_kv_cache(const WriteKvCacheParams& p, Work* work);
+
+// kNone with num_tokens > 0 means topk == 0: the launcher only zero-fills valid_counts.
+Status check_convert_indices(const ConvertIndicesParams& p, Work* work);
+
+Status check_gather_kv(const GatherKvParams& p, Work* work);
+
+}  // namespace selkv::cache

@@ -1,0 +1,85 @@
+// C3 launcher: validate, size the grid from out_rows (capped at one resident wave; the kernel is
+// grid-stride), dynamic shared memory = the per-request prefix.
+#include <cstdint>
+
+#include "cache/cache_checks.h"
+#include "cache/gather_kv.cuh"
+#include "common/cuda_check.h"
+#include "selkv/cache_ops.h"
+
+namespace selkv {
+namespace {
+
+// Resident CTAs of the gather kernel on the current device (computed once per device/format;
+// plain attribute queries, legal during stream capture).
+Status gather_wave_ctas(bool rope, int64_t* ctas) {
+  constexpr const char* kOp = "selkv::gather_kv_bf16";
+  constexpr int kMaxDevices = 64;
+  static int cached[kMaxDevices][2] = {};
+  int dev = 0;
+  SELKV_CUDA_RETURN(cudaGetDevice(&dev), kOp);
+  int& c = cached[dev < kMaxDevices ? dev : 0][rope ? 1 : 0];
+  if (c == 0 || dev >= kMaxDevices) {
+    int sms = 0, per_sm = 0;
+    SELKV_CUDA_RETURN(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), kOp);
+    const size_t smem = size_t(cache::kMaxGatherReqs + 1) * sizeof(int64_t);  // worst case
+    if (rope) {
+      SELKV_CUDA_RETURN(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                            &per_sm, cache::gather_kv_kernel<true>, cache::kGatherThreads, smem),
+                        kOp);
+    } else {
+      SELKV_CUDA_RETURN(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                            &per_sm, cache::gather_kv_kernel<false>, cache::kGatherThreads, smem),
+                        kOp);
+    }
+    const int v = sms * (per_sm > 0 ? per_sm : 1);
+    if (dev >= kMaxDevices) {
+      *ctas = v;
+      return Status::Ok();
+    }
+    c = v;
+  }
+  *ctas = c;
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status gather_kv_bf16(const GatherKvParams& p, cudaStream_t stream) {
+  constexpr const char* kOp = "selkv::gather_kv_bf16";
+  cache::Work work;
+  SELKV_RETURN_IF_ERROR(cache::check_gather_kv(p, &work));
+  if (work == cache::Work::kNone) return Status::Ok();
+
+  cache::GatherKernelParams k;
+  k.cache = static_cast<const uint8_t*>(p.cache);
+  k.num_blocks = p.num_blocks;
+  k.page_size = p.page_size;
+  k.block_stride_bytes = p.block_stride_bytes;
+  k.page = cache::FastDivmod(uint32_t(p.page_size));
+  k.block_table = p.block_table;
+  k.bt_stride = p.block_table_row_stride;
+  k.max_blocks = p.block_table != nullptr ? p.max_blocks_per_req : 0;
+  k.seq_starts = p.seq_starts;
+  k.seq_lens = p.seq_lens;
+  k.ws_starts = p.ws_starts;
+  k.num_reqs = p.num_reqs;
+  k.out = static_cast<uint8_t*>(p.out);
+  k.out_row_bytes = p.out_row_stride * 2;
+  k.out_rows = p.out_rows;
+
+  const bool rope = fmt::has_rope(p.format);
+  int64_t wave = 0;
+  SELKV_RETURN_IF_ERROR(gather_wave_ctas(rope, &wave));
+  const int64_t steps = (p.out_rows + cache::kGatherTokensPerStep - 1) / cache::kGatherTokensPerStep;
+  const dim3 grid(unsigned(steps < wave ? steps : wave));
+  const size_t smem = size_t(p.num_reqs + 1) * sizeof(int64_t);
+  if (rope) {
+    cache::gather_kv_kernel<true><<<grid, cache::kGatherThreads, smem, stream>>>(k);
+  } else {
+    cache::gather_kv_kernel<false><<<grid, cache::kGatherThreads, smem, stream>>>(k);
+  }
+  return detail::launch_status(kOp);
+}
+
+}  // namespace selkv

@@ -1,0 +1,112 @@
+// Device-side vector codecs for the FP8 KV records, built on the SM89+/SM90 hardware converters.
+// They must give the same bits as the scalar rules in codec.h (the oracle's); tests/cpp/
+// test_cache_ops_gpu.cu sweeps all 256 codes and millions of floats to prove it.
+//
+//   encode: cvt.rn.satfinite.e4m3x2.f32 == codec::float_to_e4m3 (RNE, +-448 saturation,
+//           NaN -> 0x7F).
+//   decode: e4m3 -> f16 (exact: every E4M3 value is an f16) -> f32 (exact) -> * s (one fp32
+//           rounding, as the oracle) -> bf16 RNE. Equal to codec::dequant_e4m3 for every
+//           non-NaN result; NaN results come out as the canonical 0x7FFF where the oracle keeps
+//           the host CPU's NaN payload (NaN only arises from corrupt records: the writer never
+//           emits code 0x7F/0xFF for finite input).
+//
+// Define SELKV_E4M3_SOFTWARE to route everything through the integer codec instead (slower; an
+// escape hatch should a toolchain/driver ever disagree with codec.h).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+#include "formats/codec.h"
+
+namespace selkv::dev {
+
+// ---- bf16 <-> fp32 ---------------------------------------------------------------------------
+// Two bf16 packed in a uint32 (element 0 in the low half) -> two exact floats.
+__device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+
+// 8 bf16 (one uint4) -> 8 floats.
+__device__ __forceinline__ void unpack_bf16x8(const uint4& v, float (&x)[8]) {
+  x[0] = bf16_lo(v.x); x[1] = bf16_hi(v.x);
+  x[2] = bf16_lo(v.y); x[3] = bf16_hi(v.y);
+  x[4] = bf16_lo(v.z); x[5] = bf16_hi(v.z);
+  x[6] = bf16_lo(v.w); x[7] = bf16_hi(v.w);
+}
+
+// ---- E4M3 encode -----------------------------------------------------------------------------
+// Two floats -> two E4M3 bytes (a in the low byte).
+__device__ __forceinline__ uint32_t e4m3x2(float a, float b) {
+#if defined(SELKV_E4M3_SOFTWARE)
+  return uint32_t(codec::float_to_e4m3(a)) | (uint32_t(codec::float_to_e4m3(b)) << 8);
+#else
+  return uint32_t(__nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3));
+#endif
+}
+
+__device__ __forceinline__ uint8_t e4m3(float a) { return uint8_t(e4m3x2(a, 0.f) & 0xffu); }
+
+// 8 floats -> 8 E4M3 bytes (element 0 in the lowest byte of .x).
+__device__ __forceinline__ uint2 encode_e4m3x8(const float (&x)[8]) {
+  uint2 r;
+  r.x = e4m3x2(x[0], x[1]) | (e4m3x2(x[2], x[3]) << 16);
+  r.y = e4m3x2(x[4], x[5]) | (e4m3x2(x[6], x[7]) << 16);
+  return r;
+}
+
+// ---- E4M3 decode -----------------------------------------------------------------------------
+// Two E4M3 bytes (low 16 bits of `codes`) -> two exact floats.
+__device__ __forceinline__ float2 e4m3x2_to_float2(uint32_t codes) {
+#if defined(SELKV_E4M3_SOFTWARE)
+  return make_float2(codec::e4m3_to_float(uint8_t(codes)), codec::e4m3_to_float(uint8_t(codes >> 8)));
+#else
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(codes & 0xffffu), __NV_E4M3);
+  return __half22float2(__half2(h));
+#endif
+}
+
+__device__ __forceinline__ float e4m3_to_float(uint8_t c) { return e4m3x2_to_float2(c).x; }
+
+// Reader rule bf16(float(e4m3) * s) for two codes -> packed bf16x2 (first code in the low half).
+__device__ __forceinline__ uint32_t dequant_e4m3x2(uint32_t codes, float s) {
+  const float2 f = e4m3x2_to_float2(codes);
+  const float a = __fmul_rn(f.x, s);  // _rn: one rounding, never contracted into an FMA
+  const float b = __fmul_rn(f.y, s);
+#if defined(SELKV_E4M3_SOFTWARE)
+  return uint32_t(codec::float_to_bf16(a)) | (uint32_t(codec::float_to_bf16(b)) << 16);
+#else
+  const __nv_bfloat162 v = __float22bfloat162_rn(make_float2(a, b));
+  return *reinterpret_cast<const uint32_t*>(&v);
+#endif
+}
+
+// 8 E4M3 codes (uint2, element 0 in the lowest byte) with one scale -> 8 bf16 (one uint4).
+__device__ __forceinline__ uint4 dequant_e4m3x8(const uint2& c, float s) {
+  uint4 r;
+  r.x = dequant_e4m3x2(c.x, s);
+  r.y = dequant_e4m3x2(c.x >> 16, s);
+  r.z = dequant_e4m3x2(c.y, s);
+  r.w = dequant_e4m3x2(c.y >> 16, s);
+  return r;
+}
+
+__device__ __forceinline__ uint16_t dequant_e4m3(uint8_t c, float s) {
+  return uint16_t(dequant_e4m3x2(c, s) & 0xffffu);
+}
+
+// ---- memory helpers --------------------------------------------------------------------------
+// Streaming (read-once) 16/8-byte loads: bypass L1 allocation so the cache data does not evict
+// the small, reused tables (block table, prefix sums).
+__device__ __forceinline__ uint4 ld_stream_u4(const void* p) {
+  return __ldcs(reinterpret_cast<const uint4*>(p));
+}
+__device__ __forceinline__ uint2 ld_stream_u2(const void* p) {
+  return __ldcs(reinterpret_cast<const uint2*>(p));
+}
+__device__ __forceinline__ void st_u4(void* p, const uint4& v) { *reinterpret_cast<uint4*>(p) = v; }
+__device__ __forceinline__ void st_u2(void* p, const uint2& v) { *reinterpret_cast<uint2*>(p) = v; }
+
+}  // namespace selkv::dev
