@@ -5,3 +5,4 @@
 #include "selkv/status.h"
 #include "selkv/formats.h"
 #include "selkv/cache_ops.h"
+#include "selkv/decode.h"

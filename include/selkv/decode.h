@@ -1,0 +1,92 @@
+// selkv/decode.h — C5: FP8 sparse MLA decode on SM90 (DESIGN §3 C5, docs/decode-design.md).
+//
+//   q [B, S_q, H, 576] bf16, paged ds_mla_fp8 cache, indices [B, S_q, K] int32 physical slots
+//   -> out [B, S_q, H, 512] bf16, lse [B, S_q, H] fp32 (natural log).
+//
+// Usage (all asynchronous on `stream`, no host sync, no allocation, CUDA-graph capturable):
+//   size_t mbytes = decode_metadata_size(B, S_q);            // caller allocates (device)
+//   DecodeMetadata md;
+//   make_decode_metadata({B, S_q, H, K, topk_length, num_sms}, mbuf, mbytes, &md, stream);
+//   size_t wbytes = decode_workspace_size(md);               // caller allocates (device)
+//   sparse_mla_decode(params, md, workspace, wbytes, stream);
+// The metadata describes exactly the rows passed; a call whose shape (B, S_q, H, K, topk_length
+// pointer) differs from the one the metadata was made for is rejected. With topk_length, the
+// metadata depends on its contents: remake it whenever they change (e.g. inside the same graph).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "selkv/formats.h"
+#include "selkv/status.h"
+
+namespace selkv {
+
+// Shape a metadata plan is made for.
+struct DecodeShape {
+  int32_t batch = 0;       // B
+  int32_t seq_q = 0;       // S_q (query tokens per batch row)
+  int32_t num_heads = 0;   // H in {64, 128}
+  int32_t topk = 0;        // K, a multiple of 64
+  const int32_t* topk_length = nullptr;  // device [B] or null (fixed top-k)
+  int32_t num_sms = 0;     // 0: read from the current device
+};
+
+// Host-side description of a metadata buffer (the buffer itself lives on the device).
+struct DecodeMetadata {
+  int32_t* data = nullptr;           // device buffer written by make_decode_metadata
+  size_t bytes = 0;
+  DecodeShape shape;                 // what it was made for
+  int32_t num_sm_parts = 0;          // CTAs (per 64-head group) of the decode grid
+  bool valid = false;                // set by a successful make_decode_metadata
+};
+
+// Bytes of device memory make_decode_metadata needs for B * S_q rows.
+size_t decode_metadata_size(int64_t batch, int64_t seq_q);
+
+// Plan step: computes the split-KV partition on the device (one tiny kernel on `stream`).
+// `buffer` is device memory of at least decode_metadata_size(shape.batch, shape.seq_q) bytes.
+Status make_decode_metadata(const DecodeShape& shape, void* buffer, size_t buffer_bytes,
+                            DecodeMetadata* metadata, cudaStream_t stream);
+
+// Bytes of device workspace (split accumulators) sparse_mla_decode needs with this metadata.
+size_t decode_workspace_size(const DecodeMetadata& metadata);
+
+struct SparseDecodeParams {
+  // q: bf16 [B, S_q, H, 576]; last dim contiguous; pointer and strides 16-byte aligned.
+  const void* q = nullptr;
+  int64_t q_batch_stride = 0, q_seq_stride = 0, q_head_stride = 0;  // in elements
+  int32_t batch = 0, seq_q = 0, num_heads = 0;
+
+  PagedKvCache cache;  // format must be ds_mla_fp8
+
+  // indices: int32 [B, S_q, K], last dim contiguous.
+  const int32_t* indices = nullptr;
+  int64_t indices_batch_stride = 0, indices_seq_stride = 0;  // in elements
+  int32_t topk = 0;  // K, multiple of 64
+
+  const int32_t* topk_length = nullptr;  // optional [B]: entries k >= topk_length[b] are invalid
+  const float* attn_sink = nullptr;      // optional [H]: out *= 1 / (1 + exp(sink[h] - lse))
+  float sm_scale = 0.f;
+
+  // out: bf16 [B, S_q, H, 512]; last dim contiguous; pointer and strides 16-byte aligned.
+  void* out = nullptr;
+  int64_t out_batch_stride = 0, out_seq_stride = 0, out_head_stride = 0;  // in elements
+  // lse: fp32 [B, S_q, H]; head dim contiguous.
+  float* lse = nullptr;
+  int64_t lse_batch_stride = 0, lse_seq_stride = 0;  // in elements
+};
+
+// Fills the strides of a contiguous [B, S_q, H, *] layout (helper for callers and tests).
+void set_contiguous_strides(SparseDecodeParams* p);
+
+// Argument validation only (no launch); sparse_mla_decode runs the same checks.
+Status check_sparse_mla_decode(const SparseDecodeParams& p, const DecodeMetadata& metadata,
+                               size_t workspace_bytes);
+
+Status sparse_mla_decode(const SparseDecodeParams& p, const DecodeMetadata& metadata,
+                         void* workspace, size_t workspace_bytes, cudaStream_t stream);
+
+}  // namespace selkv

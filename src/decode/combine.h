@@ -1,0 +1,14 @@
+// Split-KV combine for the C5 decode (arch-neutral): merges the partial (out, lse) of split rows
+// in a fixed order (deterministic) and applies attn_sink. Rows that were not split are skipped
+// (the decode kernel wrote them directly).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "decode/decode_params.h"
+
+namespace selkv::decode {
+
+cudaError_t launch_decode_combine(const DecodeKernelParams& p, cudaStream_t stream);
+
+}  // namespace selkv::decode

@@ -1,0 +1,217 @@
+// C5 host API: validation, metadata planning, dispatch to the SM90 instantiations + combine.
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "common/check.h"
+#include "common/cuda_check.h"
+#include "decode/combine.h"
+#include "decode/decode_params.h"
+#include "decode/scheduler.h"
+#include "decode/sm90/launch.h"
+#include "selkv/decode.h"
+
+namespace selkv {
+namespace {
+
+bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
+
+Status check_shape(const char* kOp, const DecodeShape& s) {
+  SELKV_CHECK_ARG(s.batch >= 1, "batch", "must be >= 1, got ", s.batch);
+  SELKV_CHECK_ARG(s.seq_q >= 1, "seq_q", "must be >= 1, got ", s.seq_q);
+  SELKV_CHECK_ARG(s.num_heads == 64 || s.num_heads == 128, "num_heads",
+                  "must be 64 or 128, got ", s.num_heads);
+  SELKV_CHECK_ARG(s.topk >= decode::kBlockTokens && s.topk % decode::kBlockTokens == 0, "topk",
+                  "must be a positive multiple of 64, got ", s.topk);
+  const int64_t rows = int64_t(s.batch) * s.seq_q;
+  SELKV_CHECK_ARG(rows * (s.topk / decode::kBlockTokens) <= std::numeric_limits<int32_t>::max(),
+                  "batch", "batch * seq_q * topk / 64 must fit in int32, got ",
+                  rows * (s.topk / decode::kBlockTokens));
+  SELKV_CHECK_ARG(s.num_sms >= 0, "num_sms", "must be >= 0 (0 = current device), got ", s.num_sms);
+  return Status::Ok();
+}
+
+}  // namespace
+
+size_t decode_metadata_size(int64_t batch, int64_t seq_q) {
+  const int64_t rows = batch > 0 && seq_q > 0 ? batch * seq_q : 0;
+  const size_t bytes = size_t(decode::kMdHeaderInts + rows + 1) * sizeof(int32_t);
+  return (bytes + 15) & ~size_t(15);
+}
+
+size_t decode_workspace_size(const DecodeMetadata& md) {
+  if (!md.valid) return 0;
+  // accum_out [2 * parts, H, 512] fp32, then accum_lse [2 * parts, H] fp32.
+  return size_t(2) * md.num_sm_parts * md.shape.num_heads * (fmt::kVDim + 1) * sizeof(float);
+}
+
+Status make_decode_metadata(const DecodeShape& shape, void* buffer, size_t buffer_bytes,
+                            DecodeMetadata* metadata, cudaStream_t stream) {
+  constexpr const char* kOp = "selkv::make_decode_metadata";
+  SELKV_CHECK_ARG(metadata != nullptr, "metadata", "must not be null");
+  metadata->valid = false;
+  SELKV_RETURN_IF_ERROR(check_shape(kOp, shape));
+  SELKV_CHECK_ARG(buffer != nullptr, "buffer", "must not be null");
+  SELKV_CHECK_ARG((reinterpret_cast<uintptr_t>(buffer) & 15u) == 0, "buffer", "must be 16-byte aligned");
+  const size_t need = decode_metadata_size(shape.batch, shape.seq_q);
+  if (buffer_bytes < need)
+    return Status(StatusCode::kWorkspaceTooSmall,
+                  detail::concat(kOp, ": buffer: needs ", need, " bytes, got ", buffer_bytes));
+  int num_sms = shape.num_sms;
+  if (num_sms == 0) {
+    int dev = 0;
+    SELKV_CUDA_RETURN(cudaGetDevice(&dev), kOp);
+    SELKV_CUDA_RETURN(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, dev), kOp);
+  }
+  const int groups = shape.num_heads / decode::kHeadsPerCta;
+  const int parts = num_sms / groups > 0 ? num_sms / groups : 1;
+  SELKV_CUDA_RETURN(decode::launch_decode_scheduler(shape.batch, shape.seq_q, shape.topk,
+                                                    shape.topk_length, parts,
+                                                    static_cast<int32_t*>(buffer), stream),
+                    kOp);
+  metadata->data = static_cast<int32_t*>(buffer);
+  metadata->bytes = buffer_bytes;
+  metadata->shape = shape;
+  metadata->shape.num_sms = num_sms;
+  metadata->num_sm_parts = parts;
+  metadata->valid = true;
+  return Status::Ok();
+}
+
+void set_contiguous_strides(SparseDecodeParams* p) {
+  const int64_t H = p->num_heads;
+  p->q_head_stride = fmt::kQkDim;
+  p->q_seq_stride = H * fmt::kQkDim;
+  p->q_batch_stride = int64_t(p->seq_q) * H * fmt::kQkDim;
+  p->indices_seq_stride = p->topk;
+  p->indices_batch_stride = int64_t(p->seq_q) * p->topk;
+  p->out_head_stride = fmt::kVDim;
+  p->out_seq_stride = H * fmt::kVDim;
+  p->out_batch_stride = int64_t(p->seq_q) * H * fmt::kVDim;
+  p->lse_seq_stride = H;
+  p->lse_batch_stride = int64_t(p->seq_q) * H;
+}
+
+Status check_sparse_mla_decode(const SparseDecodeParams& p, const DecodeMetadata& md,
+                               size_t workspace_bytes) {
+  constexpr const char* kOp = "selkv::sparse_mla_decode";
+  DecodeShape shape{p.batch, p.seq_q, p.num_heads, p.topk, p.topk_length, 0};
+  SELKV_RETURN_IF_ERROR(check_shape(kOp, shape));
+  // q
+  SELKV_CHECK_ARG(p.q != nullptr, "q", "must not be null");
+  SELKV_CHECK_ARG(aligned16(p.q), "q", "must be 16-byte aligned");
+  SELKV_CHECK_ARG(p.q_batch_stride >= 0 && p.q_seq_stride >= 0 && p.q_head_stride >= 0, "q",
+                  "strides must be >= 0 (last dim contiguous)");
+  SELKV_CHECK_ARG(p.q_batch_stride % 8 == 0 && p.q_seq_stride % 8 == 0 && p.q_head_stride % 8 == 0,
+                  "q", "strides must be multiples of 8 elements (16-byte aligned rows), got (",
+                  p.q_batch_stride, ", ", p.q_seq_stride, ", ", p.q_head_stride, ")");
+  // cache
+  const PagedKvCache& c = p.cache;
+  SELKV_CHECK_ARG(c.format == KvFormat::kDsMlaFp8, "cache", "format must be ds_mla_fp8 (656-byte records)");
+  SELKV_CHECK_ARG(c.data != nullptr, "cache", "data must not be null");
+  SELKV_CHECK_ARG(aligned16(c.data), "cache", "data must be 16-byte aligned");
+  SELKV_CHECK_ARG(c.num_blocks >= 1, "cache", "num_blocks must be >= 1, got ", c.num_blocks);
+  SELKV_CHECK_ARG(c.page_size >= 1, "cache", "page_size must be >= 1, got ", c.page_size);
+  SELKV_CHECK_ARG(c.block_stride_bytes >= int64_t(c.page_size) * fmt::kDsMlaRecordBytes, "cache",
+                  "block_stride_bytes must be >= page_size * 656 = ",
+                  int64_t(c.page_size) * fmt::kDsMlaRecordBytes, ", got ", c.block_stride_bytes);
+  SELKV_CHECK_ARG(c.block_stride_bytes % 16 == 0, "cache",
+                  "block_stride_bytes must be a multiple of 16, got ", c.block_stride_bytes);
+  // indices
+  SELKV_CHECK_ARG(p.indices != nullptr, "indices", "must not be null");
+  SELKV_CHECK_ARG(p.indices_batch_stride >= 0 && p.indices_seq_stride >= 0, "indices",
+                  "strides must be >= 0 (last dim contiguous)");
+  // scalars
+  SELKV_CHECK_ARG(std::isfinite(p.sm_scale), "sm_scale", "must be finite, got ", p.sm_scale);
+  // out / lse
+  SELKV_CHECK_ARG(p.out != nullptr, "out", "must not be null");
+  SELKV_CHECK_ARG(aligned16(p.out), "out", "must be 16-byte aligned");
+  SELKV_CHECK_ARG(p.out_batch_stride >= 0 && p.out_seq_stride >= 0 && p.out_head_stride >= fmt::kVDim,
+                  "out", "strides must be >= 0 and head stride >= 512 (last dim contiguous)");
+  SELKV_CHECK_ARG(p.out_batch_stride % 8 == 0 && p.out_seq_stride % 8 == 0 && p.out_head_stride % 8 == 0,
+                  "out", "strides must be multiples of 8 elements (16-byte aligned rows)");
+  SELKV_CHECK_ARG(p.lse != nullptr, "lse", "must not be null");
+  SELKV_CHECK_ARG(p.lse_batch_stride >= 0 && p.lse_seq_stride >= 0, "lse", "strides must be >= 0");
+  // metadata
+  SELKV_CHECK_ARG(md.valid && md.data != nullptr, "metadata",
+                  "was not made by make_decode_metadata (or its creation failed)");
+  const DecodeShape& m = md.shape;
+  SELKV_CHECK_ARG(m.batch == p.batch && m.seq_q == p.seq_q && m.num_heads == p.num_heads &&
+                      m.topk == p.topk,
+                  "metadata", "made for (batch ", m.batch, ", seq_q ", m.seq_q, ", heads ",
+                  m.num_heads, ", topk ", m.topk, ") but called with (", p.batch, ", ", p.seq_q,
+                  ", ", p.num_heads, ", ", p.topk, ")");
+  SELKV_CHECK_ARG(m.topk_length == p.topk_length, "metadata",
+                  "made with a different topk_length (", m.topk_length == nullptr ? "none" : "a pointer",
+                  ") than passed (", p.topk_length == nullptr ? "none" : "a pointer", ")");
+  SELKV_CHECK_ARG(md.bytes >= decode_metadata_size(p.batch, p.seq_q) && md.num_sm_parts >= 1,
+                  "metadata", "buffer too small for this shape");
+  // workspace
+  const size_t need = decode_workspace_size(md);
+  if (workspace_bytes < need)
+    return Status(StatusCode::kWorkspaceTooSmall,
+                  detail::concat(kOp, ": workspace: needs ", need, " bytes, got ", workspace_bytes));
+  return Status::Ok();
+}
+
+Status sparse_mla_decode(const SparseDecodeParams& p, const DecodeMetadata& md, void* workspace,
+                         size_t workspace_bytes, cudaStream_t stream) {
+  constexpr const char* kOp = "selkv::sparse_mla_decode";
+  SELKV_RETURN_IF_ERROR(check_sparse_mla_decode(p, md, workspace_bytes));
+  SELKV_CHECK_ARG(workspace != nullptr, "workspace", "must not be null");
+  SELKV_CHECK_ARG(aligned16(workspace), "workspace", "must be 16-byte aligned");
+
+  int dev = 0, major = 0, minor = 0;
+  SELKV_CUDA_RETURN(cudaGetDevice(&dev), kOp);
+  SELKV_CUDA_RETURN(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), kOp);
+  SELKV_CUDA_RETURN(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev), kOp);
+  SELKV_CHECK_SUPPORTED(major == 9 && minor == 0, "needs an SM90 (Hopper) GPU, found sm_", major, minor);
+
+  decode::DecodeKernelParams k{};
+  k.q = static_cast<const uint16_t*>(p.q);
+  k.q_batch_stride = p.q_batch_stride;
+  k.q_seq_stride = p.q_seq_stride;
+  k.q_head_stride = p.q_head_stride;
+  k.batch = p.batch;
+  k.seq_q = p.seq_q;
+  k.num_heads = p.num_heads;
+  k.topk = p.topk;
+  k.num_rows = p.batch * p.seq_q;
+  k.cache = static_cast<const uint8_t*>(p.cache.data);
+  k.num_slots = p.cache.num_slots();
+  k.page_size = p.cache.page_size;
+  k.block_stride_bytes = p.cache.block_stride_bytes;
+  k.indices = p.indices;
+  k.indices_batch_stride = p.indices_batch_stride;
+  k.indices_seq_stride = p.indices_seq_stride;
+  k.topk_length = p.topk_length;
+  k.attn_sink = p.attn_sink;
+  k.sm_scale = p.sm_scale;
+  k.sm_scale_log2 = float(double(p.sm_scale) * 1.4426950408889634);
+  k.out = static_cast<uint16_t*>(p.out);
+  k.out_batch_stride = p.out_batch_stride;
+  k.out_seq_stride = p.out_seq_stride;
+  k.out_head_stride = p.out_head_stride;
+  k.lse = p.lse;
+  k.lse_batch_stride = p.lse_batch_stride;
+  k.lse_seq_stride = p.lse_seq_stride;
+  k.metadata = md.data;
+  k.num_sm_parts = md.num_sm_parts;
+  k.accum_out = static_cast<float*>(workspace);
+  k.accum_lse = k.accum_out + size_t(2) * md.num_sm_parts * p.num_heads * fmt::kVDim;
+
+  cudaError_t err;
+  const bool dyn = p.topk_length != nullptr;
+  if (p.num_heads == 64) {
+    err = dyn ? decode::sm90::launch_sparse_decode_sm90<64, true>(k, stream)
+              : decode::sm90::launch_sparse_decode_sm90<64, false>(k, stream);
+  } else {
+    err = dyn ? decode::sm90::launch_sparse_decode_sm90<128, true>(k, stream)
+              : decode::sm90::launch_sparse_decode_sm90<128, false>(k, stream);
+  }
+  SELKV_CUDA_RETURN(err, kOp);
+  SELKV_CUDA_RETURN(decode::launch_decode_combine(k, stream), kOp);
+  return Status::Ok();
+}
+
+}  // namespace selkv

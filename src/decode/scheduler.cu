@@ -1,0 +1,63 @@
+// Split-KV scheduler: per-row block counts -> prefix sums + effective part count.
+#include <cub/block/block_scan.cuh>
+
+#include "decode/decode_params.h"
+#include "decode/scheduler.h"
+
+namespace selkv::decode {
+namespace {
+
+constexpr int kSchedThreads = 512;
+
+__global__ void __launch_bounds__(kSchedThreads)
+decode_scheduler_kernel(int32_t batch, int32_t seq_q, int32_t topk, const int32_t* topk_length,
+                        int32_t num_sm_parts, int32_t* md) {
+  using Scan = cub::BlockScan<int32_t, kSchedThreads>;
+  __shared__ typename Scan::TempStorage tmp;
+  const int32_t rows = batch * seq_q;
+  const int32_t max_blocks = topk / kBlockTokens;
+  int32_t* prefix = md + kMdHeaderInts;
+  int32_t carry = 0;
+  for (int32_t base = 0; base < rows; base += kSchedThreads) {
+    const int32_t r = base + int32_t(threadIdx.x);
+    int32_t n = 0;
+    if (r < rows) {
+      n = max_blocks;
+      if (topk_length != nullptr) {
+        int32_t len = topk_length[r / seq_q];
+        len = len < 0 ? 0 : (len > topk ? topk : len);
+        n = (len + kBlockTokens - 1) / kBlockTokens;
+        if (n < 1) n = 1;  // an empty row still gets one (fully masked) block: out 0, lse -inf
+      }
+    }
+    int32_t incl, total;
+    Scan(tmp).InclusiveSum(n, incl, total);
+    if (r < rows) prefix[r + 1] = carry + incl;
+    carry += total;
+    __syncthreads();  // tmp reuse
+  }
+  if (threadIdx.x == 0) {
+    prefix[0] = 0;
+    const int32_t T = carry;
+    int32_t np = (T + kMinBlocksPerPart - 1) / kMinBlocksPerPart;
+    if (np > num_sm_parts) np = num_sm_parts;
+    if (np < 1) np = 1;
+    md[0] = T;
+    md[1] = np;
+    md[2] = rows;
+    md[3] = kMdMagic;
+    md[4] = md[5] = md[6] = md[7] = 0;
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_decode_scheduler(int32_t batch, int32_t seq_q, int32_t topk,
+                                    const int32_t* topk_length, int32_t num_sm_parts,
+                                    int32_t* metadata, cudaStream_t stream) {
+  decode_scheduler_kernel<<<1, kSchedThreads, 0, stream>>>(batch, seq_q, topk, topk_length,
+                                                           num_sm_parts, metadata);
+  return cudaGetLastError();
+}
+
+}  // namespace selkv::decode

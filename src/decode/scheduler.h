@@ -1,0 +1,16 @@
+// Split-KV scheduler for the C5 decode (arch-neutral, graph-capturable, no host sync).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace selkv::decode {
+
+// Writes the metadata (decode_params.h layout) for rows = batch * seq_q rows of `topk` indices;
+// topk_length (device [batch]) selects dynamic block counts. One CTA on `stream`.
+cudaError_t launch_decode_scheduler(int32_t batch, int32_t seq_q, int32_t topk,
+                                    const int32_t* topk_length, int32_t num_sm_parts,
+                                    int32_t* metadata, cudaStream_t stream);
+
+}  // namespace selkv::decode

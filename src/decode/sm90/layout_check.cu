@@ -1,0 +1,52 @@
+#include <sstream>
+
+#include "decode/sm90/config.h"
+#include "decode/sm90/layout_check.h"
+
+namespace selkv::decode::sm90 {
+
+std::string check_tile_layouts() {
+  // A 1024-byte aligned host buffer stands in for shared memory: CuTe applies the swizzle to
+  // address bits, exactly as the hardware does for a 1024-byte aligned smem tile.
+  alignas(1024) static bf16_t buf[cosize_v<SmemLayoutK>];
+  bf16_t* base = buf;
+  std::ostringstream err;
+  Tensor sK = make_tensor(make_smem_ptr(base), SmemLayoutK{});
+  Tensor sQ = make_tensor(make_smem_ptr(base), SmemLayoutQ{});
+  Tensor sP = make_tensor(make_smem_ptr(base), SmemLayoutP{});
+  for (int t = 0; t < kBlockN; ++t) {
+    for (int d = 0; d < kDimQK; ++d) {
+      const long want = long(k_tile_offset(t, d & ~7) + (d & 7));
+      const long gotk = long(&sK(t, d) - base), gotq = long(&sQ(t, d) - base);
+      if (gotk != want || gotq != want) {
+        err << "k_tile_offset(" << t << "," << d << ")=" << want << " but CuTe K " << gotk << " Q " << gotq;
+        return err.str();
+      }
+    }
+  }
+  for (int cw = 0; cw < 2; ++cw) {
+    Tensor sKh = make_tensor(make_smem_ptr(base + cw * kKHalfTokenOffset), SmemLayoutKHalf{});
+    for (int t = 0; t < kTokensPerConsumer; ++t)
+      for (int d = 0; d < kDimQK; ++d)
+        if (&sKh(t, d) != &sK(t + cw * kTokensPerConsumer, d)) {
+          err << "K half " << cw << " (" << t << "," << d << ") mismatch";
+          return err.str();
+        }
+    Tensor sVh = make_tensor(make_smem_ptr(base + cw * kVHalfDimOffset), SmemLayoutVHalf{});
+    for (int v = 0; v < kDimVPerConsumer; ++v)
+      for (int t = 0; t < kBlockN; ++t)
+        if (&sVh(v, t) != &sK(t, v + cw * kDimVPerConsumer)) {
+          err << "V half " << cw << " (" << v << "," << t << ") mismatch";
+          return err.str();
+        }
+  }
+  for (int m = 0; m < kBlockM; ++m)
+    for (int k = 0; k < kBlockN; ++k)
+      if (long(&sP(m, k) - base) != long(p_tile_offset(m, k))) {
+        err << "p_tile_offset(" << m << "," << k << ") mismatch";
+        return err.str();
+      }
+  return {};
+}
+
+}  // namespace selkv::decode::sm90

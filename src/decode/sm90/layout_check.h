@@ -1,0 +1,12 @@
+// Host self-check of the hand-written smem offsets (k_tile_offset, p_tile_offset, the consumer
+// half offsets) against the CuTe layouts the wgmma descriptors are built from. CPU only.
+#pragma once
+
+#include <string>
+
+namespace selkv::decode::sm90 {
+
+// Empty string when every offset agrees; else a description of the first mismatch.
+std::string check_tile_layouts();
+
+}  // namespace selkv::decode::sm90
