@@ -17,7 +17,10 @@ namespace selkv {
 // ---- C1: cache write -------------------------------------------------------------------------
 // bf16 latent [T,512] (+ RoPE [T,64] for ds_mla_fp8) -> FP8 records at slot_mapping[t].
 // slot_mapping < 0 skips the token (CUDA-graph padding); a slot >= num_slots is also skipped
-// (never written), so no caller value can write out of bounds.
+// (never written), so no caller value can write out of bounds. Valid slots must be distinct
+// (two tokens writing one slot race on the GPU; the oracle keeps the later one).
+// GPU requirements: latent/rope/cache 16-byte aligned, row strides multiples of 8 elements,
+// block_stride_bytes a multiple of 16; rope must be null for nope_fp8.
 struct WriteKvCacheParams {
   const void* latent = nullptr;    // bf16 [num_tokens, 512], rows 16-byte aligned
   int64_t latent_row_stride = 0;   // in elements
@@ -43,7 +46,8 @@ Status write_kv_cache(const WriteKvCacheParams& p, cudaStream_t stream);
 // (a longer vector is fine and never causes an out-of-bounds access).
 // valid_counts (optional, [num_tokens]) receives the number of valid slots per row.
 // compact: valid slots are moved to the front of the row in their original order and the rest
-// filled with -1, so valid_counts can serve as topk_length.
+// filled with -1, so valid_counts can serve as topk_length. topk == 0 zero-fills valid_counts.
+// In place (out_slots == req_local_indices) is allowed with equal row strides.
 struct ConvertIndicesParams {
   const int32_t* req_local_indices = nullptr;  // [num_tokens, topk]
   int64_t indices_row_stride = 0;              // in elements
@@ -68,7 +72,12 @@ Status convert_req_indices_to_slots(const ConvertIndicesParams& p, cudaStream_t 
 // through block_table row r, dequantized to bf16 and written to out rows
 // [ws_starts[r], ws_starts[r] + seq_lens[r]). ds_mla_fp8 -> [.., 576], nope_fp8 -> [.., 512].
 // Starts need not be page aligned. Tokens whose block is missing (past max_blocks_per_req or a
-// block id outside [0, num_blocks)) are written as zeros; out rows >= out_rows are never written.
+// block id outside [0, num_blocks)) or whose position is negative are written as zeros; out rows
+// outside [0, out_rows) are never written, nor are rows no request covers. Output ranges must
+// not overlap (the GPU gives no order between requests). num_reqs <= 4096 per call; out and
+// cache 16-byte aligned, out_row_stride a multiple of 8, block_stride_bytes a multiple of 16.
+// NaN outputs (only from corrupt records: E4M3 code 0x7F/0xFF or a NaN scale) are the
+// canonical bf16 NaN 0x7FFF on the GPU; the oracle's NaN payload depends on the host CPU.
 struct GatherKvParams {
   const void* cache = nullptr;
   int64_t num_blocks = 0;
