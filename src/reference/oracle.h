@@ -30,6 +30,8 @@ Status gather_kv_bf16(const GatherKvParams& p);
 // score = sm_scale * q . k over 576 dims (k = dequantized record), out = softmax . v (v = first
 // 512 dims of k). A row with no valid slot: out = 0, lse = -inf.
 // attn_sink (optional, [H]): out *= 1 / (1 + exp(attn_sink[h] - lse)); lse is returned unchanged.
+// Each index entry is one softmax term (a slot listed twice counts twice). lse may be null.
+// Rows run on $SELKV_REF_THREADS threads (default: all cores); results do not depend on it.
 struct SparseDecodeRefArgs {
   const uint16_t* q = nullptr;   // bf16 [B, S_q, H, 576]
   int B = 0, S_q = 0, H = 0;
