@@ -15,7 +15,8 @@ find_package(Python3 COMPONENTS Interpreter QUIET)
 set(SELKV_TORCH_FOUND OFF)
 if(Python3_Interpreter_FOUND)
   execute_process(
-    COMMAND "${Python3_EXECUTABLE}" -c "import torch,sys; sys.stdout.write(torch.utils.cmake_prefix_path if torch.version.cuda else '')"
+    COMMAND "${Python3_EXECUTABLE}" -c
+      "import torch,sys; sys.stdout.write(torch.utils.cmake_prefix_path if torch.version.cuda else '')"
     OUTPUT_VARIABLE SELKV_TORCH_PREFIX RESULT_VARIABLE _rc ERROR_QUIET)
   if(_rc EQUAL 0 AND SELKV_TORCH_PREFIX)
     set(SELKV_TORCH_FOUND ON)

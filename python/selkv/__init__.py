@@ -28,8 +28,8 @@ from .cache_ops import (  # noqa: E402
 )
 from .formats import (  # noqa: E402
     DS_MLA_FP8_RECORD_BYTES,
-    NOPE_FP8_RECORD_BYTES,
     FORMATS,
+    NOPE_FP8_RECORD_BYTES,
     SCALE_MODES,
     dequant_dim,
     record_bytes,

@@ -1,7 +1,9 @@
 """pytest fixtures for the torch-op tests.
 
-Skips the whole directory when torch is not installed (CI's CPU machine) and the tests that need
-a GPU when CUDA is unavailable. A selkv package whose operator library was not built is a skip
+Test modules skip themselves when torch is not installed (CI's CPU machine); tests that need a
+GPU take the `cuda_device` fixture, which skips when CUDA is unavailable. The CPU tests (the
+CPU oracle behind the same ops, error messages, opcheck, torch.compile) run wherever torch and
+the built operator library are. A selkv package whose operator library was not built is a skip
 too, unless SELKV_REQUIRE_OPS=1; a library that exists but fails to load is an error, never a
 skip.
 

@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -49,7 +51,7 @@ def assert_bitwise_equal(actual: torch.Tensor, expected: torch.Tensor, what: str
 
 def storage_span(t: torch.Tensor) -> torch.Tensor:
     """The flat range of t's storage that t spans, gaps (e.g. block padding) included."""
-    extent = 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()) if n > 0)
+    extent = 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True) if n > 0)
     return t.as_strided((extent,), (1,), t.storage_offset())
 
 
@@ -254,7 +256,9 @@ def test_convert_cpu_matches_model(selkv, gen, page_size, compact):
     slots, counts = selkv.convert_req_indices_to_slots(
         indices, req_ids, block_table, page_size, num_blocks, compact=compact
     )
-    exp_slots, exp_counts = ref_convert(indices, req_ids, block_table, page_size, num_blocks, compact)
+    exp_slots, exp_counts = ref_convert(
+        indices, req_ids, block_table, page_size, num_blocks, compact
+    )
     assert_bitwise_equal(slots, exp_slots, "slots")
     assert_bitwise_equal(counts, exp_counts, "valid_counts")
 
@@ -264,7 +268,9 @@ def test_convert_cpu_matches_model(selkv, gen, page_size, compact):
 def test_gather_cpu_matches_model(selkv, gen, page_size, fmt):
     cache, block_table, starts, lens, ws, out_rows = gather_case(gen, page_size, fmt, pad_bytes=16)
     dim = QK if fmt == "ds_mla_fp8" else NOPE
-    out = selkv.gather_kv_bf16(cache, block_table, starts, lens, ws, fmt, out=nan_bf16(out_rows, dim))
+    out = selkv.gather_kv_bf16(
+        cache, block_table, starts, lens, ws, fmt, out=nan_bf16(out_rows, dim)
+    )
 
     expected = nan_bf16(out_rows, dim)
     num_blocks, page_size = cache.shape[0], cache.shape[1]
@@ -273,7 +279,11 @@ def test_gather_cpu_matches_model(selkv, gen, page_size, fmt):
             row, pos = int(ws[r]) + i, int(starts[r]) + i
             if row >= out_rows:
                 continue
-            blk = int(block_table[r, pos // page_size]) if pos // page_size < block_table.shape[1] else -1
+            blk = (
+                int(block_table[r, pos // page_size])
+                if pos // page_size < block_table.shape[1]
+                else -1
+            )
             if 0 <= blk < num_blocks:
                 expected[row] = ref_decode(cache[blk, pos % page_size][None], fmt)[0]
             else:
@@ -331,13 +341,22 @@ def test_convert_cuda_matches_cpu(selkv, cuda_device, gen, page_size, compact, t
     wide[:, 3 : 3 + topk] = indices
     indices = wide[:, 3 : 3 + topk]
     slots, counts = selkv.convert_req_indices_to_slots(
-        indices, req_ids, block_table, page_size, num_blocks, compact=compact,
+        indices,
+        req_ids,
+        block_table,
+        page_size,
+        num_blocks,
+        compact=compact,
         out=torch.full(indices.shape, 7777, dtype=torch.int32),
         valid_counts=torch.full(indices.shape[:1], 7777, dtype=torch.int32),
     )
     d = cuda_device
     slots_gpu, counts_gpu = selkv.convert_req_indices_to_slots(
-        wide.to(d)[:, 3 : 3 + topk], req_ids.to(d), block_table.to(d), page_size, num_blocks,
+        wide.to(d)[:, 3 : 3 + topk],
+        req_ids.to(d),
+        block_table.to(d),
+        page_size,
+        num_blocks,
         compact=compact,
         out=torch.full(indices.shape, 7777, dtype=torch.int32, device=d),
         valid_counts=torch.full(indices.shape[:1], 7777, dtype=torch.int32, device=d),
@@ -347,8 +366,14 @@ def test_convert_cuda_matches_cpu(selkv, cuda_device, gen, page_size, compact, t
     # Without valid counts, and in place (out aliases the input).
     inplace = wide.to(d)[:, 3 : 3 + topk]
     res, none = selkv.convert_req_indices_to_slots(
-        inplace, req_ids.to(d), block_table.to(d), page_size, num_blocks, compact=compact,
-        return_valid_counts=False, out=inplace,
+        inplace,
+        req_ids.to(d),
+        block_table.to(d),
+        page_size,
+        num_blocks,
+        compact=compact,
+        return_valid_counts=False,
+        out=inplace,
     )
     assert none is None and res.data_ptr() == inplace.data_ptr()
     assert_bitwise_equal(inplace, slots, "slots (in place)")
@@ -362,23 +387,57 @@ def test_gather_cuda_matches_cpu(selkv, cuda_device, gen, page_size, fmt, pad_by
     dim = QK if fmt == "ds_mla_fp8" else NOPE
     cache_gpu = same_layout(cache, cuda_device)
     d = cuda_device
-    out = selkv.gather_kv_bf16(cache, block_table, starts, lens, ws, fmt, out=nan_bf16(out_rows, dim))
+    out = selkv.gather_kv_bf16(
+        cache, block_table, starts, lens, ws, fmt, out=nan_bf16(out_rows, dim)
+    )
     out_gpu = selkv.gather_kv_bf16(
-        cache_gpu, block_table.to(d), starts.to(d), lens.to(d), ws.to(d), fmt,
+        cache_gpu,
+        block_table.to(d),
+        starts.to(d),
+        lens.to(d),
+        ws.to(d),
+        fmt,
         out=nan_bf16(out_rows, dim, d),
     )
     assert_bitwise_equal(out_gpu, out, "out")
 
 
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs"
+)
+def test_runs_on_the_device_of_its_tensors(selkv, gen):
+    """Ops on cuda:1 while cuda:0 is current: the binding switches device and stream."""
+    d = torch.device("cuda", 1)
+    cache, block_table, starts, lens, ws, out_rows = gather_case(gen, 64, "ds_mla_fp8", 0)
+    expected = selkv.gather_kv_bf16(
+        cache, block_table, starts, lens, ws, out=nan_bf16(out_rows, QK)
+    )
+    with torch.cuda.device(0):
+        got = selkv.gather_kv_bf16(
+            *(t.to(d) for t in (cache, block_table, starts, lens, ws)),
+            out=nan_bf16(out_rows, QK, d),
+        )
+        torch.cuda.synchronize(d)
+    assert_bitwise_equal(got, expected, "out on cuda:1")
+
+
 # ---- CUDA graphs --------------------------------------------------------------------------------
+@pytest.mark.skipif(
+    os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1",
+    reason="torch.cuda.graph needs the caching allocator (disabled for memcheck runs)",
+)
 def test_cuda_graph_replay_matches_eager(selkv, cuda_device, gen):
     d, fmt, page_size = cuda_device, "ds_mla_fp8", 64
-    latent, rope, slot_mapping, cache0 = write_case(gen, page_size, fmt, 0, num_tokens=120, num_blocks=4)
+    latent, rope, slot_mapping, cache0 = write_case(
+        gen, page_size, fmt, 0, num_tokens=120, num_blocks=4
+    )
     latent, rope, slot_mapping = latent.to(d), rope.to(d), slot_mapping.to(d)
     indices, req_ids, block_table, num_blocks = convert_case(gen, page_size)
     indices, req_ids, block_table = indices.to(d), req_ids.to(d), block_table.to(d)
     g_cache, g_bt, g_starts, g_lens, g_ws, out_rows = gather_case(gen, page_size, fmt, 0)
-    g_cache, g_bt, g_starts, g_lens, g_ws = (t.to(d) for t in (g_cache, g_bt, g_starts, g_lens, g_ws))
+    g_cache, g_bt, g_starts, g_lens, g_ws = (
+        t.to(d) for t in (g_cache, g_bt, g_starts, g_lens, g_ws)
+    )
 
     def run(cache, slots, counts, out):
         torch.ops.selkv.write_kv_cache(latent, rope, slot_mapping, cache, fmt, "amax")
@@ -407,11 +466,13 @@ def test_cuda_graph_replay_matches_eager(selkv, cuda_device, gen):
     with torch.cuda.graph(graph):
         run(*static)
     for _ in range(2):
-        for t, init in zip(static, fresh()):
+        for t, init in zip(static, fresh(), strict=True):
             t.copy_(init)
         graph.replay()
         torch.cuda.synchronize()
-        for name, a, e in zip(("cache", "slots", "valid_counts", "out"), static, eager):
+        for name, a, e in zip(
+            ("cache", "slots", "valid_counts", "out"), static, eager, strict=True
+        ):
             assert_bitwise_equal(a, e, f"graph replay: {name}")
 
 
@@ -535,7 +596,9 @@ def test_errors_name_wrong_device(selkv, cuda_device):
     with pytest.raises(RuntimeError, match=r"selkv::write_kv_cache: slot_mapping: expected a CUDA"):
         selkv.write_kv_cache(latent, rope, slots.cpu(), cache)
     idx, req, bt = _convert_args(cuda_device)
-    with pytest.raises(RuntimeError, match=r"convert_req_indices_to_slots: block_table: expected a CUDA"):
+    with pytest.raises(
+        RuntimeError, match=r"convert_req_indices_to_slots: block_table: expected a CUDA"
+    ):
         selkv.convert_req_indices_to_slots(idx, req, bt.cpu(), 4, 2)
     cache, bt, starts, lens, ws, out = _gather_args(cuda_device)
     with pytest.raises(RuntimeError, match=r"selkv::gather_kv_bf16: out: expected a CUDA"):
@@ -549,7 +612,9 @@ def test_errors_name_wrong_device(selkv, cuda_device):
 @pytest.mark.parametrize("device", _devices())
 def test_opcheck(selkv, gen, device):
     opcheck = torch.library.opcheck
-    latent, rope, slot_mapping, cache = write_case(gen, 61, "ds_mla_fp8", 0, num_tokens=8, num_blocks=2)
+    latent, rope, slot_mapping, cache = write_case(
+        gen, 61, "ds_mla_fp8", 0, num_tokens=8, num_blocks=2
+    )
     to = lambda t: t.to(device)  # noqa: E731
     opcheck(
         torch.ops.selkv.write_kv_cache.default,
@@ -558,14 +623,25 @@ def test_opcheck(selkv, gen, device):
     indices, req_ids, block_table, num_blocks = convert_case(gen, 2, num_tokens=4, topk=8)
     opcheck(
         torch.ops.selkv.convert_req_indices_to_slots.default,
-        (to(indices), to(req_ids), to(block_table), 2, num_blocks,
-         torch.empty(4, 8, dtype=torch.int32, device=device),
-         torch.empty(4, dtype=torch.int32, device=device), True),
+        (
+            to(indices),
+            to(req_ids),
+            to(block_table),
+            2,
+            num_blocks,
+            torch.empty(4, 8, dtype=torch.int32, device=device),
+            torch.empty(4, dtype=torch.int32, device=device),
+            True,
+        ),
     )
     g = gather_case(gen, 61, "nope_fp8", 0)
     opcheck(
         torch.ops.selkv.gather_kv_bf16.default,
-        (*(to(t) for t in g[:5]), "nope_fp8", torch.zeros(g[5], NOPE, dtype=torch.bfloat16, device=device)),
+        (
+            *(to(t) for t in g[:5]),
+            "nope_fp8",
+            torch.zeros(g[5], NOPE, dtype=torch.bfloat16, device=device),
+        ),
     )
 
 
@@ -595,7 +671,7 @@ def test_torch_compile_smoke(selkv, gen, device):
     expected = step(*eager_args)
     compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
     got = compiled(*[a.clone() for a in args])
-    for name, a, e in zip(("slots", "valid_counts", "kv"), got, expected):
+    for name, a, e in zip(("slots", "valid_counts", "kv"), got, expected, strict=True):
         assert_bitwise_equal(a, e, f"compiled {name}")
 
 

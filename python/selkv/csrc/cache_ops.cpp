@@ -73,7 +73,7 @@ void write_kv_cache(const at::Tensor& latent, const std::optional<at::Tensor>& r
   }
 }
 
-// ---- C2: convert_req_indices_to_slots ----------------------------------------------------------
+// ---- C2: convert_req_indices_to_slots --------------------------------------------------------
 constexpr const char* kConvertOp = "selkv::convert_req_indices_to_slots";
 
 ConvertIndicesParams convert_params(const at::Tensor& req_local_indices,
@@ -139,7 +139,7 @@ void convert_req_indices_to_slots(const at::Tensor& req_local_indices,
   }
 }
 
-// ---- C3: gather_kv_bf16 ------------------------------------------------------------------------
+// ---- C3: gather_kv_bf16 ----------------------------------------------------------------------
 constexpr const char* kGatherOp = "selkv::gather_kv_bf16";
 
 GatherKvParams gather_params(const at::Tensor& cache, const at::Tensor& block_table,
@@ -161,7 +161,8 @@ GatherKvParams gather_params(const at::Tensor& cache, const at::Tensor& block_ta
   TensorArg(kOp, "block_table", block_table, "[>= num_reqs, max_blocks_per_req]")
       .dtype(at::kInt).dims(2).min_size(0, num_reqs).inner_contiguous();
   const int dim = fmt::dequant_dim(p.format);
-  const char* out_doc = dim == fmt::kQkDim ? "[rows, 576] for ds_mla_fp8" : "[rows, 512] for nope_fp8";
+  const char* out_doc =
+      dim == fmt::kQkDim ? "[rows, 576] for ds_mla_fp8" : "[rows, 512] for nope_fp8";
   TensorArg(kOp, "out", out, out_doc).dtype(at::kBFloat16).dims(2).size(1, dim).inner_contiguous();
 
   p.cache = data_or_null(cache);
@@ -202,7 +203,7 @@ void gather_kv_bf16(const at::Tensor& cache, const at::Tensor& block_table,
 }  // namespace
 }  // namespace selkv::torch_ext
 
-// ---- registration --------------------------------------------------------------------------------
+// ---- registration ------------------------------------------------------------------------------
 TORCH_LIBRARY_FRAGMENT(selkv, m) {
   const std::vector<at::Tag> tags = {at::Tag::pt2_compliant_tag};
   m.def(
