@@ -36,6 +36,8 @@ Status write_kv_cache(const WriteKvCacheParams& p) {
     SELKV_CHECK_ARG(p.rope != nullptr, "rope", "required for ds_mla_fp8");
     SELKV_CHECK_ARG(p.rope_row_stride >= fmt::kRopeDim, "rope_row_stride", "must be >= ",
                     fmt::kRopeDim, ", got ", p.rope_row_stride);
+  } else {
+    SELKV_CHECK_ARG(p.rope == nullptr, "rope", "must be null for nope_fp8 (no RoPE in the record)");
   }
   SELKV_CHECK_ARG(p.slot_mapping != nullptr, "slot_mapping", "must not be null");
   SELKV_CHECK_ARG(p.cache != nullptr || p.num_blocks == 0, "cache", "must not be null");

@@ -113,7 +113,9 @@ TEST(WriteKvCacheArgs, RejectsBadParams) {
   EXPECT_TRUE(is_invalid_argument(ref::write_kv_cache(q), op, "num_tokens"));
   q = p; q.block_stride_bytes = 656 * 4 - 1;
   EXPECT_TRUE(is_invalid_argument(ref::write_kv_cache(q), op, "block_stride_bytes"));
-  q = p; q.format = KvFormat::kNopeFp8; q.rope = nullptr;  // nope needs no rope
+  q = p; q.format = KvFormat::kNopeFp8;  // a rope pointer for nope_fp8 is a caller mistake
+  EXPECT_TRUE(is_invalid_argument(ref::write_kv_cache(q), op, "rope"));
+  q.rope = nullptr;
   EXPECT_TRUE(ref::write_kv_cache(q).ok());
 }
 
@@ -251,7 +253,7 @@ struct FilledCache {
     WriteKvCacheParams p;
     p.latent = tok.latent.data();
     p.latent_row_stride = 512;
-    p.rope = tok.rope.data();
+    p.rope = fmt::has_rope(format) ? tok.rope.data() : nullptr;
     p.rope_row_stride = 64;
     p.slot_mapping = slots.data();
     p.num_tokens = int64_t(slots.size());
