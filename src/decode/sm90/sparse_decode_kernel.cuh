@@ -57,7 +57,7 @@ struct PartIter {
     w.blk_begin = min(g - rb, max_blocks);  // clamped: never past K / 64, whatever the metadata
     w.blk_end = min(end - rb, max_blocks);
     w.split = !(rb >= g0 && re <= g1);
-    w.slot = 2 * part + (rb >= g0 ? 0 : 1);  // first row of the part -> 2p, its last row -> 2p+1
+    w.slot = 2 * part + (rb <= g0 ? 0 : 1);  // first row of the part -> 2p, its last row -> 2p+1
     g = end;
     ++r;
     return true;

@@ -1,0 +1,211 @@
+// C5 decode: CPU-runnable checks (argument validation, scheduler arithmetic, smem layouts).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "decode/decode_params.h"
+#include "selkv/decode.h"
+
+#ifdef SELKV_HAVE_CUTLASS
+#include "decode/sm90/layout_check.h"
+#endif
+
+namespace {
+
+using namespace selkv;
+
+#ifdef SELKV_HAVE_CUTLASS
+
+// Fake (never dereferenced) 16-byte aligned addresses: validation must not touch memory.
+template <typename T>
+T* fake(uintptr_t a) { return reinterpret_cast<T*>(a); }
+
+struct Base {
+  SparseDecodeParams p;
+  DecodeMetadata md;
+  size_t ws = 0;
+  Base(int B = 2, int S = 2, int H = 64, int K = 128) {
+    p.q = fake<void>(0x10000);
+    p.batch = B; p.seq_q = S; p.num_heads = H; p.topk = K;
+    p.cache.data = fake<void>(0x20000);
+    p.cache.num_blocks = 9; p.cache.page_size = 61;
+    p.cache.block_stride_bytes = 61 * 656;
+    p.indices = fake<int32_t>(0x30000);
+    p.sm_scale = 0.03f;
+    p.out = fake<void>(0x40000);
+    p.lse = fake<float>(0x50000);
+    set_contiguous_strides(&p);
+    md.data = fake<int32_t>(0x60000);
+    md.bytes = decode_metadata_size(B, S);
+    md.shape = DecodeShape{B, S, H, K, nullptr, 132};
+    md.num_sm_parts = 132 / (H / 64);
+    md.valid = true;
+    ws = decode_workspace_size(md);
+  }
+  Status check() const { return check_sparse_mla_decode(p, md, ws); }
+};
+
+void expect_arg_error(const Status& st, const std::string& arg) {
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find(std::string(": ") + arg + ":"), std::string::npos) << st.to_string();
+  EXPECT_NE(st.message().find("selkv::"), std::string::npos) << st.to_string();
+}
+
+TEST(DecodeChecks, ValidArgumentsPass) {
+  Base b;
+  EXPECT_TRUE(b.check().ok()) << b.check().to_string();
+  Base b128(74, 1, 128, 2048);
+  EXPECT_TRUE(b128.check().ok()) << b128.check().to_string();
+}
+
+TEST(DecodeChecks, RejectsUnsupportedShapes) {
+  { Base b; b.p.num_heads = 96; b.md.shape.num_heads = 96; expect_arg_error(b.check(), "num_heads"); }
+  { Base b; b.p.num_heads = 32; expect_arg_error(b.check(), "num_heads"); }
+  { Base b; b.p.topk = 100; b.md.shape.topk = 100; expect_arg_error(b.check(), "topk"); }
+  { Base b; b.p.topk = 0; expect_arg_error(b.check(), "topk"); }
+  { Base b; b.p.batch = 0; expect_arg_error(b.check(), "batch"); }
+  { Base b; b.p.seq_q = 0; expect_arg_error(b.check(), "seq_q"); }
+}
+
+TEST(DecodeChecks, RejectsBadPointersAndStrides) {
+  { Base b; b.p.q = nullptr; expect_arg_error(b.check(), "q"); }
+  { Base b; b.p.q = fake<void>(0x10008); expect_arg_error(b.check(), "q"); }
+  { Base b; b.p.q_head_stride = 580; expect_arg_error(b.check(), "q"); }
+  { Base b; b.p.q_seq_stride = -8; expect_arg_error(b.check(), "q"); }
+  { Base b; b.p.out = nullptr; expect_arg_error(b.check(), "out"); }
+  { Base b; b.p.out = fake<void>(0x40004); expect_arg_error(b.check(), "out"); }
+  { Base b; b.p.out_head_stride = 504; expect_arg_error(b.check(), "out"); }
+  { Base b; b.p.out_seq_stride = 1028 + 2; expect_arg_error(b.check(), "out"); }
+  { Base b; b.p.lse = nullptr; expect_arg_error(b.check(), "lse"); }
+  { Base b; b.p.indices = nullptr; expect_arg_error(b.check(), "indices"); }
+  { Base b; b.p.sm_scale = NAN; expect_arg_error(b.check(), "sm_scale"); }
+}
+
+TEST(DecodeChecks, RejectsBadCache) {
+  { Base b; b.p.cache.format = KvFormat::kNopeFp8; expect_arg_error(b.check(), "cache"); }
+  { Base b; b.p.cache.data = nullptr; expect_arg_error(b.check(), "cache"); }
+  { Base b; b.p.cache.data = fake<void>(0x20004); expect_arg_error(b.check(), "cache"); }
+  { Base b; b.p.cache.block_stride_bytes = 61 * 656 - 16; expect_arg_error(b.check(), "cache"); }
+  { Base b; b.p.cache.block_stride_bytes = 61 * 656 + 8; expect_arg_error(b.check(), "cache"); }
+  { Base b; b.p.cache.page_size = 0; expect_arg_error(b.check(), "cache"); }
+  { Base b; b.p.cache.num_blocks = 0; expect_arg_error(b.check(), "cache"); }
+  // Larger block stride (padding between pages) is fine.
+  { Base b; b.p.cache.block_stride_bytes = 61 * 656 + 64; EXPECT_TRUE(b.check().ok()); }
+}
+
+TEST(DecodeChecks, RejectsMetadataMismatch) {
+  { Base b; b.md.valid = false; expect_arg_error(b.check(), "metadata"); }
+  { Base b; b.p.batch = 3; expect_arg_error(b.check(), "metadata"); }
+  { Base b; b.p.seq_q = 1; expect_arg_error(b.check(), "metadata"); }
+  { Base b; b.p.topk = 192; expect_arg_error(b.check(), "metadata"); }
+  { Base b; b.p.num_heads = 128; expect_arg_error(b.check(), "metadata"); }
+  { Base b; b.p.topk_length = fake<int32_t>(0x70000); expect_arg_error(b.check(), "metadata"); }
+  {
+    Base b;
+    b.md.shape.topk_length = fake<int32_t>(0x70000);
+    b.p.topk_length = fake<int32_t>(0x70000);
+    EXPECT_TRUE(b.check().ok());
+    b.p.topk_length = fake<int32_t>(0x70010);
+    expect_arg_error(b.check(), "metadata");
+  }
+}
+
+TEST(DecodeChecks, WorkspaceTooSmallSaysHowMuch) {
+  Base b;
+  ASSERT_GT(b.ws, 0u);
+  EXPECT_EQ(b.ws, size_t(2) * 132 * 64 * 513 * 4);
+  const Status st = check_sparse_mla_decode(b.p, b.md, b.ws - 1);
+  EXPECT_EQ(st.code(), StatusCode::kWorkspaceTooSmall);
+  EXPECT_NE(st.message().find(std::to_string(b.ws)), std::string::npos) << st.to_string();
+  EXPECT_NE(st.message().find("workspace"), std::string::npos);
+  // sparse_mla_decode itself fails closed before touching the device.
+  const Status st2 = sparse_mla_decode(b.p, b.md, fake<void>(0x80000), b.ws - 1, nullptr);
+  EXPECT_EQ(st2.code(), StatusCode::kWorkspaceTooSmall);
+}
+
+TEST(DecodeChecks, MakeMetadataValidates) {
+  DecodeMetadata md;
+  alignas(16) static int32_t buf[64];
+  Status st = make_decode_metadata(DecodeShape{2, 2, 96, 128, nullptr, 132}, buf, sizeof(buf), &md, nullptr);
+  EXPECT_FALSE(md.valid);
+  expect_arg_error(st, "num_heads");
+  st = make_decode_metadata(DecodeShape{2, 2, 64, 130, nullptr, 132}, buf, sizeof(buf), &md, nullptr);
+  expect_arg_error(st, "topk");
+  st = make_decode_metadata(DecodeShape{2, 2, 64, 128, nullptr, 132}, nullptr, sizeof(buf), &md, nullptr);
+  expect_arg_error(st, "buffer");
+  st = make_decode_metadata(DecodeShape{100, 2, 64, 128, nullptr, 132}, buf, sizeof(buf), &md, nullptr);
+  EXPECT_EQ(st.code(), StatusCode::kWorkspaceTooSmall);
+  EXPECT_NE(st.message().find(std::to_string(decode_metadata_size(100, 2))), std::string::npos);
+  st = make_decode_metadata(DecodeShape{2, 2, 64, 128, nullptr, -1}, buf, sizeof(buf), &md, nullptr);
+  expect_arg_error(st, "num_sms");
+}
+
+TEST(DecodeChecks, SmemLayoutsAgreeWithCute) {
+  const std::string err = decode::sm90::check_tile_layouts();
+  EXPECT_TRUE(err.empty()) << err;
+}
+
+#endif  // SELKV_HAVE_CUTLASS
+
+// The scheduler's closed-form partition, as the decode and combine kernels read it: every block
+// belongs to exactly one part, each part writes at most two partial slots (2p, 2p+1), and the
+// combine's slot choice matches the kernel's.
+TEST(DecodeChecks, SchedulerPartitionArithmetic) {
+  using namespace selkv::decode;
+  for (int np : {1, 2, 3, 7, 66, 132}) {
+    for (const std::vector<int>& blocks :
+         {std::vector<int>{1}, std::vector<int>{32}, std::vector<int>(74, 1),
+          std::vector<int>{1, 1, 2, 3, 32, 1, 16, 2}, std::vector<int>(256, 32)}) {
+      const int rows = int(blocks.size());
+      std::vector<int> P(rows + 1, 0);
+      for (int r = 0; r < rows; ++r) P[r + 1] = P[r] + blocks[r];
+      const int T = P[rows];
+      int npe = std::min(np, std::max(1, (T + kMinBlocksPerPart - 1) / kMinBlocksPerPart));
+      std::vector<int> owner(T, -1);
+      std::set<std::pair<int, int>> kernel_slots;  // (row, slot) written by the kernel
+      for (int p = 0; p < npe; ++p) {
+        const int g0 = part_begin(p, T, npe), g1 = part_begin(p + 1, T, npe);
+        for (int g = g0; g < g1; ++g) {
+          ASSERT_EQ(owner[g], -1);
+          owner[g] = p;
+          ASSERT_EQ(part_of(g, T, npe), p) << "g=" << g << " T=" << T << " np=" << npe;
+        }
+        if (g0 >= g1) continue;
+        int r = 0;
+        while (r + 1 < rows && P[r + 1] <= g0) ++r;
+        for (int g = g0; g < g1; ++r) {
+          const int rb = P[r], re = P[r + 1];
+          const bool split = !(rb >= g0 && re <= g1);
+          const int slot = 2 * p + (rb <= g0 ? 0 : 1);  // as PartIter::next
+          if (split) {
+            ASSERT_TRUE(slot == 2 * p || slot == 2 * p + 1);
+            ASSERT_TRUE(kernel_slots.insert({r, slot}).second);
+          }
+          g = std::min(g1, re);
+        }
+      }
+      for (int g = 0; g < T; ++g) ASSERT_NE(owner[g], -1);
+      // The combine's view of each split row.
+      size_t combine_slots = 0;
+      std::set<int> used_slots;
+      for (int r = 0; r < rows; ++r) {
+        const int first = part_of(P[r], T, npe), last = part_of(P[r + 1] - 1, T, npe);
+        if (first == last) continue;
+        for (int q = first; q <= last; ++q) {
+          const int slot = 2 * q + (part_begin(q, T, npe) >= P[r] ? 0 : 1);
+          ASSERT_TRUE(kernel_slots.count({r, slot})) << "row " << r << " part " << q;
+          ASSERT_TRUE(used_slots.insert(slot).second);
+          ++combine_slots;
+        }
+      }
+      EXPECT_EQ(combine_slots, kernel_slots.size());
+    }
+  }
+}
+
+}  // namespace
