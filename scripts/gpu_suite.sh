@@ -108,7 +108,7 @@ have_pytests() { ls tests/python/test_*.py >/dev/null 2>&1; }
 if [[ "$do_tests" == 1 ]]; then
   if [[ -x "$TESTS_BIN" ]]; then
     log "gtest ($FILTER), log $LOGS/gtest.log"
-    "$TESTS_BIN" --gtest_filter="$FILTER" --gtest_output="xml:$OUT/gtest.xml" >"$LOGS/gtest.log" 2>&1
+    timeout "${SELKV_TEST_TIMEOUT:-300}" "$TESTS_BIN" --gtest_filter="$FILTER" --gtest_output="xml:$OUT/gtest.xml" >"$LOGS/gtest.log" 2>&1
     rc=$?
     gtest_summary="$(gtest_counts "$LOGS/gtest.log")"
     [[ $rc == 0 ]] || { overall=1; grep -E '^\[  FAILED  \]' "$LOGS/gtest.log" | head -20; gtest_summary+=" (exit $rc)"; }
