@@ -17,7 +17,8 @@
 #
 # Environment: OUT (out) for logs and CSVs, BUILD_DIR (build), JOBS ($(nproc)),
 #   SELKV_GTEST_FILTER (GPU tests; default *Gpu*:*GPU*:*Cuda*, every test when none matches),
-#   SELKV_GIT_HASH (recorded in the CSVs; the GPU machine's copy of the tree has no .git).
+#   SELKV_GIT_HASH (recorded in the CSVs; the GPU machine's copy of the tree has no .git),
+#   SELKV_TEST_TIMEOUT / SELKV_MEMCHECK_TIMEOUT / SELKV_BENCH_TIMEOUT (seconds per run).
 # Needs no network when third_party/cutlass is present (carry it with the tree).
 set -uo pipefail
 
@@ -145,13 +146,17 @@ if [[ "$do_memcheck" == 1 ]]; then
     mc() {  # name, command...
       local name="$1"; shift
       log "memcheck: $name, log $LOGS/memcheck_$name.log"
-      compute-sanitizer --tool memcheck --print-limit 100 --error-exitcode 86 "$@" >"$LOGS/memcheck_$name.log" 2>&1
+      timeout "${SELKV_MEMCHECK_TIMEOUT:-400}" \
+        compute-sanitizer --tool memcheck --print-limit 100 --error-exitcode 86 "$@" >"$LOGS/memcheck_$name.log" 2>&1
       local rc=$?
       local errs
       errs=$(grep -oE 'ERROR SUMMARY: [0-9]+ error' "$LOGS/memcheck_$name.log" | grep -oE '[0-9]+' | awk '{s+=$1} END {print s+0}')
       if [[ $rc == 86 || "$errs" != 0 ]]; then
         mc_errors=1
         grep -E '^========= (Invalid|Program hit|Error|  +at )' "$LOGS/memcheck_$name.log" | head -20
+      elif [[ $rc == 124 ]]; then
+        log "memcheck $name: timed out after ${SELKV_MEMCHECK_TIMEOUT:-400} s (SELKV_MEMCHECK_TIMEOUT)"
+        errs="timeout"; mc_errors=1
       elif [[ $rc != 0 ]]; then
         log "memcheck $name: tests failed under the sanitizer (exit $rc), no memory errors reported"
         overall=1
@@ -175,10 +180,10 @@ if [[ "$do_bench" == 1 ]]; then
   CLI="$BUILD_DIR/selkv"
   qflag=(); [[ "$quick" == 1 ]] && qflag=(--quick)
   log "main job: $CLI ${qflag[*]}, log $LOGS/main_job.log"
-  "$CLI" "${qflag[@]}" --csv "$OUT/main_job.csv" 2>"$LOGS/main_job.stderr" | tee "$LOGS/main_job.log"
+  timeout "${SELKV_BENCH_TIMEOUT:-300}" "$CLI" "${qflag[@]}" --csv "$OUT/main_job.csv" 2>"$LOGS/main_job.stderr" | tee "$LOGS/main_job.log"
   job_rc=${PIPESTATUS[0]}
   log "benchmarks: $CLI --bench ${qflag[*]}, log $LOGS/bench.log"
-  "$CLI" --bench "${qflag[@]}" --csv "$OUT/bench.csv" 2>"$LOGS/bench.stderr" | tee "$LOGS/bench.log"
+  timeout "${SELKV_BENCH_TIMEOUT:-300}" "$CLI" --bench "${qflag[@]}" --csv "$OUT/bench.csv" 2>"$LOGS/bench.stderr" | tee "$LOGS/bench.log"
   bench_rc=${PIPESTATUS[0]}
   rows=0; [[ -f "$OUT/bench.csv" ]] && rows=$(($(wc -l <"$OUT/bench.csv") - 1))
   bench_summary="written to $OUT/bench.csv ($rows rows)"
