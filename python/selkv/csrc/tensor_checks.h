@@ -94,7 +94,7 @@ inline void check_devices(const char* op, c10::DeviceType type,
   for (const NamedTensor& a : tensors) {
     if (a.tensor == nullptr) continue;
     const c10::Device dev = a.tensor->device();
-    TORCH_CHECK(dev.type() == type, op, ": ", a.name, ": expected a ", c10::DeviceType(type),
+    TORCH_CHECK(dev.type() == type, op, ": ", a.name, ": expected a ", c10::DeviceTypeName(type, /*lower_case=*/false),
                 " tensor, got one on ", dev);
     if (first == nullptr) {
       first = &a;
