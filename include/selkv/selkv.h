@@ -6,3 +6,5 @@
 #include "selkv/formats.h"
 #include "selkv/cache_ops.h"
 #include "selkv/decode.h"
+#include "selkv/dequant.h"
+

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "selkv/cache_ops.h"
+#include "selkv/dequant.h"
 #include "selkv/formats.h"
 #include "selkv/status.h"
 
@@ -24,6 +25,12 @@ void decode_record(const uint8_t* record, KvFormat format, uint16_t* out);
 Status write_kv_cache(const WriteKvCacheParams& p);
 Status convert_req_indices_to_slots(const ConvertIndicesParams& p);
 Status gather_kv_bf16(const GatherKvParams& p);
+
+// ---- C4 selected-row dequant (host pointers; same semantics as selkv::dequant_selected_kv) --
+// N < P: workspace row t*K+k <- record of indices[t, k] for valid entries (others untouched),
+// out_indices = t*K+k or -1. N >= P: every slot s -> workspace row s, out_indices = valid ? slot
+// : -1. In place (out_indices == indices, same stride) works: each entry is read before written.
+Status dequant_selected(const DequantSelectedParams& p);
 
 // ---- C5 sparse MLA decode (fp64) ------------------------------------------------------------
 // Valid slot (DESIGN §2): 0 <= slot < cache.num_slots() and k < topk_length[b] when given.

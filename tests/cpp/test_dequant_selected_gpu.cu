@@ -1,0 +1,217 @@
+// C4 selected-row dequant on the GPU vs the CPU oracle: bit-exact workspace (every byte, poison
+// included) and remapped indices. Skips without a GPU. Failures print the seed.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <climits>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "reference/oracle.h"
+#include "selkv/dequant.h"
+#include "test_util.h"
+
+namespace {
+
+using namespace selkv;
+using selkv::test::test_seed;
+
+#define CUDA_OK(x) ASSERT_EQ((x), cudaSuccess) << #x
+
+struct Buf {
+  void* ptr = nullptr;
+  explicit Buf(size_t bytes) { if (cudaMalloc(&ptr, bytes ? bytes : 16) != cudaSuccess) ptr = nullptr; }
+  ~Buf() { if (ptr) cudaFree(ptr); }
+  Buf(const Buf&) = delete;
+  template <typename T> T* as() const { return static_cast<T*>(ptr); }
+};
+
+template <typename T>
+std::vector<T> download(const Buf& b, size_t n) {
+  std::vector<T> v(n);
+  EXPECT_EQ(cudaMemcpy(v.data(), b.ptr, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+  return v;
+}
+
+struct Case {
+  KvFormat format;
+  int page;
+  int64_t num_blocks;
+  int64_t T;
+  int K;
+  bool dynamic;
+  bool all_invalid = false;
+  bool in_place = false;
+};
+
+void run_case(const Case& c, uint64_t salt, bool graph = false) {
+  const std::string what = "format=" + std::to_string(int(c.format)) + " page=" + std::to_string(c.page) +
+                           " blocks=" + std::to_string(c.num_blocks) + " T=" + std::to_string(c.T) +
+                           " K=" + std::to_string(c.K) + " dyn=" + std::to_string(c.dynamic);
+  SCOPED_TRACE("SELKV_TEST_SEED=" + std::to_string(test_seed()) + " " + what);
+  std::mt19937_64 rng(test_seed() * 1000003ull + salt);
+  const int rb = fmt::record_bytes(c.format);
+  const int D = fmt::dequant_dim(c.format);
+  const int64_t stride = int64_t(c.page) * rb + 16 * int64_t(rng() % 3);
+  const int64_t P = c.num_blocks * c.page;
+  const PagedKvCache host_view{nullptr, c.num_blocks, c.page, stride, c.format};
+
+  // Cache: garbage bytes everywhere, real records at every slot (pow2 and amax scales mixed).
+  std::vector<uint8_t> cache(size_t(c.num_blocks * stride));
+  for (auto& b : cache) b = uint8_t(rng());
+  std::vector<uint16_t> lat(512), rope(64);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (int64_t s = 0; s < P; ++s) {
+    for (auto& x : lat) x = test::bf16(nd(rng));
+    for (auto& x : rope) x = test::bf16(nd(rng));
+    ref::encode_record(lat.data(), rope.data(), c.format, (s & 1) ? ScaleMode::kAmax : ScaleMode::kPow2,
+                       cache.data() + host_view.slot_offset(s));
+  }
+  const int64_t idx_stride = c.K + (c.in_place ? 0 : 3);
+  std::vector<int32_t> idx(size_t(std::max<int64_t>(c.T, 1) * idx_stride), 0x5a5a5a5a);
+  const int32_t garbage[] = {-1, INT_MIN, int32_t(P), int32_t(P + 1), INT_MAX, -7};
+  for (int64_t t = 0; t < c.T; ++t)
+    for (int k = 0; k < c.K; ++k) {
+      const int r = int(rng() % 10);
+      int32_t v = int32_t(rng() % uint64_t(P));
+      if (c.all_invalid || r == 0) v = garbage[rng() % 6];
+      else if (r == 1 && k > 0) v = idx[size_t(t * idx_stride + k - 1)];  // duplicate
+      idx[size_t(t * idx_stride + k)] = v;
+    }
+  std::vector<int32_t> len(size_t(std::max<int64_t>(c.T, 1)));
+  for (auto& l : len) {
+    const int r = int(rng() % 4);
+    l = r == 0 ? -3 : r == 1 ? c.K + 5 : int32_t(rng() % uint64_t(c.K + 1));
+  }
+
+  const int64_t rows = dequant_selected_workspace_rows(c.T, c.K, P);
+  const int64_t ws_stride = D + 8 * int64_t(rng() % 2);
+  std::vector<uint16_t> ws(size_t(std::max<int64_t>(rows, 1) * ws_stride), 0xFFC1);  // NaN poison
+  const int64_t out_stride = c.in_place ? idx_stride : c.K + 1;
+  std::vector<int32_t> out(size_t(std::max<int64_t>(c.T, 1) * out_stride), 0x77777777);
+
+  Buf dcache(cache.size()), didx(idx.size() * 4), dlen(len.size() * 4), dws(ws.size() * 2),
+      dout(out.size() * 4);
+  CUDA_OK(cudaMemcpy(dcache.ptr, cache.data(), cache.size(), cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(didx.ptr, idx.data(), idx.size() * 4, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(dlen.ptr, len.data(), len.size() * 4, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(dws.ptr, ws.data(), ws.size() * 2, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(dout.ptr, out.data(), out.size() * 4, cudaMemcpyHostToDevice));
+
+  DequantSelectedParams p;
+  p.cache = PagedKvCache{dcache.ptr, c.num_blocks, c.page, stride, c.format};
+  p.indices = didx.as<int32_t>();
+  p.indices_row_stride = idx_stride;
+  p.topk_length = c.dynamic ? dlen.as<int32_t>() : nullptr;
+  p.num_tokens = c.T;
+  p.topk = c.K;
+  p.workspace = dws.ptr;
+  p.workspace_rows = rows;
+  p.workspace_row_stride = ws_stride;
+  p.out_indices = c.in_place ? didx.as<int32_t>() : dout.as<int32_t>();
+  p.out_indices_row_stride = out_stride;
+
+  if (graph) {
+    cudaStream_t s;
+    CUDA_OK(cudaStreamCreate(&s));
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    const Status st = dequant_selected_kv(p, s);
+    CUDA_OK(cudaStreamEndCapture(s, &g));
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    CUDA_OK(cudaGraphInstantiate(&ge, g, 0));
+    CUDA_OK(cudaGraphLaunch(ge, s));
+    CUDA_OK(cudaGraphLaunch(ge, s));  // idempotent (not in place)
+    CUDA_OK(cudaStreamSynchronize(s));
+    cudaGraphExecDestroy(ge);
+    cudaGraphDestroy(g);
+    cudaStreamDestroy(s);
+  } else {
+    const Status st = dequant_selected_kv(p, nullptr);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    CUDA_OK(cudaDeviceSynchronize());
+  }
+
+  DequantSelectedParams h = p;
+  h.cache.data = cache.data();
+  h.indices = idx.data();
+  h.topk_length = c.dynamic ? len.data() : nullptr;
+  h.workspace = ws.data();
+  h.out_indices = c.in_place ? idx.data() : out.data();
+  ASSERT_TRUE(ref::dequant_selected(h).ok());
+
+  const auto gws = download<uint16_t>(dws, ws.size());
+  const auto gout = c.in_place ? download<int32_t>(didx, idx.size()) : download<int32_t>(dout, out.size());
+  const auto& hout = c.in_place ? idx : out;
+  size_t bad_ws = 0, first_ws = 0, bad_idx = 0, first_idx = 0;
+  for (size_t i = 0; i < ws.size(); ++i)
+    if (gws[i] != ws[i] && bad_ws++ == 0) first_ws = i;
+  for (size_t i = 0; i < hout.size(); ++i)
+    if (gout[i] != hout[i] && bad_idx++ == 0) first_idx = i;
+  EXPECT_EQ(bad_ws, 0u) << "first workspace mismatch at element " << first_ws << " (row "
+                        << first_ws / ws_stride << "): gpu " << gws[first_ws] << " ref " << ws[first_ws];
+  EXPECT_EQ(bad_idx, 0u) << "first index mismatch at " << first_idx << ": gpu " << gout[first_idx]
+                         << " ref " << hout[first_idx];
+}
+
+TEST(DequantSelectedGpu, SelectedPathBitExact) {
+  SELKV_REQUIRE_GPU();
+  uint64_t salt = 1;
+  for (KvFormat f : {KvFormat::kDsMlaFp8, KvFormat::kNopeFp8})
+    for (int page : {2, 61, 64})
+      for (bool dyn : {false, true}) {
+        const int64_t blocks = 4096 / page + 3;  // P ~ 4.1K > N = 13 * 160 = 2080
+        run_case({f, page, blocks, 13, 160, dyn}, salt++);
+      }
+}
+
+TEST(DequantSelectedGpu, FullPoolPathBitExact) {
+  SELKV_REQUIRE_GPU();
+  uint64_t salt = 100;
+  for (KvFormat f : {KvFormat::kDsMlaFp8, KvFormat::kNopeFp8})
+    for (int page : {2, 61, 64})
+      for (bool dyn : {false, true}) {
+        const int64_t blocks = 600 / page + 1;  // P ~ 600 <= N = 21 * 64
+        run_case({f, page, blocks, 21, 64, dyn}, salt++);
+      }
+}
+
+TEST(DequantSelectedGpu, EdgeCases) {
+  SELKV_REQUIRE_GPU();
+  run_case({KvFormat::kDsMlaFp8, 61, 50, 7, 128, false, /*all_invalid=*/true}, 200);   // selected
+  run_case({KvFormat::kNopeFp8, 2, 100, 7, 128, true, /*all_invalid=*/true}, 201);     // full pool
+  run_case({KvFormat::kDsMlaFp8, 64, 10, 0, 128, false}, 202);                         // T = 0
+  run_case({KvFormat::kNopeFp8, 64, 10, 5, 0, false}, 203);                            // K = 0
+  run_case({KvFormat::kDsMlaFp8, 61, 40, 3, 333, true, false, /*in_place=*/true}, 204);  // in place, selected
+  run_case({KvFormat::kNopeFp8, 2, 200, 9, 64, false, false, /*in_place=*/true}, 205);   // in place, full
+  run_case({KvFormat::kDsMlaFp8, 2, 1, 3, 1, false}, 206);                             // N > P = 2
+}
+
+TEST(DequantSelectedGpu, GraphReplayMatchesOracle) {
+  SELKV_REQUIRE_GPU();
+  run_case({KvFormat::kDsMlaFp8, 64, 70, 11, 256, true}, 300, /*graph=*/true);  // selected
+  run_case({KvFormat::kNopeFp8, 61, 30, 40, 64, true}, 301, /*graph=*/true);    // full pool
+}
+
+// The size check runs before any device call: no GPU needed.
+TEST(DequantSelectedGpu, WorkspaceTooSmallIsReported) {
+  DequantSelectedParams p;
+  p.cache = PagedKvCache{reinterpret_cast<void*>(uintptr_t(4096)), 100, 64, 64 * 528, KvFormat::kNopeFp8};
+  p.num_tokens = 4;
+  p.topk = 2048;
+  p.indices = reinterpret_cast<const int32_t*>(uintptr_t(4096));
+  p.indices_row_stride = 2048;
+  p.out_indices = reinterpret_cast<int32_t*>(uintptr_t(8192));
+  p.out_indices_row_stride = 2048;
+  p.workspace = reinterpret_cast<void*>(uintptr_t(4096));
+  p.workspace_rows = 6399;  // needs min(8192, 6400)
+  p.workspace_row_stride = 512;
+  const Status st = dequant_selected_kv(p, nullptr);
+  EXPECT_EQ(st.code(), StatusCode::kWorkspaceTooSmall) << st.to_string();
+  EXPECT_NE(st.message().find("need 6400 rows"), std::string::npos) << st.message();
+}
+
+}  // namespace
