@@ -1,5 +1,6 @@
-// C2 launcher: validate, then one CTA per row (T = 4096 rows -> 4096 CTAs). topk == 0 only
-// zero-fills valid_counts, as the oracle does.
+// C2 launcher: validate; rows of up to 2048 entries with int4 access take the persistent
+// convert_rows_kernel (one resident wave of CTAs walking rows), the rest one CTA per row.
+// topk == 0 only zero-fills valid_counts, as the oracle does.
 #include <cstdint>
 
 #include "cache/cache_checks.h"
@@ -8,6 +9,32 @@
 #include "selkv/cache_ops.h"
 
 namespace selkv {
+namespace {
+
+// Fast path: persistent CTAs, one resident wave at most (the kernel walks rows grid-stride).
+template <bool kCount, bool kCompact>
+Status launch_rows(const cache::ConvertKernelParams& k, int64_t rows, cudaStream_t stream) {
+  constexpr const char* kOp = "selkv::convert_req_indices_to_slots";
+  constexpr int kMaxDevices = 64;
+  static int cached[kMaxDevices] = {};  // resident CTAs per device (plain attribute queries)
+  int dev = 0;
+  SELKV_CUDA_RETURN(cudaGetDevice(&dev), kOp);
+  int wave = dev < kMaxDevices ? cached[dev] : 0;
+  if (wave == 0) {
+    int sms = 0, per_sm = 0;
+    SELKV_CUDA_RETURN(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), kOp);
+    SELKV_CUDA_RETURN(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                          &per_sm, cache::convert_rows_kernel<kCount, kCompact>, cache::kConvThreads, 0),
+                      kOp);
+    wave = sms * (per_sm > 0 ? per_sm : 1);
+    if (dev < kMaxDevices) cached[dev] = wave;
+  }
+  const dim3 grid(static_cast<unsigned>(rows < wave ? rows : wave));
+  cache::convert_rows_kernel<kCount, kCompact><<<grid, cache::kConvThreads, 0, stream>>>(k, rows);
+  return detail::launch_status(kOp);
+}
+
+}  // namespace
 
 Status convert_req_indices_to_slots(const ConvertIndicesParams& p, cudaStream_t stream) {
   constexpr const char* kOp = "selkv::convert_req_indices_to_slots";
@@ -42,7 +69,16 @@ Status convert_req_indices_to_slots(const ConvertIndicesParams& p, cudaStream_t 
   const auto a16 = [](const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; };
   const bool vec = a16(p.req_local_indices) && a16(p.out_slots) && p.indices_row_stride % 4 == 0 &&
                    p.out_row_stride % 4 == 0 && p.topk % 4 == 0;
-  const dim3 grid(unsigned(p.num_tokens));
+  if (vec && p.topk <= cache::kConvChunk) {
+    const bool count = p.valid_counts != nullptr;
+    if (p.compact) {
+      return count ? launch_rows<true, true>(k, p.num_tokens, stream)
+                   : launch_rows<false, true>(k, p.num_tokens, stream);
+    }
+    return count ? launch_rows<true, false>(k, p.num_tokens, stream)
+                 : launch_rows<false, false>(k, p.num_tokens, stream);
+  }
+  const dim3 grid(static_cast<unsigned>(p.num_tokens));
   if (vec) {
     cache::convert_indices_kernel<true><<<grid, cache::kConvThreads, 0, stream>>>(k);
   } else {

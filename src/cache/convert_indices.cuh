@@ -134,4 +134,144 @@ __global__ void __launch_bounds__(kConvThreads) convert_indices_kernel(const Con
   if (p.valid_counts != nullptr && tid == 0) p.valid_counts[row] = running;
 }
 
+// ---- fast path: topk <= kConvChunk with int4 access (the engines' shapes) ---------------------
+// Persistent CTAs walk rows row, row + gridDim.x, ... and load the next row's indices and request
+// id before converting the current one (one memory latency per row hidden). Thread t owns entries
+// [4t, 4t+4) and [1024+4t, 1024+4t+4), as above.
+// Counts: warp sums, one barrier, thread 0 adds the 8 warp totals (double-buffered by row parity,
+//   so the next row's warp sums never overwrite ones still being read).
+// Compaction: warp scan of the packed (cnt0 | cnt1 << 16) counts by shuffles, warp totals through
+//   shared memory (barrier 1), every valid slot written to its final place in a shared row buffer,
+//   then (barrier 2) the whole row leaves as int4 stores, -1 past the valid count. In place is
+//   safe: the row was read completely before barrier 1, and the global stores come after.
+struct ConvRow {
+  int4 x[2];
+  int32_t r;
+};
+
+__device__ __forceinline__ void conv_load_row(const ConvertKernelParams& p, int64_t row, int tid, ConvRow& c) {
+  c.r = __ldg(p.req_id + row);
+  const int32_t* in = p.in + row * p.in_stride;
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int32_t e = j * kConvSub + 4 * tid;
+    c.x[j] = make_int4(-1, -1, -1, -1);
+    if (e < p.topk) c.x[j] = __ldcs(reinterpret_cast<const int4*>(in + e));
+  }
+}
+
+__device__ __forceinline__ int32_t conv_slot(const ConvertKernelParams& p, const int32_t* bt, bool req_ok,
+                                             int32_t pos) {
+  int32_t slot = -1;
+  if (req_ok && pos >= 0) {
+    uint32_t blk, off;
+    p.page.divmod(uint32_t(pos), blk, off);
+    if (blk < uint32_t(p.max_blocks)) {
+      const int32_t bid = __ldg(bt + blk);
+      if (bid >= 0 && bid < p.num_blocks) slot = int32_t(int64_t(bid) * p.page_size + off);
+    }
+  }
+  return slot;
+}
+
+template <bool kCount, bool kCompact>
+__global__ void __launch_bounds__(kConvThreads) convert_rows_kernel(const ConvertKernelParams p,
+                                                                    int64_t num_rows) {
+  constexpr int kWarps = kConvThreads / 32;
+  __shared__ int32_t warp_tot[2][kWarps];
+  __shared__ __align__(16) int32_t buf[kCompact ? kConvChunk : 4];
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  int64_t row = blockIdx.x;
+  if (row >= num_rows) return;
+  ConvRow cur;
+  conv_load_row(p, row, tid, cur);
+  for (int par = 0;; par ^= 1) {
+    const int64_t next = row + gridDim.x;
+    const bool more = next < num_rows;
+    ConvRow nxt;
+    if (more) conv_load_row(p, next, tid, nxt);
+
+    const bool req_ok = cur.r >= 0 && cur.r < p.num_reqs;
+    const int32_t* bt = p.block_table + (req_ok ? int64_t(cur.r) * p.bt_stride : 0);
+    int32_t v[2][4];
+    int32_t cnt[2] = {0, 0};
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int32_t x[4] = {cur.x[j].x, cur.x[j].y, cur.x[j].z, cur.x[j].w};
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        v[j][c] = conv_slot(p, bt, req_ok, x[c]);
+        cnt[j] += v[j][c] >= 0 ? 1 : 0;  // entries past topk were never loaded: -1
+      }
+    }
+    int32_t* out = p.out + row * p.out_stride;
+    if constexpr (!kCompact) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int32_t e = j * kConvSub + 4 * tid;
+        if (e < p.topk) *reinterpret_cast<int4*>(out + e) = make_int4(v[j][0], v[j][1], v[j][2], v[j][3]);
+      }
+      if constexpr (kCount) {
+        int32_t s = cnt[0] + cnt[1];
+#pragma unroll
+        for (int d = 16; d >= 1; d >>= 1) s += __shfl_xor_sync(0xffffffffu, s, d);
+        if (lane == 0) warp_tot[par][warp] = s;
+        __syncthreads();
+        if (tid == 0) {
+          int32_t total = 0;
+#pragma unroll
+          for (int w = 0; w < kWarps; ++w) total += warp_tot[par][w];
+          p.valid_counts[row] = total;
+        }
+      }
+    } else {
+      const int32_t packed = cnt[0] | (cnt[1] << 16);  // a half holds <= 1024 entries
+      int32_t incl = packed;
+#pragma unroll
+      for (int d = 1; d < 32; d <<= 1) {
+        const int32_t n = __shfl_up_sync(0xffffffffu, incl, d);
+        if (lane >= d) incl += n;
+      }
+      if (lane == 31) warp_tot[par][warp] = incl;
+      __syncthreads();
+      int32_t before = 0, all = 0;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const int32_t t = warp_tot[par][w];
+        before += w < warp ? t : 0;
+        all += t;
+      }
+      const int32_t ex = before + incl - packed;
+      const int32_t total0 = all & 0xffff, total = total0 + (all >> 16);
+      int32_t dst[2] = {ex & 0xffff, total0 + (ex >> 16)};
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          if (v[j][c] >= 0) buf[dst[j]++] = v[j][c];
+        }
+      }
+      __syncthreads();
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int32_t e = j * kConvSub + 4 * tid;
+        if (e < p.topk) {
+          int4 o = *reinterpret_cast<const int4*>(buf + e);
+          if (e + 0 >= total) o.x = -1;
+          if (e + 1 >= total) o.y = -1;
+          if (e + 2 >= total) o.z = -1;
+          if (e + 3 >= total) o.w = -1;
+          *reinterpret_cast<int4*>(out + e) = o;
+        }
+      }
+      if (kCount && tid == 0) p.valid_counts[row] = total;
+    }
+    if (!more) break;
+    cur = nxt;
+    row = next;
+  }
+}
+
 }  // namespace selkv::cache

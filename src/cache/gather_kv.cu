@@ -1,5 +1,6 @@
-// C3 launcher: validate, size the grid from out_rows (capped at one resident wave; the kernel is
-// grid-stride), dynamic shared memory = the per-request prefix.
+// C3 launcher: validate, size the grid and the per-warp chunk from out_rows (capped at one
+// resident wave; the kernel is grid-stride), dynamic shared memory = the per-request prefix
+// (+ starts and workspace offsets for up to kGatherSmemReqs requests).
 #include <cstdint>
 
 #include "cache/cache_checks.h"
@@ -22,7 +23,7 @@ Status gather_wave_ctas(bool rope, int64_t* ctas) {
   if (c == 0 || dev >= kMaxDevices) {
     int sms = 0, per_sm = 0;
     SELKV_CUDA_RETURN(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), kOp);
-    const size_t smem = size_t(cache::kMaxGatherReqs + 1) * sizeof(int64_t);  // worst case
+    const size_t smem = cache::gather_smem_bytes(cache::kMaxGatherReqs);  // worst case
     if (rope) {
       SELKV_CUDA_RETURN(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
                             &per_sm, cache::gather_kv_kernel<true>, cache::kGatherThreads, smem),
@@ -71,9 +72,17 @@ Status gather_kv_bf16(const GatherKvParams& p, cudaStream_t stream) {
   const bool rope = fmt::has_rope(p.format);
   int64_t wave = 0;
   SELKV_RETURN_IF_ERROR(gather_wave_ctas(rope, &wave));
-  const int64_t steps = (p.out_rows + cache::kGatherTokensPerStep - 1) / cache::kGatherTokensPerStep;
-  const dim3 grid(unsigned(steps < wave ? steps : wave));
-  const size_t smem = size_t(p.num_reqs + 1) * sizeof(int64_t);
+  // Enough warps for kGatherBatch tokens each, capped at one resident wave; past that, each warp
+  // takes chunks of up to kGatherMaxChunk tokens (one per lane) per round.
+  constexpr int64_t kCtaTokens = int64_t(cache::kGatherWarps) * cache::kGatherBatch;
+  const int64_t want = (p.out_rows + kCtaTokens - 1) / kCtaTokens;
+  const int64_t ctas = want < wave ? want : wave;
+  const int64_t warps = ctas * cache::kGatherWarps;
+  int64_t chunk = (p.out_rows + warps - 1) / warps;
+  chunk = (chunk + cache::kGatherBatch - 1) / cache::kGatherBatch * cache::kGatherBatch;
+  k.chunk = int32_t(chunk < cache::kGatherMaxChunk ? chunk : cache::kGatherMaxChunk);
+  const dim3 grid(static_cast<unsigned>(ctas));
+  const size_t smem = cache::gather_smem_bytes(p.num_reqs);
   if (rope) {
     cache::gather_kv_kernel<true><<<grid, cache::kGatherThreads, smem, stream>>>(k);
   } else {

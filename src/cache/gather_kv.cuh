@@ -47,67 +47,165 @@ struct GatherKernelParams {
   uint8_t* out = nullptr;
   int64_t out_row_bytes = 0;
   int64_t out_rows = 0;
+  int32_t chunk = 4;  // tokens per warp chunk: a multiple of 4 in [4, 32]
 };
 
 inline constexpr int kGatherThreads = 256;
-inline constexpr int kGatherTokensPerWarp = 4;
-inline constexpr int kGatherTokensPerStep = (kGatherThreads / 32) * kGatherTokensPerWarp;  // 32
+inline constexpr int kGatherWarps = kGatherThreads / 32;
+inline constexpr int kGatherBatch = 4;        // tokens whose loads a warp issues together
+inline constexpr int kGatherMaxChunk = 32;    // tokens a warp resolves at once (one per lane)
+inline constexpr int kGatherSmemReqs = 1024;  // up to this many requests, starts/ws live in smem
+
+// Dynamic shared memory: int64 prefix [n + 1], then (n <= kGatherSmemReqs) int32 starts [n] and
+// int32 ws [n].
+__host__ __device__ inline size_t gather_smem_bytes(int n) {
+  return size_t(n + 1) * sizeof(int64_t) + (n <= kGatherSmemReqs ? size_t(2 * n) * sizeof(int32_t) : 0);
+}
 
 // Output rows of request r that fall in [0, out_rows): i in [first, first + count).
-__device__ __forceinline__ void gather_req_window(const GatherKernelParams& p, int r,
+__device__ __forceinline__ void gather_req_window(int64_t ws, int64_t len, int64_t out_rows,
                                                   int64_t* first, int64_t* count) {
-  const int64_t ws = __ldg(p.ws_starts + r);
-  const int64_t len = __ldg(p.seq_lens + r);
   const int64_t lo = ws < 0 ? -ws : 0;
-  const int64_t hi = len < p.out_rows - ws ? len : p.out_rows - ws;
+  const int64_t hi = len < out_rows - ws ? len : out_rows - ws;
   *first = lo;
   *count = hi > lo ? hi - lo : 0;
+}
+
+// One batch of kGatherBatch tokens held by every lane of a warp.
+struct GatherBatch {
+  uint2 lo[kGatherBatch], hi[kGatherBatch];
+  float slo[kGatherBatch], shi[kGatherBatch];  // scales of this lane's two tiles
+  uint4 rope;
+};
+
+// Token j of the batch is lane (first + j)'s resolved token.
+template <bool kRope>
+__device__ __forceinline__ void gather_load(const GatherKernelParams& p, int64_t src, int first,
+                                            int lane, GatherBatch& b) {
+#pragma unroll
+  for (int j = 0; j < kGatherBatch; ++j) {
+    const int64_t ts = __shfl_sync(0xffffffffu, src, first + j);
+    b.lo[j] = make_uint2(0, 0);
+    b.hi[j] = make_uint2(0, 0);
+    b.slo[j] = 0.f;
+    b.shi[j] = 0.f;
+    if (ts >= 0) {
+      const uint8_t* rec = p.cache + ts;
+      b.lo[j] = dev::ld_nc_na_u2(rec + fmt::kNopeOffset + 8 * lane);
+      b.hi[j] = dev::ld_nc_na_u2(rec + fmt::kNopeOffset + 256 + 8 * lane);
+      // element 8*lane is in tile lane/16, element 256+8*lane in tile 2+lane/16
+      const float* sc = reinterpret_cast<const float*>(rec + fmt::kScaleOffset) + (lane >> 4);
+      b.slo[j] = __ldg(sc);
+      b.shi[j] = __ldg(sc + 2);
+    }
+  }
+  b.rope = make_uint4(0, 0, 0, 0);
+  if constexpr (kRope) {
+    const int64_t rsrc = __shfl_sync(0xffffffffu, src, first + (lane >> 3));
+    if (rsrc >= 0) b.rope = dev::ld_nc_na_u4(p.cache + rsrc + fmt::kRopeOffset + 16 * (lane & 7));
+  }
+}
+
+// Output rows come from the resolving lanes again (shuffles are cheaper than holding them).
+template <bool kRope>
+__device__ __forceinline__ void gather_store(const GatherKernelParams& p, int64_t dst, int first,
+                                             int lane, const GatherBatch& b) {
+#pragma unroll
+  for (int j = 0; j < kGatherBatch; ++j) {
+    const int64_t td = __shfl_sync(0xffffffffu, dst, first + j);
+    if (td < 0) continue;
+    uint8_t* orow = p.out + td * p.out_row_bytes;
+    dev::st_u4(orow + 16 * lane, dev::dequant_e4m3x8(b.lo[j], b.slo[j]));
+    dev::st_u4(orow + 512 + 16 * lane, dev::dequant_e4m3x8(b.hi[j], b.shi[j]));
+  }
+  const int64_t rope_dst = __shfl_sync(0xffffffffu, dst, first + (lane >> 3));
+  if (kRope && rope_dst >= 0) {
+    dev::st_u4(p.out + rope_dst * p.out_row_bytes + 2 * fmt::kNopeDim + 16 * (lane & 7), b.rope);
+  }
 }
 
 template <bool kRope>
 __global__ void __launch_bounds__(kGatherThreads) gather_kv_kernel(const GatherKernelParams p) {
   constexpr int kRecordBytes = kRope ? fmt::kDsMlaRecordBytes : fmt::kNopeRecordBytes;
-  extern __shared__ int64_t prefix[];  // [num_reqs + 1]
-  __shared__ int64_t warp_sums[kGatherThreads / 32];
+  extern __shared__ int64_t prefix[];  // [num_reqs + 1], then starts / ws (see gather_smem_bytes)
+  __shared__ int64_t warp_sums[kGatherWarps];
   const int tid = threadIdx.x;
   const int lane = tid & 31;
   const int warp = tid >> 5;
   const int n = p.num_reqs;
+  const bool small = n <= kGatherSmemReqs;
+  int32_t* s_start = reinterpret_cast<int32_t*>(prefix + n + 1);
+  int32_t* s_ws = s_start + n;
 
-  // ---- exclusive prefix of effective lengths (each thread a contiguous run of requests) ----
-  const int per = (n + kGatherThreads - 1) / kGatherThreads;
-  const int r0 = min(tid * per, n), r1 = min(r0 + per, n);
-  int64_t local = 0;
-  for (int r = r0; r < r1; ++r) {
-    int64_t first, count;
-    gather_req_window(p, r, &first, &count);
-    local += count;
+  // ---- exclusive prefix of effective lengths; starts/ws are loaded in the same round trip ----
+  if (n <= 32) {  // one warp, one barrier
+    if (warp == 0) {
+      int64_t count = 0;
+      if (lane < n) {
+        const int64_t ws = __ldg(p.ws_starts + lane);
+        const int64_t len = __ldg(p.seq_lens + lane);
+        const int32_t st = __ldg(p.seq_starts + lane);
+        int64_t first;
+        gather_req_window(ws, len, p.out_rows, &first, &count);
+        s_start[lane] = st;
+        s_ws[lane] = int32_t(ws);
+      }
+      int64_t incl = count;
+#pragma unroll
+      for (int d = 1; d < 32; d <<= 1) {
+        const int64_t v = __shfl_up_sync(0xffffffffu, incl, d);
+        if (lane >= d) incl += v;
+      }
+      if (lane < n) prefix[lane] = incl - count;
+      if (lane == 31) prefix[n] = incl;
+    }
+  } else {  // each thread a contiguous run of requests
+    const int per = (n + kGatherThreads - 1) / kGatherThreads;
+    const int r0 = min(tid * per, n), r1 = min(r0 + per, n);
+    int64_t local = 0;
+    for (int r = r0; r < r1; ++r) {
+      const int64_t ws = __ldg(p.ws_starts + r);
+      const int64_t len = __ldg(p.seq_lens + r);
+      const int32_t st = __ldg(p.seq_starts + r);
+      if (small) {
+        s_start[r] = st;
+        s_ws[r] = int32_t(ws);
+      }
+      int64_t first, count;
+      gather_req_window(ws, len, p.out_rows, &first, &count);
+      local += count;
+    }
+    int64_t total;
+    int64_t acc = block_exclusive_sum<kGatherThreads>(local, warp_sums, &total);
+    for (int r = r0; r < r1; ++r) {
+      prefix[r] = acc;
+      int64_t first, count;
+      gather_req_window(__ldg(p.ws_starts + r), __ldg(p.seq_lens + r), p.out_rows, &first, &count);
+      acc += count;
+    }
+    if (tid == 0) prefix[n] = total;
   }
-  int64_t total;
-  int64_t acc = block_exclusive_sum<kGatherThreads>(local, warp_sums, &total);
-  for (int r = r0; r < r1; ++r) {
-    prefix[r] = acc;
-    int64_t first, count;
-    gather_req_window(p, r, &first, &count);
-    acc += count;
-  }
-  if (tid == 0) prefix[n] = total;
   __syncthreads();
+  const int64_t total = prefix[n];
 
-  // ---- flat tokens, 32 per CTA step ----
-  for (int64_t step = blockIdx.x; step * kGatherTokensPerStep < total; step += gridDim.x) {
-    const int64_t f = step * kGatherTokensPerStep + warp * kGatherTokensPerWarp + lane;
+  // ---- chunks of p.chunk flat tokens per warp (global warp g = warp * gridDim.x + blockIdx.x:
+  //      a short range is spread over every CTA); lane i resolves chunk token i, then the warp
+  //      walks the chunk kGatherBatch tokens at a time with the next batch's loads in flight ----
+  const int chunk = p.chunk;
+  const int64_t nw = int64_t(gridDim.x) * kGatherWarps;
+  for (int64_t c = int64_t(warp) * gridDim.x + blockIdx.x; c * chunk < total; c += nw) {
+    const int64_t f = c * chunk + lane;
     int64_t src = -1;  // record byte offset; -1: zero row
     int64_t dst = -1;  // output row; -1: nothing to write
-    if (lane < kGatherTokensPerWarp && f < total) {
+    if (lane < chunk && f < total) {
       int lo = 0, hi = n;  // prefix[lo] <= f < prefix[hi]
       while (hi - lo > 1) {
         const int mid = (lo + hi) >> 1;
         if (prefix[mid] <= f) lo = mid; else hi = mid;
       }
       const int r = lo;
-      const int64_t ws = __ldg(p.ws_starts + r);  // the two loads are independent
-      const int64_t start = __ldg(p.seq_starts + r);
+      const int64_t ws = small ? int64_t(s_ws[r]) : int64_t(__ldg(p.ws_starts + r));
+      const int64_t start = small ? int64_t(s_start[r]) : int64_t(__ldg(p.seq_starts + r));
       const int64_t i = (ws < 0 ? -ws : 0) + (f - prefix[r]);  // first row inside [0, out_rows)
       dst = ws + i;
       const int64_t pos = start + i;
@@ -128,45 +226,18 @@ __global__ void __launch_bounds__(kGatherThreads) gather_kv_kernel(const GatherK
         }
       }
     }
-
-    // Broadcast the 4 tokens; issue every load before the first conversion.
-    int64_t tsrc[kGatherTokensPerWarp], tdst[kGatherTokensPerWarp];
-    uint2 clo[kGatherTokensPerWarp], chi[kGatherTokensPerWarp];
-    float4 sc[kGatherTokensPerWarp];
-#pragma unroll
-    for (int j = 0; j < kGatherTokensPerWarp; ++j) {
-      tsrc[j] = __shfl_sync(0xffffffffu, src, j);
-      tdst[j] = __shfl_sync(0xffffffffu, dst, j);
-      clo[j] = make_uint2(0, 0);
-      chi[j] = make_uint2(0, 0);
-      sc[j] = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (tsrc[j] >= 0) {
-        const uint8_t* rec = p.cache + tsrc[j];
-        clo[j] = dev::ld_stream_u2(rec + fmt::kNopeOffset + 8 * lane);
-        chi[j] = dev::ld_stream_u2(rec + fmt::kNopeOffset + 256 + 8 * lane);
-        sc[j] = __ldg(reinterpret_cast<const float4*>(rec + fmt::kScaleOffset));
-      }
+    const int64_t left = total - c * chunk;
+    const int valid = int(left < chunk ? left : chunk);
+    GatherBatch cur;
+    gather_load<kRope>(p, src, 0, lane, cur);
+    int b = 0;
+    for (; b + kGatherBatch < valid; b += kGatherBatch) {
+      GatherBatch nxt;
+      gather_load<kRope>(p, src, b + kGatherBatch, lane, nxt);
+      gather_store<kRope>(p, dst, b, lane, cur);
+      cur = nxt;
     }
-    uint4 rope = make_uint4(0, 0, 0, 0);
-    int64_t rope_dst = -1;
-    if constexpr (kRope) {
-      const int64_t rsrc = __shfl_sync(0xffffffffu, src, lane >> 3);
-      rope_dst = __shfl_sync(0xffffffffu, dst, lane >> 3);
-      if (rsrc >= 0) rope = dev::ld_stream_u4(p.cache + rsrc + fmt::kRopeOffset + 16 * (lane & 7));
-    }
-
-#pragma unroll
-    for (int j = 0; j < kGatherTokensPerWarp; ++j) {
-      if (tdst[j] < 0) continue;
-      uint8_t* orow = p.out + tdst[j] * p.out_row_bytes;
-      const float s_lo = lane < 16 ? sc[j].x : sc[j].y;  // element 8*lane: tile lane/16
-      const float s_hi = lane < 16 ? sc[j].z : sc[j].w;  // element 256+8*lane: tile 2+lane/16
-      dev::st_u4(orow + 16 * lane, dev::dequant_e4m3x8(clo[j], s_lo));
-      dev::st_u4(orow + 512 + 16 * lane, dev::dequant_e4m3x8(chi[j], s_hi));
-    }
-    if (kRope && rope_dst >= 0) {
-      dev::st_u4(p.out + rope_dst * p.out_row_bytes + 2 * fmt::kNopeDim + 16 * (lane & 7), rope);
-    }
+    gather_store<kRope>(p, dst, b, lane, cur);
   }
 }
 

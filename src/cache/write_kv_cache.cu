@@ -1,14 +1,40 @@
-// C1 launcher: validate, then one 8-warp CTA per 8 tokens (T = 16384 -> 2048 CTAs, enough to
-// fill 132 SMs twice over).
+// C1 launcher: validate, then a grid of persistent 8-warp CTAs: enough warps for
+// kWriteTokensPerWarp tokens each, capped at one resident wave (the kernel is grid-stride).
 #include "cache/cache_checks.h"
 #include "cache/write_kv_cache.cuh"
 #include "common/cuda_check.h"
 #include "selkv/cache_ops.h"
 
 namespace selkv {
+namespace {
+
+template <bool kRope, ScaleMode kMode>
+Status launch_write(const cache::WriteKvKernelParams& k, cudaStream_t stream) {
+  constexpr const char* kOp = "selkv::write_kv_cache";
+  constexpr int kMaxDevices = 64;
+  static int cached[kMaxDevices] = {};  // resident CTAs per device (plain attribute queries)
+  int dev = 0;
+  SELKV_CUDA_RETURN(cudaGetDevice(&dev), kOp);
+  int wave = dev < kMaxDevices ? cached[dev] : 0;
+  if (wave == 0) {
+    int sms = 0, per_sm = 0;
+    SELKV_CUDA_RETURN(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), kOp);
+    SELKV_CUDA_RETURN(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                          &per_sm, cache::write_kv_cache_kernel<kRope, kMode>, cache::kWriteWarps * 32, 0),
+                      kOp);
+    wave = sms * (per_sm > 0 ? per_sm : 1);
+    if (dev < kMaxDevices) cached[dev] = wave;
+  }
+  constexpr int64_t kTokensPerCta = int64_t(cache::kWriteWarps) * cache::kWriteTokensPerWarp;
+  const int64_t want = (k.num_tokens + kTokensPerCta - 1) / kTokensPerCta;
+  const dim3 grid(unsigned(want < wave ? want : wave));
+  cache::write_kv_cache_kernel<kRope, kMode><<<grid, cache::kWriteWarps * 32, 0, stream>>>(k);
+  return detail::launch_status(kOp);
+}
+
+}  // namespace
 
 Status write_kv_cache(const WriteKvCacheParams& p, cudaStream_t stream) {
-  constexpr const char* kOp = "selkv::write_kv_cache";
   cache::Work work;
   SELKV_RETURN_IF_ERROR(cache::check_write_kv_cache(p, &work));
   if (work == cache::Work::kNone) return Status::Ok();
@@ -26,20 +52,12 @@ Status write_kv_cache(const WriteKvCacheParams& p, cudaStream_t stream) {
   k.page_size = p.page_size;
   k.page = cache::FastDivmod(uint32_t(p.page_size));
 
-  const dim3 grid(unsigned((p.num_tokens + cache::kWriteWarps - 1) / cache::kWriteWarps));
-  const dim3 block(cache::kWriteWarps * 32);
   const bool rope = fmt::has_rope(p.format);
   const bool pow2 = p.scale_mode == ScaleMode::kPow2;
-  if (rope && pow2) {
-    cache::write_kv_cache_kernel<true, ScaleMode::kPow2><<<grid, block, 0, stream>>>(k);
-  } else if (rope) {
-    cache::write_kv_cache_kernel<true, ScaleMode::kAmax><<<grid, block, 0, stream>>>(k);
-  } else if (pow2) {
-    cache::write_kv_cache_kernel<false, ScaleMode::kPow2><<<grid, block, 0, stream>>>(k);
-  } else {
-    cache::write_kv_cache_kernel<false, ScaleMode::kAmax><<<grid, block, 0, stream>>>(k);
-  }
-  return detail::launch_status(kOp);
+  if (rope && pow2) return launch_write<true, ScaleMode::kPow2>(k, stream);
+  if (rope) return launch_write<true, ScaleMode::kAmax>(k, stream);
+  if (pow2) return launch_write<false, ScaleMode::kPow2>(k, stream);
+  return launch_write<false, ScaleMode::kAmax>(k, stream);
 }
 
 }  // namespace selkv

@@ -1,15 +1,16 @@
-// C1 write_kv_cache kernel: bf16 latent (+ RoPE) -> FP8 records (DESIGN §1), one warp per token.
+// C1 write_kv_cache kernel: bf16 latent (+ RoPE) -> FP8 records (DESIGN §1), one warp per token
+// at a time, persistent warps with the next token's loads in flight.
 //
-// Work split (per warp = one token; 16-byte loads fully coalesced across the warp):
-//   latent 1024 B: lane l loads elements [8l, 8l+8) and [256+8l, 256+8l+8) -> two LDG.128 that
-//                  each cover 512 contiguous bytes. Lane l thus holds part of tile l/16 and of
-//                  tile 2 + l/16; the 128-element tile amax is a 16-lane xor-shuffle max.
+// Work split (per warp = one token; 16-byte accesses fully coalesced across the warp):
+//   latent 1024 B: lane l loads elements [16l, 16l+16) (two adjacent LDG.128), so lanes 8k..8k+7
+//                  hold tile k and the 128-element tile amax is an 8-lane xor-shuffle max.
 //   RoPE 128 B:    lanes 0-7 copy 16 B each.
-//   record:        8 E4M3 bytes per lane and half (two 256-byte contiguous STG.64 rows), the
-//                  four fp32 scales as one 16-byte store by lane 0, the RoPE as 8 x 16 B.
-// All loads (slot, latent, RoPE) are issued before the first use. Padded tokens (slot < 0) and
-// slots >= num_slots are skipped after the loads: padding is rare, and not waiting on the slot
-// before loading takes one memory latency off every token.
+//   record:        16 E4M3 bytes per lane (one 512-byte contiguous STG.128), lanes 0-3 store the
+//                  four fp32 scales (one 16-byte sector), the RoPE as 8 x 16 B.
+// All loads (slot, latent, RoPE) of a token are issued before the first use, and one token
+// ahead of its conversion. Padded tokens (slot < 0) and slots >= num_slots are skipped after the
+// loads: padding is rare, and not waiting on the slot before loading takes one memory latency off
+// every token.
 #pragma once
 
 #include <cstdint>
@@ -35,62 +36,68 @@ struct WriteKvKernelParams {
   FastDivmod page;                   // divides by page_size
 };
 
-inline constexpr int kWriteWarps = 8;  // tokens per CTA
+inline constexpr int kWriteWarps = 8;         // warps per CTA
+inline constexpr int kWriteTokensPerWarp = 4;  // launcher target: tokens each warp walks through
+
+// One token's inputs, loaded before the previous token is converted.
+struct WriteTok {
+  uint4 a, b, r;
+  int64_t slot;
+};
+
+template <bool kRope>
+__device__ __forceinline__ void write_load(const WriteKvKernelParams& p, int64_t t, int lane,
+                                           WriteTok& x) {
+  x.slot = __ldg(p.slot_mapping + t);
+  const uint8_t* row = p.latent + t * p.latent_row_bytes + 32 * lane;
+  x.a = dev::ld_nc_na_u4(row);
+  x.b = dev::ld_nc_na_u4(row + 16);
+  x.r = make_uint4(0, 0, 0, 0);
+  if (kRope && lane < 8) x.r = dev::ld_nc_na_u4(p.rope + t * p.rope_row_bytes + 16 * lane);
+}
 
 template <bool kRope, ScaleMode kMode>
-__global__ void __launch_bounds__(kWriteWarps * 32)
-    write_kv_cache_kernel(const WriteKvKernelParams p) {
+__device__ __forceinline__ void write_token(const WriteKvKernelParams& p, int lane, const WriteTok& x) {
   constexpr int kRecordBytes = kRope ? fmt::kDsMlaRecordBytes : fmt::kNopeRecordBytes;
-  const int lane = threadIdx.x & 31;
-  const int64_t t = int64_t(blockIdx.x) * kWriteWarps + (threadIdx.x >> 5);
-  if (t >= p.num_tokens) return;  // warp-uniform
-
-  const int64_t slot = __ldg(p.slot_mapping + t);
-  const uint8_t* row = p.latent + t * p.latent_row_bytes;
-  const uint4 va = dev::ld_stream_u4(row + 16 * lane);
-  const uint4 vb = dev::ld_stream_u4(row + 512 + 16 * lane);
-  uint4 vr = make_uint4(0, 0, 0, 0);
-  if (kRope && lane < 8) vr = dev::ld_stream_u4(p.rope + t * p.rope_row_bytes + 16 * lane);
-
-  if (slot < 0 || slot >= p.num_slots) return;  // padding / out of range: never written
-
-  float xa[8], xb[8];
-  dev::unpack_bf16x8(va, xa);
-  dev::unpack_bf16x8(vb, xb);
+  const int64_t slot = x.slot;
+  if (slot < 0 || slot >= p.num_slots) return;  // padding / out of range: never written (uniform)
+  float v[16];
+  {
+    float lo[8], hi[8];
+    dev::unpack_bf16x8(x.a, lo);
+    dev::unpack_bf16x8(x.b, hi);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      v[i] = lo[i];
+      v[8 + i] = hi[i];
+    }
+  }
   // fmaxf ignores NaN like the oracle's `if (a > amax)`; |bf16| is exact in fp32.
-  float ma = 0.f, mb = 0.f;
+  float m = 0.f;
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    ma = fmaxf(ma, fabsf(xa[i]));
-    mb = fmaxf(mb, fabsf(xb[i]));
-  }
+  for (int i = 0; i < 16; ++i) m = fmaxf(m, fabsf(v[i]));
 #pragma unroll
-  for (int d = 8; d >= 1; d >>= 1) {  // 16-lane groups = one 128-element tile each
-    ma = fmaxf(ma, __shfl_xor_sync(0xffffffffu, ma, d));
-    mb = fmaxf(mb, __shfl_xor_sync(0xffffffffu, mb, d));
-  }
-  const float sa = codec::tile_scale(ma, kMode);
-  const float sb = codec::tile_scale(mb, kMode);
+  for (int d = 4; d >= 1; d >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, d));  // 8 lanes = 1 tile
+  const float s = codec::tile_scale(m, kMode);
   if constexpr (kMode == ScaleMode::kPow2) {
     // s is a power of two (or inf), so 1/s is exact and x * (1/s) rounds exactly like x / s
     // (same real value, one IEEE rounding), subnormal results included.
-    const float ia = __fdiv_rn(1.f, sa), ib = __fdiv_rn(1.f, sb);
+    const float inv = __fdiv_rn(1.f, s);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      xa[i] = __fmul_rn(xa[i], ia);
-      xb[i] = __fmul_rn(xb[i], ib);
-    }
+    for (int i = 0; i < 16; ++i) v[i] = __fmul_rn(v[i], inv);
   } else {
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {  // the oracle divides: IEEE division, never an approximation
-      xa[i] = __fdiv_rn(xa[i], sa);
-      xb[i] = __fdiv_rn(xb[i], sb);
-    }
+    for (int i = 0; i < 16; ++i) v[i] = __fdiv_rn(v[i], s);  // IEEE division, as the oracle
   }
-  const uint2 qa = dev::encode_e4m3x8(xa);
-  const uint2 qb = dev::encode_e4m3x8(xb);
-  const float sa_hi = __shfl_sync(0xffffffffu, sa, 16);  // tile 1 scale
-  const float sb_hi = __shfl_sync(0xffffffffu, sb, 16);  // tile 3 scale
+  float v0[8], v1[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    v0[i] = v[i];
+    v1[i] = v[8 + i];
+  }
+  const uint2 q0 = dev::encode_e4m3x8(v0);
+  const uint2 q1 = dev::encode_e4m3x8(v1);
+  const float sk = __shfl_sync(0xffffffffu, s, 8 * (lane & 3));  // lanes 0-3: scale of tile lane
 
   int64_t block, in_page;
   if (slot <= int64_t(0x7fffffff)) {
@@ -103,12 +110,33 @@ __global__ void __launch_bounds__(kWriteWarps * 32)
     in_page = slot - block * p.page_size;
   }
   uint8_t* rec = p.cache + block * p.block_stride_bytes + in_page * kRecordBytes;
-  dev::st_u2(rec + fmt::kNopeOffset + 8 * lane, qa);
-  dev::st_u2(rec + fmt::kNopeOffset + 256 + 8 * lane, qb);
-  if (lane == 0) {
-    *reinterpret_cast<float4*>(rec + fmt::kScaleOffset) = make_float4(sa, sa_hi, sb, sb_hi);
+  dev::st_u4(rec + fmt::kNopeOffset + 16 * lane, make_uint4(q0.x, q0.y, q1.x, q1.y));
+  if (lane < 4) *reinterpret_cast<float*>(rec + fmt::kScaleOffset + 4 * lane) = sk;
+  if (kRope && lane < 8) dev::st_u4(rec + fmt::kRopeOffset + 16 * lane, x.r);
+}
+
+// Persistent warps: global warp g = warp * gridDim.x + blockIdx.x takes tokens g, g + W, ...
+// (W = all warps; CTA-minor numbering spreads a short token range over every SM) and loads the
+// next token before converting the current one, so each warp keeps two tokens in flight.
+template <bool kRope, ScaleMode kMode>
+__global__ void __launch_bounds__(kWriteWarps * 32)
+    write_kv_cache_kernel(const WriteKvKernelParams p) {
+  const int lane = threadIdx.x & 31;
+  const int64_t nw = int64_t(gridDim.x) * kWriteWarps;
+  int64_t t = int64_t(threadIdx.x >> 5) * gridDim.x + blockIdx.x;
+  if (t >= p.num_tokens) return;  // warp-uniform
+  WriteTok cur;
+  write_load<kRope>(p, t, lane, cur);
+  for (;;) {
+    const int64_t tn = t + nw;
+    WriteTok nxt;
+    const bool more = tn < p.num_tokens;
+    if (more) write_load<kRope>(p, tn, lane, nxt);
+    write_token<kRope, kMode>(p, lane, cur);
+    if (!more) break;
+    cur = nxt;
+    t = tn;
   }
-  if (kRope && lane < 8) dev::st_u4(rec + fmt::kRopeOffset + 16 * lane, vr);
 }
 
 }  // namespace selkv::cache

@@ -106,6 +106,20 @@ __device__ __forceinline__ uint4 ld_stream_u4(const void* p) {
 __device__ __forceinline__ uint2 ld_stream_u2(const void* p) {
   return __ldcs(reinterpret_cast<const uint2*>(p));
 }
+// Read-once 16-byte load through the non-coherent path without allocating in L1
+// (inputs of the cache ops are never written by the same kernel).
+__device__ __forceinline__ uint4 ld_nc_na_u4(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+__device__ __forceinline__ uint2 ld_nc_na_u2(const void* p) {
+  uint2 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  return v;
+}
 __device__ __forceinline__ void st_u4(void* p, const uint4& v) { *reinterpret_cast<uint4*>(p) = v; }
 __device__ __forceinline__ void st_u2(void* p, const uint2& v) { *reinterpret_cast<uint2*>(p) = v; }
 

@@ -281,6 +281,7 @@ struct WriteCase {
   KvFormat format;
   ScaleMode mode;
   int extra_stride;  // bytes beyond the page (multiple of 16)
+  int64_t min_blocks = 5;  // more blocks -> more tokens (persistent warps walk several tokens)
 };
 
 void run_write_case(const WriteCase& c, uint64_t salt) {
@@ -288,10 +289,10 @@ void run_write_case(const WriteCase& c, uint64_t salt) {
              " mode=" + std::to_string(int(c.mode)) + " extra=" + std::to_string(c.extra_stride));
   auto rng = make_rng(salt);
   const int rb = fmt::record_bytes(c.format);
-  const int64_t num_blocks = 5 + int64_t(rng() % 4);
+  const int64_t num_blocks = c.min_blocks + int64_t(rng() % 4);
   const int64_t stride = int64_t(c.page_size) * rb + c.extra_stride;
   const int64_t num_slots = num_blocks * c.page_size;
-  const int64_t T = std::min<int64_t>(num_slots, 150) + 12;
+  const int64_t T = std::min<int64_t>(num_slots, c.min_blocks > 5 ? num_slots : 150) + 12;
   // kv rows as vLLM lays them out: [T, 576] with latent then RoPE (rope pointer = row + 512).
   const int64_t row_stride = 576 + 8 * int64_t(rng() % 3);
   const auto kv = make_kv_rows(T, row_stride, rng);
@@ -366,6 +367,13 @@ TEST(WriteKvCacheGpu, BitExactVsOracle) {
   }
 }
 
+// Far more tokens than resident warps: every warp walks several tokens (prefetch path).
+TEST(WriteKvCacheGpu, ManyTokensPerWarp) {
+  SELKV_REQUIRE_GPU();
+  run_write_case({64, KvFormat::kDsMlaFp8, ScaleMode::kPow2, 0, 1200}, 151);
+  run_write_case({61, KvFormat::kNopeFp8, ScaleMode::kAmax, 48, 1300}, 152);
+}
+
 // ---- C2 convert_req_indices_to_slots ---------------------------------------------------------
 
 struct ConvertCase {
@@ -375,6 +383,7 @@ struct ConvertCase {
   bool compact;
   bool counts;
   bool in_place;
+  int64_t rows = 0;  // 0: a few random rows; more rows than resident CTAs walk several rows each
 };
 
 void run_convert_case(const ConvertCase& c, uint64_t salt) {
@@ -385,7 +394,7 @@ void run_convert_case(const ConvertCase& c, uint64_t salt) {
   const int num_reqs = 3 + int(rng() % 4);
   const int max_blocks = 4 + int(rng() % 8);
   const int64_t num_blocks = int64_t(num_reqs) * max_blocks;
-  const int64_t T = 5 + int64_t(rng() % 20);
+  const int64_t T = c.rows > 0 ? c.rows + int64_t(rng() % 20) : 5 + int64_t(rng() % 20);
   const int64_t stride = c.topk + c.extra_stride;
   const int64_t bt_stride = max_blocks + int64_t(rng() % 3);
 
@@ -491,6 +500,20 @@ TEST(ConvertIndicesGpu, BitExactVsOracle) {
     run_convert_case({64, 2048, 3, compact, true, false}, ++salt);
     run_convert_case({61, 2048, 0, compact, true, true}, ++salt);
     run_convert_case({61, 3001, 5, compact, true, true}, ++salt);
+  }
+}
+
+// Many more rows than resident CTAs: the persistent fast path walks several rows per CTA
+// (next row prefetched), in every mode, in place too.
+TEST(ConvertIndicesGpu, ManyRows) {
+  SELKV_REQUIRE_GPU();
+  uint64_t salt = 260;
+  for (int topk : {64, 2048}) {
+    for (int mode = 0; mode < 4; ++mode) {
+      const bool compact = mode & 1, counts = mode & 2;
+      run_convert_case({64, topk, 0, compact, counts, false, 3000}, ++salt);
+    }
+    run_convert_case({61, topk, 0, true, true, true, 3000}, ++salt);
   }
 }
 
@@ -660,6 +683,13 @@ TEST(GatherKvGpu, ManyRequests) {
   SELKV_REQUIRE_GPU();
   run_gather_case({64, KvFormat::kDsMlaFp8, 700, 12, 0}, 401);
   run_gather_case({4, KvFormat::kNopeFp8, 4096, 3, 16}, 402);
+}
+
+// Long requests: warps take chunks of up to 32 tokens and pipeline batches within a chunk.
+TEST(GatherKvGpu, LongRequests) {
+  SELKV_REQUIRE_GPU();
+  run_gather_case({64, KvFormat::kDsMlaFp8, 4, 20000, 0}, 403);
+  run_gather_case({61, KvFormat::kNopeFp8, 3, 15000, 16}, 404);
 }
 
 // ---- determinism and CUDA graphs -------------------------------------------------------------
