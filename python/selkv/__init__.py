@@ -9,6 +9,7 @@ and under ``torch.compile``.
 Modules:
     :mod:`selkv.formats`    -- KV record layouts and constants (656 / 528-byte records)
     :mod:`selkv.cache_ops`  -- cache write, index conversion, gather + upconvert
+    :mod:`selkv.decode`     -- sparse MLA decode over the FP8 cache (plan + decode)
     :mod:`selkv.flash_mla`  -- FlashMLA-compatible names (drop-in import)
 """
 
@@ -18,13 +19,19 @@ from ._ops import load_library as _load_library
 
 _load_library()
 
-from . import flash_mla, formats  # noqa: E402
+from . import decode, flash_mla, formats  # noqa: E402
 from ._ops import library_path  # noqa: E402
 from .cache_ops import (  # noqa: E402
     convert_req_indices_to_slots,
     empty_kv_cache,
     gather_kv_bf16,
     write_kv_cache,
+)
+from .decode import (  # noqa: E402
+    DecodeMetadata,
+    decode_metadata_size,
+    get_decode_metadata,
+    sparse_mla_decode,
 )
 from .formats import (  # noqa: E402
     DS_MLA_FP8_RECORD_BYTES,
@@ -44,16 +51,21 @@ except Exception:  # running from a source tree
 
 __all__ = [
     "DS_MLA_FP8_RECORD_BYTES",
+    "DecodeMetadata",
     "NOPE_FP8_RECORD_BYTES",
     "FORMATS",
     "SCALE_MODES",
     "convert_req_indices_to_slots",
+    "decode",
+    "decode_metadata_size",
     "dequant_dim",
     "empty_kv_cache",
     "flash_mla",
     "formats",
     "gather_kv_bf16",
+    "get_decode_metadata",
     "library_path",
     "record_bytes",
+    "sparse_mla_decode",
     "write_kv_cache",
 ]

@@ -678,7 +678,8 @@ def test_torch_compile_smoke(selkv, gen, device):
 def test_flash_mla_placeholder(selkv):
     from selkv import flash_mla
 
-    for name in flash_mla.__all__:
+    # get_mla_metadata / flash_mla_with_kvcache are implemented (tests/python/test_decode.py).
+    for name in set(flash_mla.__all__) - {"FlashMLASchedMeta", "get_mla_metadata", "flash_mla_with_kvcache"}:
         with pytest.raises(NotImplementedError, match=name):
             getattr(flash_mla, name)()
 

@@ -1,0 +1,219 @@
+"""Sparse MLA decode over the paged FP8 ``ds_mla_fp8`` cache (DESIGN C5).
+
+Two steps, as in the C++ API (``include/selkv/decode.h``)::
+
+    md = selkv.get_decode_metadata(B, S_q, H, K, topk_length)       # plan (one tiny kernel)
+    out, lse = selkv.sparse_mla_decode(q, kv_cache, indices, md, sm_scale,
+                                       topk_length=topk_length)    # per layer / per call
+
+The plan computes the split-KV partition on the device (no host synchronization; CUDA-graph
+capturable) and records, host side, the shape it was made for. Every decode call is checked
+against it by the C++ layer: a different batch, S_q, head count, top-k, or a different
+``topk_length`` tensor is an error, never a silent misread. With ``topk_length`` the plan
+depends on its *contents*: make it again (into the same buffers with ``out=md``) whenever they
+change, e.g. once per engine step, inside the same CUDA graph.
+
+Index semantics (DESIGN §2): ``indices[b, s, k]`` is a physical slot ``block * page_size +
+offset``; it is valid iff ``0 <= slot < num_blocks * page_size`` and ``k < topk_length[b]``
+(when given). Anything else (-1, INT_MAX, other garbage) contributes nothing and is never
+dereferenced. A query row without a valid index gives ``out = 0`` and ``lse = -inf``.
+
+CPU tensors run the fp64 reference (``out`` rounded to bf16) behind the same checks; the
+operators also have Meta kernels (checks only) for ``torch.compile``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from ._ops import ops as _ops
+
+__all__ = [
+    "DecodeMetadata",
+    "decode_metadata_size",
+    "get_decode_metadata",
+    "sparse_mla_decode",
+]
+
+# Field positions in the plan list returned by torch.ops.selkv.get_decode_metadata.
+_PLAN_BATCH, _PLAN_SEQ_Q, _PLAN_HEADS, _PLAN_TOPK = 0, 1, 2, 3
+_PLAN_TOPK_LENGTH, _PLAN_NUM_SMS, _PLAN_PARTS, _PLAN_WORKSPACE = 4, 5, 6, 7
+
+
+@dataclasses.dataclass
+class DecodeMetadata:
+    """A decode plan made by :func:`get_decode_metadata`.
+
+    Attributes:
+        metadata: int32 device buffer holding the split-KV schedule.
+        workspace: uint8 device buffer for the split accumulators (sized by the plan).
+        plan: the host-side description the C++ API checks every call against:
+            ``[batch, seq_q, num_heads, topk, topk_length address (0 = none), num_sms,
+            num_sm_parts, workspace_bytes]``.
+        topk_length: the ``topk_length`` tensor the plan was made with (kept alive here; the
+            decode must be called with this same tensor), or ``None``.
+    """
+
+    metadata: torch.Tensor
+    workspace: torch.Tensor
+    plan: list[int]
+    topk_length: torch.Tensor | None = None
+
+    @property
+    def batch(self) -> int:
+        return self.plan[_PLAN_BATCH]
+
+    @property
+    def seq_q(self) -> int:
+        return self.plan[_PLAN_SEQ_Q]
+
+    @property
+    def num_heads(self) -> int:
+        return self.plan[_PLAN_HEADS]
+
+    @property
+    def topk(self) -> int:
+        return self.plan[_PLAN_TOPK]
+
+    @property
+    def num_sm_parts(self) -> int:
+        return self.plan[_PLAN_PARTS]
+
+
+def decode_metadata_size(batch: int, seq_q: int) -> int:
+    """Number of int32 values of the metadata buffer for ``batch * seq_q`` query rows."""
+    return int(_ops.decode_metadata_size(batch, seq_q))
+
+
+def get_decode_metadata(
+    batch: int,
+    seq_q: int,
+    num_heads: int,
+    topk: int,
+    topk_length: torch.Tensor | None = None,
+    *,
+    num_sms: int = 0,
+    device: torch.device | str | None = None,
+    out: DecodeMetadata | None = None,
+) -> DecodeMetadata:
+    """Plans a sparse MLA decode (split-KV schedule, computed on the device).
+
+    Args:
+        batch: batch rows ``B`` of the decode calls this plan serves (exactly the rows passed;
+            e.g. only the decode rows of a mixed batch).
+        seq_q: query tokens per batch row ``S_q``.
+        num_heads: query heads ``H``, 64 or 128.
+        topk: index entries per query row ``K``, a positive multiple of 64.
+        topk_length: optional int32 ``[B]`` (dynamic top-k): only the first
+            ``topk_length[b]`` entries of row ``b`` are read. The plan depends on the values;
+            remake it when they change, and pass this same tensor to the decode.
+        num_sms: SMs to schedule for; 0 = all SMs of the device.
+        device: where to allocate the buffers when ``out`` is not given (default: the device
+            of ``topk_length``, else the current CUDA device). A CPU device plans for the
+            CPU reference.
+        out: a previous plan whose buffers are reused (when large enough), e.g. to remake the
+            plan inside a CUDA graph without allocating.
+
+    Returns:
+        a :class:`DecodeMetadata`.
+
+    Call it outside ``torch.compile`` regions (its result is host-side data), like FlashMLA's
+    ``get_mla_metadata``; it is CUDA-graph capturable.
+    """
+    if out is not None:
+        dev = out.metadata.device
+    elif device is not None:
+        dev = torch.device(device)
+    elif topk_length is not None:
+        dev = topk_length.device
+    else:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    n = decode_metadata_size(batch, seq_q)
+    if out is not None and out.metadata.numel() >= n:
+        metadata = out.metadata
+    else:
+        metadata = torch.empty((n,), dtype=torch.int32, device=dev)
+    plan = [
+        int(v)
+        for v in _ops.get_decode_metadata(
+            batch, seq_q, num_heads, topk, topk_length, num_sms, metadata
+        )
+    ]
+    ws_bytes = max(plan[_PLAN_WORKSPACE], 16)
+    if out is not None and out.workspace.numel() >= ws_bytes:
+        workspace = out.workspace
+    else:
+        workspace = torch.empty((ws_bytes,), dtype=torch.uint8, device=metadata.device)
+    if out is not None:
+        out.metadata, out.workspace, out.plan, out.topk_length = (
+            metadata,
+            workspace,
+            plan,
+            topk_length,
+        )
+        return out
+    return DecodeMetadata(metadata, workspace, plan, topk_length)
+
+
+def sparse_mla_decode(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    indices: torch.Tensor,
+    metadata: DecodeMetadata,
+    sm_scale: float | None = None,
+    *,
+    topk_length: torch.Tensor | None = None,
+    attn_sink: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sparse MLA decode: attention of each query row over its selected FP8 cache slots.
+
+    Args:
+        q: bf16 ``[B, S_q, H, 576]`` (512 latent + 64 RoPE), last dim dense, 16-byte aligned
+            rows.
+        kv_cache: uint8 ``[num_blocks, page_size, 656]`` paged ``ds_mla_fp8`` cache (pages
+            dense; the block stride may be larger).
+        indices: int32 ``[B, S_q, K]`` physical slots, last dim dense; invalid entries are
+            skipped (see the module docstring).
+        metadata: the plan from :func:`get_decode_metadata` for exactly this
+            ``(B, S_q, H, K, topk_length)``.
+        sm_scale: softmax scale applied to ``q . k``; default ``576 ** -0.5``.
+        topk_length: optional int32 ``[B]``; must be the tensor the plan was made with.
+        attn_sink: optional fp32 ``[H]``: ``out *= 1 / (1 + exp(attn_sink[h] - lse))``
+            (``lse`` is returned unchanged).
+        out: optional bf16 ``[B, S_q, H, 512]`` output (last dim dense).
+        lse: optional fp32 ``[B, S_q, H]`` output (last dim dense).
+
+    Returns:
+        ``(out, lse)``: ``out`` bf16 ``[B, S_q, H, 512]``; ``lse`` fp32 ``[B, S_q, H]``, the
+        natural-log logsumexp of ``sm_scale * q . k`` over the valid slots (``-inf`` and
+        ``out = 0`` for a row with no valid slot).
+
+    Raises:
+        RuntimeError naming the argument on a wrong dtype / device / shape / stride /
+        alignment or a plan mismatch; NotImplementedError on a GPU other than SM90.
+    """
+    if sm_scale is None:
+        sm_scale = q.shape[-1] ** -0.5
+    B, S, H = q.shape[0], q.shape[1], q.shape[2]
+    if out is None:
+        out = torch.empty((B, S, H, 512), dtype=torch.bfloat16, device=q.device)
+    if lse is None:
+        lse = torch.empty((B, S, H), dtype=torch.float32, device=q.device)
+    _ops.sparse_mla_decode(
+        q,
+        kv_cache,
+        indices,
+        topk_length,
+        attn_sink,
+        metadata.metadata,
+        metadata.plan,
+        metadata.workspace,
+        float(sm_scale),
+        out,
+        lse,
+    )
+    return out, lse
