@@ -7,4 +7,4 @@
 #include "selkv/cache_ops.h"
 #include "selkv/decode.h"
 #include "selkv/dequant.h"
-
+#include "selkv/prefill.h"

@@ -13,6 +13,7 @@
 #include <cutlass/arch/reg_reconfig.h>
 
 #include "decode/sm90/config.h"
+#include "sm90/common.cuh"
 
 namespace selkv::decode::sm90 {
 
@@ -65,10 +66,7 @@ struct PartIter {
 };
 
 // ---- small device helpers -------------------------------------------------------------------
-__device__ __forceinline__ uint32_t bf16x2_bits(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // cvt.rn.bf16x2.f32: exact RNE, as the oracle
-  return *reinterpret_cast<uint32_t*>(&v);
-}
+using selkv::sm90::bf16x2_bits;  // src/sm90/common.cuh (shared with the C7 prefill)
 
 // 4 FP8 E4M3 values (byte i = element i) -> 4 bf16 = bf16(float(e4m3) * scale), bit-exact with
 // codec::dequant_e4m3 (e4m3 -> f16 is exact, f16 -> f32 is exact, one fp32 multiply, one RNE).

@@ -1,0 +1,38 @@
+// Internal (device-side) parameters of the C7 sparse MLA prefill. Arch-neutral.
+#pragma once
+
+#include <cstdint>
+
+namespace selkv::prefill {
+
+inline constexpr int kBlockTopk = 64;    // selected kv rows per pipeline step
+inline constexpr int kHeadsPerCta = 64;  // query heads per CTA (one wgmma M tile)
+
+struct PrefillKernelParams {
+  const uint16_t* q;  // bf16 [T, H, D_qk]
+  int64_t q_token_stride, q_head_stride;
+  int64_t num_tokens;
+  int32_t num_heads;
+  int32_t head_groups;  // H / 64
+
+  const uint16_t* kv;  // bf16 [N, D_qk]
+  int64_t kv_row_stride;
+  int64_t num_kv;
+
+  const int32_t* indices;
+  int64_t indices_token_stride;
+  int32_t topk;
+  const int32_t* topk_length;  // [T] or null
+
+  float sm_scale;
+  float sm_scale_log2;  // sm_scale * log2(e)
+
+  uint16_t* out;  // bf16 [T, H, 512]
+  int64_t out_token_stride, out_head_stride;
+  float* max_logits;  // [T, H] or null
+  int64_t max_logits_token_stride;
+  float* lse;  // [T, H] or null
+  int64_t lse_token_stride;
+};
+
+}  // namespace selkv::prefill

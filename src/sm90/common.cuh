@@ -1,0 +1,41 @@
+// Device primitives shared by the SM90 attention kernels (C5 decode, C7 prefill).
+//
+//   bf16x2_bits          two floats -> packed bf16x2 (RNE, exactly the oracle's rounding)
+//   kmajor_sw128_offset  element offset of (row, col) in a K-major bf16 tile with the 128-byte
+//                        swizzle, laid out row-group-major (CuTe tile_to_shape(Layout_K_SW128_Atom,
+//                        (rows, D), Step<_2,_1>)): 8-row groups of D/64 swizzle atoms of 8 x 64.
+//   cp_async_16          16-byte cp.async.cg global -> shared, zero-filled (no global read) when
+//                        !valid
+//   WGMMA accumulator fragment of m64nNk16 (f32), value i of thread (warp w, lane l) of the
+//   warpgroup: row = 16 w + l / 4 + 8 * ((i >> 1) & 1), col = 8 * (i >> 2) + 2 * (l % 4) + (i & 1).
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+namespace selkv::sm90 {
+
+__device__ __forceinline__ uint32_t bf16x2_bits(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // cvt.rn.bf16x2.f32: exact RNE, as the oracle
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// (row, col), col % 8 == 0: offset of the 16-byte chunk holding elements [col, col + 8) of row.
+// Rows r and r + 8 are kD / 64 * 512 elements apart (one row group).
+template <int kD>
+__host__ __device__ __forceinline__ constexpr int kmajor_sw128_offset(int row, int col) {
+  return (row >> 3) * ((kD / 64) * 512) + (col >> 6) * 512 + (row & 7) * 64 +
+         ((((col >> 3) & 7) ^ (row & 7)) << 3);
+}
+
+__device__ __forceinline__ void cp_async_16(uint32_t smem_addr, const void* gptr, bool valid) {
+  const uint32_t src_bytes = valid ? 16u : 0u;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr), "l"(gptr),
+               "r"(src_bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+}  // namespace selkv::sm90

@@ -1,0 +1,254 @@
+// C7 sparse MLA prefill on the GPU vs the fp64 CPU oracle (ref::sparse_prefill). Skips without
+// a GPU. Data as FlashMLA calibrates its tolerances: q ~ randn, kv ~ randn / 10,
+// sm_scale = d_qk^-0.55. kv rows that no valid index references are NaN, so a stray read shows.
+// Prefill tolerances: out |err| < 8e-4 or rel < 3.01/128 per element and cosine distance
+// < 7e-6 (reference rounded to bf16); lse, max_logits |err| < 1e-6 or rel < 2.01/65536.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <climits>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "reference/oracle.h"
+#include "selkv/prefill.h"
+#include "test_util.h"
+
+#ifdef SELKV_HAVE_CUTLASS
+namespace {
+
+using namespace selkv;
+using selkv::test::test_seed;
+
+#define CUDA_OK(x) ASSERT_EQ((x), cudaSuccess) << #x
+
+struct Buf {
+  void* ptr = nullptr;
+  explicit Buf(size_t bytes) { if (cudaMalloc(&ptr, bytes ? bytes : 16) != cudaSuccess) ptr = nullptr; }
+  ~Buf() { if (ptr) cudaFree(ptr); }
+  Buf(const Buf&) = delete;
+  template <typename T> T* as() const { return static_cast<T*>(ptr); }
+};
+
+template <typename T>
+void up(Buf& b, const std::vector<T>& v) {
+  ASSERT_EQ(cudaMemcpy(b.ptr, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+}
+template <typename T>
+std::vector<T> down(const Buf& b, size_t n) {
+  std::vector<T> v(n);
+  EXPECT_EQ(cudaMemcpy(v.data(), b.ptr, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+  return v;
+}
+
+struct Case {
+  int T, H, D, K;
+  int64_t N;
+  bool dynamic;
+  bool all_invalid_rows = true;  // a few rows with no valid entry
+};
+
+std::string name(const Case& c) {
+  return "T=" + std::to_string(c.T) + " H=" + std::to_string(c.H) + " D=" + std::to_string(c.D) +
+         " K=" + std::to_string(c.K) + " N=" + std::to_string(c.N) + " dyn=" + std::to_string(c.dynamic);
+}
+
+struct Problem {
+  Case c;
+  std::vector<uint16_t> q, kv;
+  std::vector<int32_t> idx, len;
+  float sm_scale;
+};
+
+Problem make_problem(const Case& c, uint64_t salt) {
+  Problem pr;
+  pr.c = c;
+  std::mt19937_64 rng(test_seed() * 7919ull + salt);
+  pr.q = test::randn_bf16(size_t(c.T) * c.H * c.D, 1.f, rng);
+  pr.kv = test::randn_bf16(size_t(c.N) * c.D, 0.1f, rng);
+  pr.sm_scale = std::pow(float(c.D), -0.55f);
+  const int32_t bad[] = {-1, INT_MIN, int32_t(c.N), int32_t(c.N + 1), INT_MAX, -2};
+  pr.idx.resize(size_t(c.T) * c.K);
+  pr.len.resize(size_t(c.T));
+  std::vector<char> referenced(size_t(c.N), 0);
+  for (int t = 0; t < c.T; ++t) {
+    int32_t l = c.K;
+    if (c.dynamic) {
+      const int r = int(rng() % 5);
+      l = r == 0 ? -int32_t(rng() % 3) : r == 1 ? c.K + int32_t(rng() % 3) : int32_t(rng() % uint64_t(c.K + 1));
+    }
+    pr.len[size_t(t)] = l;
+    const bool empty_row = c.all_invalid_rows && (t % 17 == 5);
+    for (int k = 0; k < c.K; ++k) {
+      int32_t v;
+      const int r = int(rng() % 8);
+      if (empty_row || r == 0) v = bad[rng() % 6];
+      else if (r == 1 && k > 0) v = pr.idx[size_t(t) * c.K + k - 1];  // duplicate
+      else v = int32_t(rng() % uint64_t(c.N));
+      pr.idx[size_t(t) * c.K + k] = v;
+      if (k < l && v >= 0 && v < c.N) referenced[size_t(v)] = 1;
+    }
+  }
+  // Tails (k >= len) point anywhere, often at NaN rows; unreferenced rows are NaN.
+  for (int64_t n = 0; n < c.N; ++n)
+    if (!referenced[size_t(n)])
+      for (int d = 0; d < c.D; ++d) pr.kv[size_t(n) * c.D + d] = 0x7FC1;
+  return pr;
+}
+
+struct Outs {
+  std::vector<uint16_t> out;
+  std::vector<float> ml, lse;
+};
+
+// Runs the GPU op (eager, or captured once and replayed twice).
+void run_gpu(const Problem& pr, bool graph, Outs* o) {
+  const Case& c = pr.c;
+  Buf dq(pr.q.size() * 2), dkv(pr.kv.size() * 2), didx(pr.idx.size() * 4), dlen(pr.len.size() * 4),
+      dout(size_t(c.T) * c.H * 512 * 2), dml(size_t(c.T) * c.H * 4), dlse(size_t(c.T) * c.H * 4);
+  up(dq, pr.q); up(dkv, pr.kv); up(didx, pr.idx); up(dlen, pr.len);
+  CUDA_OK(cudaMemset(dout.ptr, 0xFF, size_t(c.T) * c.H * 512 * 2));  // NaN poison
+  CUDA_OK(cudaMemset(dml.ptr, 0xFF, size_t(c.T) * c.H * 4));
+  CUDA_OK(cudaMemset(dlse.ptr, 0xFF, size_t(c.T) * c.H * 4));
+  SparsePrefillParams p;
+  p.q = dq.ptr; p.num_tokens = c.T; p.num_heads = c.H; p.d_qk = c.D;
+  p.kv = dkv.ptr; p.num_kv = c.N;
+  p.indices = didx.as<int32_t>(); p.topk = c.K;
+  p.topk_length = c.dynamic ? dlen.as<int32_t>() : nullptr;
+  p.sm_scale = pr.sm_scale;
+  p.out = dout.ptr; p.max_logits = dml.as<float>(); p.lse = dlse.as<float>();
+  set_contiguous_strides(&p);
+  cudaStream_t s;
+  CUDA_OK(cudaStreamCreate(&s));
+  if (graph) {
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    const Status st = sparse_mla_prefill(p, s);
+    CUDA_OK(cudaStreamEndCapture(s, &g));
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    CUDA_OK(cudaGraphInstantiate(&ge, g, 0));
+    CUDA_OK(cudaGraphLaunch(ge, s));
+    CUDA_OK(cudaGraphLaunch(ge, s));
+    CUDA_OK(cudaStreamSynchronize(s));
+    cudaGraphExecDestroy(ge);
+    cudaGraphDestroy(g);
+  } else {
+    const Status st = sparse_mla_prefill(p, s);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    CUDA_OK(cudaStreamSynchronize(s));
+  }
+  CUDA_OK(cudaGetLastError());
+  cudaStreamDestroy(s);
+  o->out = down<uint16_t>(dout, size_t(c.T) * c.H * 512);
+  o->ml = down<float>(dml, size_t(c.T) * c.H);
+  o->lse = down<float>(dlse, size_t(c.T) * c.H);
+}
+
+bool close_scalar(float g, float r) {
+  if (std::isinf(r)) return g == r;
+  const double e = std::fabs(double(g) - double(r));
+  return e < 1e-6 || e < 2.01 / 65536 * std::fabs(double(r));
+}
+
+void check_vs_oracle(const Problem& pr, const Outs& o) {
+  const Case& c = pr.c;
+  const size_t rows = size_t(c.T) * c.H;
+  std::vector<float> out(rows * 512), ml(rows), lse(rows);
+  ref::SparsePrefillRefArgs a;
+  a.q = pr.q.data(); a.T = c.T; a.H = c.H; a.d_qk = c.D;
+  a.kv = pr.kv.data(); a.num_kv = c.N; a.indices = pr.idx.data(); a.K = c.K;
+  a.topk_length = c.dynamic ? pr.len.data() : nullptr;
+  a.sm_scale = pr.sm_scale;
+  a.out = out.data(); a.max_logits = ml.data(); a.lse = lse.data();
+  ASSERT_TRUE(ref::check_sparse_prefill_args(a).ok());
+  ref::sparse_prefill(a);
+
+  size_t bad = 0, first = 0;
+  double dot = 0, gg = 0, rr = 0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    const float r = test::f32(test::bf16(out[i]));  // reference rounded to bf16
+    const float g = test::f32(o.out[i]);
+    dot += double(g) * r; gg += double(g) * g; rr += double(r) * r;
+    const double e = std::fabs(double(g) - double(r));
+    const bool ok = !std::isnan(g) && (e < 8e-4 || e < 3.01 / 128 * std::fabs(double(r)));
+    if (!ok && bad++ == 0) first = i;
+  }
+  EXPECT_EQ(bad, 0u) << "out: first bad element " << first << " (token " << first / (c.H * 512)
+                     << ", head " << (first / 512) % c.H << ", col " << first % 512 << "): gpu "
+                     << test::f32(o.out[first]) << " ref " << out[first];
+  if (rr > 0) {
+    const double cos_dist = 1.0 - 2.0 * dot / (gg + rr);  // FlashMLA's cosine diff
+    EXPECT_LT(cos_dist, 7e-6) << "out cosine distance";
+  } else {
+    EXPECT_EQ(gg, 0.0);
+  }
+  size_t bad_l = 0, bad_m = 0, fl = 0, fm = 0;
+  for (size_t i = 0; i < rows; ++i) {
+    if (!close_scalar(o.lse[i], lse[i]) && bad_l++ == 0) fl = i;
+    if (!close_scalar(o.ml[i], ml[i]) && bad_m++ == 0) fm = i;
+  }
+  EXPECT_EQ(bad_l, 0u) << "lse[" << fl << "]: gpu " << o.lse[fl] << " ref " << lse[fl];
+  EXPECT_EQ(bad_m, 0u) << "max_logits[" << fm << "]: gpu " << o.ml[fm] << " ref " << ml[fm];
+}
+
+void run_case(const Case& c, uint64_t salt) {
+  SCOPED_TRACE("SELKV_TEST_SEED=" + std::to_string(test_seed()) + " " + name(c));
+  const Problem pr = make_problem(c, salt);
+  Outs o;
+  run_gpu(pr, false, &o);
+  check_vs_oracle(pr, o);
+}
+
+TEST(PrefillGpu, MatchesOracleSmall) {
+  SELKV_REQUIRE_GPU();
+  uint64_t salt = 1;
+  for (int D : {576, 512})
+    for (int H : {64, 128}) {
+      run_case({1, H, D, 64, 50, false}, salt++);     // N < K
+      run_case({62, H, D, 128, 1000, true}, salt++);
+      run_case({62, H, D, 576, 300, false}, salt++);  // K = 64 * 9 (odd), N < K
+    }
+}
+
+TEST(PrefillGpu, MatchesOracleLarge) {
+  SELKV_REQUIRE_GPU();
+  run_case({213, 128, 576, 2048, 8192, false}, 100);
+  run_case({213, 64, 512, 2048, 1500, true}, 101);   // N < K
+  run_case({62, 128, 512, 2048, 4096, true}, 102);
+}
+
+TEST(PrefillGpu, EmptyRowsAndZeroTopk) {
+  SELKV_REQUIRE_GPU();
+  Case c{9, 128, 576, 128, 40, true};
+  const Problem pr0 = make_problem(c, 200);
+  Problem pr = pr0;
+  for (auto& l : pr.len) l = 0;  // every row empty: out 0, lse = max_logits = -inf
+  Outs o;
+  run_gpu(pr, false, &o);
+  check_vs_oracle(pr, o);
+  for (uint16_t v : o.out) ASSERT_EQ(v, 0u);
+  for (float v : o.lse) ASSERT_TRUE(std::isinf(v) && v < 0);
+}
+
+TEST(PrefillGpu, GraphReplayAndRepeatBitwiseEqual) {
+  SELKV_REQUIRE_GPU();
+  const Case c{62, 128, 576, 576, 2000, true};
+  SCOPED_TRACE("SELKV_TEST_SEED=" + std::to_string(test_seed()) + " " + name(c));
+  const Problem pr = make_problem(c, 300);
+  Outs e1, e2, g;
+  run_gpu(pr, false, &e1);
+  run_gpu(pr, false, &e2);
+  run_gpu(pr, true, &g);
+  EXPECT_EQ(0, std::memcmp(e1.out.data(), e2.out.data(), e1.out.size() * 2));
+  EXPECT_EQ(0, std::memcmp(e1.out.data(), g.out.data(), e1.out.size() * 2));
+  EXPECT_EQ(0, std::memcmp(e1.lse.data(), g.lse.data(), e1.lse.size() * 4));
+  EXPECT_EQ(0, std::memcmp(e1.ml.data(), g.ml.data(), e1.ml.size() * 4));
+  check_vs_oracle(pr, g);
+}
+
+}  // namespace
+#endif  // SELKV_HAVE_CUTLASS
