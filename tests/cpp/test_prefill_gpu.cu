@@ -6,7 +6,9 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <climits>
+#include <cstdio>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -252,3 +254,101 @@ TEST(PrefillGpu, GraphReplayAndRepeatBitwiseEqual) {
 
 }  // namespace
 #endif  // SELKV_HAVE_CUTLASS
+
+// ---- timing probes (not part of the suite: run with --gtest_also_run_disabled_tests) ----------
+#ifdef SELKV_HAVE_CUTLASS
+#include "selkv/dequant.h"
+namespace {
+
+using namespace selkv;
+
+template <typename F>
+float time_us(F&& f, int iters = 20) {
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  for (int i = 0; i < 3; ++i) f();
+  std::vector<float> ts;
+  for (int i = 0; i < iters; ++i) {
+    cudaEventRecord(a);
+    f();
+    cudaEventRecord(b);
+    cudaEventSynchronize(b);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    ts.push_back(ms * 1000.f);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(ts.begin(), ts.end());
+  return ts[ts.size() / 2];
+}
+
+TEST(PrefillPerf, DISABLED_FlashMlaShapes) {
+  SELKV_REQUIRE_GPU();
+  const int64_t T = 4096, N = 32768;
+  const int K = 2048;
+  std::mt19937_64 rng(1);
+  std::vector<int32_t> idx(size_t(T) * K);
+  for (auto& v : idx) v = int32_t(rng() % N);
+  for (int D : {576, 512})
+    for (int H : {128, 64}) {
+      Buf dq(size_t(T) * H * D * 2), dkv(size_t(N) * D * 2), didx(idx.size() * 4),
+          dout(size_t(T) * H * 512 * 2), dml(size_t(T) * H * 4), dlse(size_t(T) * H * 4);
+      up(didx, idx);
+      std::vector<uint16_t> hq = test::randn_bf16(size_t(T) * H * D, 1.f, rng);
+      std::vector<uint16_t> hkv = test::randn_bf16(size_t(N) * D, 0.1f, rng);
+      up(dq, hq);
+      up(dkv, hkv);
+      SparsePrefillParams p;
+      p.q = dq.ptr; p.num_tokens = T; p.num_heads = H; p.d_qk = D;
+      p.kv = dkv.ptr; p.num_kv = N; p.indices = didx.as<int32_t>(); p.topk = K;
+      p.sm_scale = std::pow(float(D), -0.55f);
+      p.out = dout.ptr; p.max_logits = dml.as<float>(); p.lse = dlse.as<float>();
+      set_contiguous_strides(&p);
+      ASSERT_TRUE(sparse_mla_prefill(p, nullptr).ok());
+      CUDA_OK(cudaDeviceSynchronize());
+      const float us = time_us([&] { (void)sparse_mla_prefill(p, nullptr); });
+      CUDA_OK(cudaGetLastError());
+      const double flops = 2.0 * H * T * K * (D + 512);  // FlashMLA convention: 576 + 512 for D=576
+      printf("prefill T=%lld K=%d N=%lld D=%d H=%d: %.1f us, %.1f TFLOPS\n", (long long)T, K,
+             (long long)N, D, H, us, flops / us * 1e-6);
+    }
+}
+
+TEST(DequantSelectedPerf, DISABLED_SeedShapes) {
+  SELKV_REQUIRE_GPU();
+  struct S { int64_t T; int K; int64_t P; };
+  for (S s : {S{64, 2048, 1 << 20}, S{4096, 2048, 1 << 17}}) {
+    const int page = 64;
+    const int64_t blocks = s.P / page;
+    const KvFormat f = KvFormat::kDsMlaFp8;
+    const int rb = fmt::record_bytes(f), D = fmt::dequant_dim(f);
+    Buf dcache(size_t(blocks) * page * rb);
+    CUDA_OK(cudaMemset(dcache.ptr, 0x3C, size_t(blocks) * page * rb));
+    std::mt19937_64 rng(2);
+    std::vector<int32_t> idx(size_t(s.T) * s.K);
+    for (auto& v : idx) v = int32_t(rng() % uint64_t(s.P));
+    Buf didx(idx.size() * 4), dout(idx.size() * 4);
+    up(didx, idx);
+    const int64_t rows = dequant_selected_workspace_rows(s.T, s.K, s.P);
+    Buf dws(size_t(rows) * D * 2);
+    DequantSelectedParams p;
+    p.cache = PagedKvCache{dcache.ptr, blocks, page, int64_t(page) * rb, f};
+    p.indices = didx.as<int32_t>(); p.indices_row_stride = s.K;
+    p.num_tokens = s.T; p.topk = s.K;
+    p.workspace = dws.ptr; p.workspace_rows = rows; p.workspace_row_stride = D;
+    p.out_indices = dout.as<int32_t>(); p.out_indices_row_stride = s.K;
+    ASSERT_TRUE(dequant_selected_kv(p, nullptr).ok());
+    CUDA_OK(cudaDeviceSynchronize());
+    const float us = time_us([&] { (void)dequant_selected_kv(p, nullptr); });
+    CUDA_OK(cudaGetLastError());
+    const double N = double(s.T) * s.K;
+    const double bytes = double(rows) * (rb + 2 * D) + N * 8;  // records + bf16 rows + indices r/w
+    printf("dequant_selected T=%lld K=%d P=%lld (%s): %.1f us, %.0f GB/s\n", (long long)s.T, s.K,
+           (long long)s.P, rows < s.P ? "selected" : "full pool", us, bytes / us * 1e-3);
+  }
+}
+
+}  // namespace
+#endif
