@@ -18,7 +18,25 @@ Timer::~Timer() {
   for (cudaEvent_t e : events_) cudaEventDestroy(e);
 }
 
-void Timer::flush(cudaStream_t s) { flush_buf_.fill_async(0, s); }
+// DESIGN §6 flush: write a buffer > 2x L2. That leaves the L2 full of dirty lines, which the
+// timed op then pays to write back (measurable up to ~2x the traffic of a 15-30 MB op).
+// SELKV_BENCH_FLUSH=clean adds a read sweep over half the buffer after the memset, so the op
+// starts with a cold *and clean* L2; the mode is recorded in the timing column.
+bool Timer::clean_flush() {
+  static const bool clean = [] {
+    const char* env = std::getenv("SELKV_BENCH_FLUSH");
+    return env && std::string(env) == "clean";
+  }();
+  return clean;
+}
+
+void Timer::flush(cudaStream_t s) {
+  flush_buf_.fill_async(0, s);
+  if (clean_flush()) {
+    const size_t half = (flush_buf_.bytes() / 2) & ~size_t(15);
+    device_read_sweep(flush_buf_.get(), half, static_cast<uint8_t*>(flush_buf_.get()) + half, s);
+  }
+}
 
 void Timer::ensure_events(size_t n) {
   while (events_.size() < n) {
@@ -96,7 +114,8 @@ Timing Timer::time_eager(const LaunchFn& fn, const TimingConfig& cfg) {
     SELKV_BENCH_CUDA(cudaGetLastError());
     groups.push_back(us / cfg.reps);
   }
-  return summarize(std::move(groups), cfg.groups * cfg.reps, cfg.flush_l2 ? "eager" : "eager,warm-L2");
+  return summarize(std::move(groups), cfg.groups * cfg.reps,
+                   cfg.flush_l2 ? (clean_flush() ? "eager,clean-flush" : "eager") : "eager,warm-L2");
 }
 
 // The same group captured once into a graph (event records become graph nodes through
@@ -154,7 +173,7 @@ Timing Timer::time_graph(const LaunchFn& fn, const TimingConfig& cfg, bool event
     groups.push_back(us / cfg.reps);
   }
   return summarize(std::move(groups), cfg.groups * cfg.reps,
-                   cfg.flush_l2 ? "graph" : event_nodes ? "graph,warm-L2" : "graph-replay,warm-L2");
+                   cfg.flush_l2 ? (clean_flush() ? "graph,clean-flush" : "graph") : event_nodes ? "graph,warm-L2" : "graph-replay,warm-L2");
 }
 
 // ---- ceilings ---------------------------------------------------------------------------------

@@ -46,6 +46,7 @@ class Timer {
 
  private:
   void flush(cudaStream_t s);
+  static bool clean_flush();
   void ensure_events(size_t n);
   Timing time_eager(const LaunchFn& fn, const TimingConfig& cfg);
   Timing time_graph(const LaunchFn& fn, const TimingConfig& cfg, bool event_nodes = true);
