@@ -64,7 +64,17 @@ Status make_decode_metadata(const DecodeShape& shape, void* buffer, size_t buffe
     SELKV_CUDA_RETURN(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, dev), kOp);
   }
   const int groups = shape.num_heads / decode::kHeadsPerCta;
-  const int parts = num_sms / groups > 0 ? num_sms / groups : 1;
+  int parts = num_sms / groups > 0 ? num_sms / groups : 1;
+  if (shape.num_sms == 0) {
+    // H = 128 runs as 2-CTA clusters: no more parts than clusters that fit at once (a GPC with an
+    // odd SM count leaves one SM out), else a second wave doubles the time.
+    int resident = 0;
+    const cudaError_t e = shape.num_heads == 128
+                              ? decode::sm90::max_resident_sparse_decode_sm90<128>(&resident)
+                              : decode::sm90::max_resident_sparse_decode_sm90<64>(&resident);
+    if (e == cudaSuccess && resident >= 1 && resident < parts) parts = resident;
+    (void)cudaGetLastError();
+  }
   SELKV_CUDA_RETURN(decode::launch_decode_scheduler(shape.batch, shape.seq_q, shape.topk,
                                                     shape.topk_length, parts,
                                                     static_cast<int32_t*>(buffer), stream),

@@ -25,8 +25,8 @@ inline constexpr int kNumKBufs = 2;            // double-buffered dequantized KV
 // WG1/WG2 = consumers (consumer c owns tokens [32c, 32c+32) of S and dims [256c, 256c+256) of O).
 inline constexpr int kNumThreads = 384;
 inline constexpr int kNumConsumerThreads = 256;
-inline constexpr int kProducerRegs = 104;  // setmaxnreg.dec
-inline constexpr int kConsumerRegs = 192;  // setmaxnreg.inc; 128*104 + 256*192 <= 65536
+inline constexpr int kProducerRegs = 120;  // setmaxnreg.dec (two rounds of records in registers)
+inline constexpr int kConsumerRegs = 192;  // setmaxnreg.inc; 128*120 + 256*192 = 384*168 (launch)
 inline constexpr int kTokensPerConsumer = kBlockN / 2;  // 32
 inline constexpr int kDimVPerConsumer = kDimV / 2;      // 256
 
@@ -77,7 +77,8 @@ struct alignas(1024) SharedStorage {
   alignas(16) float row_sum[2][kBlockM];     // [consumer][row]
   alignas(16) uint8_t kv_valid[kNumKBufs][kBlockN];
   alignas(8) uint64_t bar_full[kNumKBufs];   // producer -> consumers, 128 arrivals
-  alignas(8) uint64_t bar_empty[kNumKBufs];  // consumers -> producer, 256 arrivals
+  alignas(8) uint64_t bar_empty[kNumKBufs];  // consumer warps -> producer(s): 8 (H=64) / 16 (H=128, both CTAs)
+  alignas(8) uint64_t bar_remote[kNumKBufs]; // H=128: the peer CTA's half of the tile (st.async tx bytes)
 };
 static_assert(sizeof(SharedStorage) <= 227 * 1024, "shared memory plan exceeds 227 KB");
 static_assert(cosize_v<SmemLayoutK> == kBlockN * kDimQK);

@@ -15,4 +15,9 @@ extern template cudaError_t launch_sparse_decode_sm90<64, true>(const DecodeKern
 extern template cudaError_t launch_sparse_decode_sm90<128, false>(const DecodeKernelParams&, cudaStream_t);
 extern template cudaError_t launch_sparse_decode_sm90<128, true>(const DecodeKernelParams&, cudaStream_t);
 
+template <int kNumHeads>
+cudaError_t max_resident_sparse_decode_sm90(int* count);
+extern template cudaError_t max_resident_sparse_decode_sm90<64>(int*);
+extern template cudaError_t max_resident_sparse_decode_sm90<128>(int*);
+
 }  // namespace selkv::decode::sm90

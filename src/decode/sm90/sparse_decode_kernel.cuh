@@ -55,8 +55,10 @@ struct PartIter {
     const int32_t rb = prefix[r], re = prefix[r + 1];
     const int32_t end = re < g1 ? re : g1;
     w.row = r;
-    w.blk_begin = min(g - rb, max_blocks);  // clamped: never past K / 64, whatever the metadata
-    w.blk_end = min(end - rb, max_blocks);
+    // Not clamped: the consumers only count blocks, and must count exactly the producer's
+    // g1 - g0 blocks; the producer treats a block >= K / 64 (corrupt metadata) as fully invalid.
+    w.blk_begin = g - rb;
+    w.blk_end = end - rb;
     w.split = !(rb >= g0 && re <= g1);
     w.slot = 2 * part + (rb <= g0 ? 0 : 1);  // first row of the part -> 2p, its last row -> 2p+1
     g = end;
@@ -79,107 +81,228 @@ __device__ __forceinline__ uint2 dequant4(uint32_t w, float scale) {
                     bf16x2_bits(f23.x * scale, f23.y * scale));
 }
 
+// ---- cluster helpers (H = 128: a 2-CTA cluster shares the dequantized KV tile) --------------
+__device__ __forceinline__ uint32_t smem_u32(const void* ptr) { return cute::cast_smem_ptr_to_uint(ptr); }
+
+// Address of the same shared-memory offset in CTA `rank` of the cluster (shared::cluster window).
+__device__ __forceinline__ uint32_t map_smem_to_rank(uint32_t addr, uint32_t rank) {
+  uint32_t out;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(out) : "r"(addr), "r"(rank));
+  return out;
+}
+
+// 16-byte store into the peer CTA's shared memory that completes 16 transaction bytes on the
+// peer's mbarrier (both addresses in the shared::cluster window of the peer).
+__device__ __forceinline__ void st_async_16(uint32_t remote_addr, uint4 v, uint32_t remote_bar) {
+  asm volatile(
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];\n" ::"r"(
+          remote_addr),
+      "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(remote_bar)
+      : "memory");
+}
+
 // ---- producer warpgroup ---------------------------------------------------------------------
-// Token t of a block is handled by warp t % 4; lane j < 16 of warp w owns token w + 4j's index,
-// validity and record offset, broadcast to the warp with shuffles. FP8 part: one token per warp
-// per step, lane l converts elements [16l, 16l+16). RoPE part: 4 tokens per warp per step, lane
-// l copies 16 bytes (8 bf16) of token (lane / 8).
-template <bool kDynamic>
-__device__ __forceinline__ void run_producer(const DecodeKernelParams& p, SharedStorage& ss,
-                                             PartIter it) {
-  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
-  // smem element offsets (per thread, loop invariant): token warp + 4j lives at row group j / 2
-  // with in-group row warp + 4 (j % 2); see k_tile_offset.
-  int nope_off[2][2];
-  CUTE_UNROLL
-  for (int par = 0; par < 2; ++par) {
-    CUTE_UNROLL
-    for (int h = 0; h < 2; ++h) nope_off[par][h] = k_tile_offset(warp + 4 * par, lane * 16 + 8 * h);
+// The producer walks the part's blocks in rounds of 32 tokens (H = 64: two rounds per block, the
+// CTA dequantizes all 64 tokens; H = 128: one round per block, CTA rank c of the cluster
+// dequantizes tokens [32c, 32c + 32) and writes them into both CTAs' tiles). Thread mapping of a
+// round: token tl = 8 * warp + lane % 8, quarter q = lane / 8. A thread loads, of its token's
+// record, the 16-byte NoPE chunks at bytes 64 d + 16 q (d = 0..7: 8 independent 16-byte loads),
+// the 4 scales (one 16-byte load) and the RoPE chunks q and q + 4 (2 x 16 bytes): 11 loads in
+// flight per thread, all issued one round ahead of their conversion (software pipeline: indices
+// two rounds ahead, records one round ahead, convert + store the current round).
+struct RoundRaw {
+  uint4 nope[8];
+  float4 sc;
+  uint4 rope[2];
+  int valid;
+};
+
+// Walks (row, block) of the part in block order; identical in every CTA of a cluster.
+struct BlockCursor {
+  const int32_t* prefix;
+  int32_t g, g1, row, row_begin, row_end;
+
+  __device__ __forceinline__ void init(const PartIter& it) {
+    prefix = it.prefix;
+    g = it.g0;
+    g1 = it.g1;
+    row = it.r;
+    row_begin = prefix[row];
+    row_end = prefix[row + 1];
   }
-  const int rope_off = k_tile_offset(warp + 4 * (lane >> 3), kDimNope + (lane & 7) * 8);
-  int buf = 0;
-  uint32_t phase = 0;
-  RowWork w;
-  while (it.next(w)) {
-    const int32_t b = w.row / p.seq_q, s = w.row - (w.row / p.seq_q) * p.seq_q;
-    const int32_t* idx_row = p.indices + b * p.indices_batch_stride + s * p.indices_seq_stride;
-    int32_t len = p.topk;
-    if constexpr (kDynamic) {
-      len = p.topk_length[b];
-      len = len < 0 ? 0 : (len > p.topk ? p.topk : len);
+  __device__ __forceinline__ void advance() {
+    ++g;
+    while (g < g1 && g >= row_end) {
+      ++row;
+      row_begin = row_end;
+      row_end = prefix[row + 1];
     }
-    for (int32_t blk = w.blk_begin; blk < w.blk_end; ++blk) {
+  }
+};
+
+template <int kNumHeads, bool kDynamic>
+__device__ __forceinline__ void run_producer(const DecodeKernelParams& p, SharedStorage& ss,
+                                             const PartIter& it, uint32_t rank) {
+  constexpr int kCluster = kNumHeads == 128 ? 2 : 1;
+  constexpr int kRounds = 2 / kCluster;  // rounds of 32 tokens per block in this CTA
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  const int q = lane >> 3, l7 = lane & 7;
+  const int tl = warp * 8 + l7;  // token of the round (0..31)
+  const int32_t max_blocks = p.topk / kBlockN;
+  const int32_t total_rounds = (it.g1 - it.g0) * kRounds;
+
+  // smem element offsets within a K tile (k_tile_offset, loop invariant): token row base of
+  // token tl (+ 4 row groups per 32-token half), the two swizzled 16-byte chunks of NoPE quarter q
+  // in each 64-dim atom, and the two RoPE chunks q, q + 4.
+  const int row_base = warp * kKRowGroupStride + l7 * 64;
+  const int c0 = ((2 * q) ^ l7) << 3, c1 = ((2 * q + 1) ^ l7) << 3;
+  const int r0 = (kDimNope / 64) * 512 + ((q ^ l7) << 3), r1 = (kDimNope / 64) * 512 + (((q + 4) ^ l7) << 3);
+  constexpr int kHalfOff = (32 / 8) * kKRowGroupStride;  // tokens [32, 64)
+  uint32_t peer_smem = 0;
+  if constexpr (kCluster == 2) peer_smem = map_smem_to_rank(smem_u32(&ss), rank ^ 1u);
+
+  BlockCursor cur;
+  cur.init(it);
+  int stage_round = 0;  // round (within its block) of the cursor's next index load
+
+  // Index stage: the index of this thread's token in the cursor's round (and, H = 128, the
+  // index of the same position in the peer's half, for the validity flags).
+  auto load_index = [&](int32_t& idx, int32_t& ok, int32_t& idx2, int32_t& ok2) {
+    idx = -1; ok = 0; idx2 = -1; ok2 = 0;
+    if (cur.g >= cur.g1) return;
+    const int32_t row = cur.row, blk = cur.g - cur.row_begin;
+    const int32_t b = row / p.seq_q, s = row - b * p.seq_q;
+    const int tok = 32 * (kCluster == 2 ? int(rank) : stage_round) + tl;
+    if (blk < max_blocks) {  // clamped: never past K / 64, whatever the metadata
+      const int32_t* idx_row = p.indices + b * p.indices_batch_stride + s * p.indices_seq_stride + blk * kBlockN;
+      int32_t len = p.topk;
+      if constexpr (kDynamic) {
+        len = __ldg(p.topk_length + b);
+        len = len < 0 ? 0 : (len > p.topk ? p.topk : len);
+      }
+      // In bounds whatever topk_length says (k < K); a tail index is loaded but never used.
+      idx = __ldg(idx_row + tok);
+      ok = blk * kBlockN + tok < len;
+      if constexpr (kCluster == 2) {
+        if (q == 1) {
+          const int tok2 = 32 * int(rank ^ 1u) + tl;
+          idx2 = __ldg(idx_row + tok2);
+          ok2 = blk * kBlockN + tok2 < len;
+        }
+      }
+    }
+    if (++stage_round == kRounds) {
+      stage_round = 0;
+      cur.advance();
+    }
+  };
+
+  // Data stage: issue the record loads of one round (zeros for an invalid token: never loaded).
+  auto issue_loads = [&](int32_t idx, int32_t ok, RoundRaw& r) {
+    r.valid = ok && idx >= 0 && int64_t(idx) < p.num_slots;
+    CUTE_UNROLL
+    for (int d = 0; d < 8; ++d) r.nope[d] = make_uint4(0, 0, 0, 0);
+    r.sc = make_float4(0.f, 0.f, 0.f, 0.f);
+    r.rope[0] = r.rope[1] = make_uint4(0, 0, 0, 0);
+    if (r.valid) {
+      const uint32_t blk_id = uint32_t(idx) / uint32_t(p.page_size);
+      const uint32_t in_page = uint32_t(idx) - blk_id * uint32_t(p.page_size);
+      const uint8_t* rec = p.cache + (int64_t(blk_id) * p.block_stride_bytes + int64_t(in_page) * fmt::kDsMlaRecordBytes);
+      CUTE_UNROLL
+      for (int d = 0; d < 8; ++d)
+        r.nope[d] = __ldg(reinterpret_cast<const uint4*>(rec + fmt::kNopeOffset + 64 * d + 16 * q));
+      r.sc = __ldg(reinterpret_cast<const float4*>(rec + fmt::kScaleOffset));
+      r.rope[0] = __ldg(reinterpret_cast<const uint4*>(rec + fmt::kRopeOffset + 16 * q));
+      r.rope[1] = __ldg(reinterpret_cast<const uint4*>(rec + fmt::kRopeOffset + 16 * (q + 4)));
+    }
+  };
+
+  // Convert stage: dequantize round n into the K tile (both CTAs' tiles for H = 128).
+  auto convert = [&](int32_t n, const RoundRaw& r, int32_t idx2v) {
+    const int32_t blkn = n / kRounds, rin = n - (n / kRounds) * kRounds;
+    const int buf = blkn & 1;
+    const uint32_t phase = uint32_t(blkn >> 1) & 1u;
+    if (rin == 0) {
       cutlass::arch::ClusterBarrier::wait(&ss.bar_empty[buf], phase ^ 1u);
-
-      int64_t off = 0;
-      int valid = 0;
-      if (lane < 16) {
-        const int t = warp + 4 * lane;
-        const int32_t k = blk * kBlockN + t;
-        bool in_range = true;
-        if constexpr (kDynamic) in_range = k < len;  // tail: the index is not even loaded
-        if (in_range) {
-          const int32_t idx = __ldg(idx_row + k);
-          if (idx >= 0 && int64_t(idx) < p.num_slots) {
-            valid = 1;
-            const uint32_t blk_id = uint32_t(idx) / uint32_t(p.page_size);
-            const uint32_t in_page = uint32_t(idx) - blk_id * uint32_t(p.page_size);
-            off = int64_t(blk_id) * p.block_stride_bytes +
-                  int64_t(in_page) * fmt::kDsMlaRecordBytes;
-          }
-        }
-        ss.kv_valid[buf][t] = uint8_t(valid);
+      if constexpr (kCluster == 2) {
+        // This CTA's half of the tile arrives from the peer: expect its bytes (after the empty
+        // wait, so the previous phase of bar_remote has completed).
+        if (threadIdx.x == 0)
+          cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(
+              &ss.bar_remote[buf], uint32_t(kTokensPerConsumer * kDimQK * sizeof(bf16_t)));
       }
-
-      bf16_t* sk = ss.k[buf];
-      const uint8_t* cache = p.cache;
-
-      // FP8 NoPE part: 16 tokens per warp, 4 loads in flight per lane.
-      CUTE_UNROLL
-      for (int j0 = 0; j0 < 16; j0 += 4) {
-        uint4 raw[4];
-        float sc[4];
-        CUTE_UNROLL
-        for (int u = 0; u < 4; ++u) {
-          const int64_t o = __shfl_sync(0xffffffffu, off, j0 + u);
-          const int v = __shfl_sync(0xffffffffu, valid, j0 + u);
-          raw[u] = make_uint4(0, 0, 0, 0);
-          sc[u] = 0.f;
-          if (v) {
-            raw[u] = __ldg(reinterpret_cast<const uint4*>(cache + o + fmt::kNopeOffset + lane * 16));
-            sc[u] = __ldg(reinterpret_cast<const float*>(cache + o + fmt::kScaleOffset) + (lane >> 3));
-          }
-        }
-        CUTE_UNROLL
-        for (int u = 0; u < 4; ++u) {
-          const int j = j0 + u;  // token t = warp + 4 j
-          const uint2 a = dequant4(raw[u].x, sc[u]);
-          const uint2 bq = dequant4(raw[u].y, sc[u]);
-          const uint2 c = dequant4(raw[u].z, sc[u]);
-          const uint2 d = dequant4(raw[u].w, sc[u]);
-          // Elements [16l, 16l+8) and [16l+8, 16l+16) are two 16-byte chunks, swizzled apart.
-          bf16_t* row = sk + (j >> 1) * kKRowGroupStride;
-          *reinterpret_cast<uint4*>(row + nope_off[j & 1][0]) = make_uint4(a.x, a.y, bq.x, bq.y);
-          *reinterpret_cast<uint4*>(row + nope_off[j & 1][1]) = make_uint4(c.x, c.y, d.x, d.y);
-        }
+    }
+    const int half = kCluster == 2 ? int(rank) : int(rin);
+    const int base = half * kHalfOff + row_base;
+    bf16_t* sk = ss.k[buf];
+    uint32_t peer_k = 0, peer_bar = 0;
+    if constexpr (kCluster == 2) {
+      peer_k = peer_smem + uint32_t(reinterpret_cast<uint8_t*>(sk) - reinterpret_cast<uint8_t*>(&ss));
+      peer_bar = peer_smem + uint32_t(reinterpret_cast<uint8_t*>(&ss.bar_remote[buf]) - reinterpret_cast<uint8_t*>(&ss));
+    }
+    CUTE_UNROLL
+    for (int d = 0; d < 8; ++d) {
+      const float s = (d >> 1) == 0 ? r.sc.x : (d >> 1) == 1 ? r.sc.y : (d >> 1) == 2 ? r.sc.z : r.sc.w;
+      const uint2 a = dequant4(r.nope[d].x, s);
+      const uint2 bq = dequant4(r.nope[d].y, s);
+      const uint2 c = dequant4(r.nope[d].z, s);
+      const uint2 e = dequant4(r.nope[d].w, s);
+      const uint4 lo = make_uint4(a.x, a.y, bq.x, bq.y), hi = make_uint4(c.x, c.y, e.x, e.y);
+      const int o0 = base + d * 512 + c0, o1 = base + d * 512 + c1;
+      *reinterpret_cast<uint4*>(sk + o0) = lo;
+      *reinterpret_cast<uint4*>(sk + o1) = hi;
+      if constexpr (kCluster == 2) {
+        st_async_16(peer_k + 2u * uint32_t(o0), lo, peer_bar);
+        st_async_16(peer_k + 2u * uint32_t(o1), hi, peer_bar);
       }
-      // RoPE part (bf16, copied as is).
-      CUTE_UNROLL
-      for (int i = 0; i < 4; ++i) {
-        const int j = 4 * i + (lane >> 3);
-        const int c = lane & 7;
-        const int64_t o = __shfl_sync(0xffffffffu, off, j);
-        const int v = __shfl_sync(0xffffffffu, valid, j);
-        uint4 data = make_uint4(0, 0, 0, 0);
-        if (v) data = __ldg(reinterpret_cast<const uint4*>(cache + o + fmt::kRopeOffset + c * 16));
-        // token warp + 4 (4i + lane/8) = (warp + 4 (lane/8)) + 16 i: two row groups per step of i
-        *reinterpret_cast<uint4*>(sk + rope_off + 2 * i * kKRowGroupStride) = data;
-      }
+    }
+    *reinterpret_cast<uint4*>(sk + base + r0) = r.rope[0];
+    *reinterpret_cast<uint4*>(sk + base + r1) = r.rope[1];
+    if constexpr (kCluster == 2) {
+      st_async_16(peer_k + 2u * uint32_t(base + r0), r.rope[0], peer_bar);
+      st_async_16(peer_k + 2u * uint32_t(base + r1), r.rope[1], peer_bar);
+    }
+    if (q == 0) ss.kv_valid[buf][32 * half + tl] = uint8_t(r.valid);
+    if constexpr (kCluster == 2) {
+      if (q == 1) ss.kv_valid[buf][32 * int(rank ^ 1u) + tl] = uint8_t(idx2v);
+    }
+    if (rin == kRounds - 1) {
       // Generic-proxy smem writes -> visible to wgmma (async proxy), then publish.
       cutlass::arch::fence_view_async_shared();
       cutlass::arch::ClusterBarrier::arrive(&ss.bar_full[buf]);
-      if (++buf == kNumKBufs) { buf = 0; phase ^= 1u; }
     }
+  };
+
+  auto valid2 = [&](int32_t idx2, int32_t ok2) -> int32_t {
+    return ok2 && idx2 >= 0 && int64_t(idx2) < p.num_slots;
+  };
+
+  // Prologue: indices of rounds 0 and 1, records of round 0.
+  int32_t ia, oa, ia2, oa2;  // round n + 1 (index arrived or in flight)
+  int32_t ib, ob, ib2, ob2;  // round n + 2
+  RoundRaw x0, x1;
+  int32_t v2_0 = 0, v2_1 = 0;
+  load_index(ia, oa, ia2, oa2);
+  load_index(ib, ob, ib2, ob2);
+  issue_loads(ia, oa, x0);
+  v2_0 = valid2(ia2, oa2);
+  ia = ib; oa = ob; ia2 = ib2; oa2 = ob2;
+  load_index(ib, ob, ib2, ob2);
+
+  // One step: records of round n + 1 into `nx`, index of round n + 3... convert round n from `cx`.
+  auto step = [&](int32_t n, RoundRaw& cx, int32_t& v2c, RoundRaw& nx, int32_t& v2n) {
+    if (n + 1 < total_rounds) {
+      issue_loads(ia, oa, nx);
+      v2n = valid2(ia2, oa2);
+    }
+    convert(n, cx, v2c);
+    ia = ib; oa = ob; ia2 = ib2; oa2 = ob2;
+    load_index(ib, ob, ib2, ob2);
+  };
+#pragma unroll 1
+  for (int32_t n = 0; n < total_rounds; n += 2) {
+    step(n, x0, v2_0, x1, v2_1);
+    if (n + 1 < total_rounds) step(n + 1, x1, v2_1, x0, v2_0);
   }
 }
 
@@ -193,7 +316,7 @@ __device__ __forceinline__ void run_consumer(const DecodeKernelParams& p, Shared
   const int tid_c = int(threadIdx.x) - 128;  // 0..255 over both consumers
   const int warp_wg = tid_wg / 32, lane = tid_wg % 32;
   const int r0 = warp_wg * 16 + lane / 4, r1 = r0 + 8;
-  const int head_base = int(blockIdx.y) * kBlockM;
+  const int head_base = int(blockIdx.x) * kBlockM;  // grid (H / 64, parts)
   const float sl2 = p.sm_scale_log2;
   constexpr float kNegInf = -INFINITY;
 
@@ -245,6 +368,7 @@ __device__ __forceinline__ void run_consumer(const DecodeKernelParams& p, Shared
 
     for (int32_t blk = w.blk_begin; blk < w.blk_end; ++blk) {
       cutlass::arch::ClusterBarrier::wait(&ss.bar_full[buf], phase);
+      if constexpr (kNumHeads == 128) cutlass::arch::ClusterBarrier::wait(&ss.bar_remote[buf], phase);
 
       // S = Q K_cw^T over 576 dims, for this consumer's 32 tokens.
       Tensor sKh = make_tensor(make_smem_ptr(ss.k[buf] + cw * kKHalfTokenOffset), SmemLayoutKHalf{});
@@ -325,7 +449,15 @@ __device__ __forceinline__ void run_consumer(const DecodeKernelParams& p, Shared
       warpgroup_wait<0>();
       warpgroup_fence_operand(tOrO);
 
-      cutlass::arch::ClusterBarrier::arrive(&ss.bar_empty[buf]);
+      // Release the buffer: one arrival per consumer warp, on this CTA's and (H = 128) the
+      // peer's empty barrier (the peer's producer writes half of this tile).
+      __syncwarp();
+      if constexpr (kNumHeads == 128) {
+        cutlass::arch::ClusterBarrier::arrive(&ss.bar_empty[buf], 0u, uint32_t(lane == 0));
+        cutlass::arch::ClusterBarrier::arrive(&ss.bar_empty[buf], 1u, uint32_t(lane == 0));
+      } else {
+        if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&ss.bar_empty[buf]);
+      }
       if (++buf == kNumKBufs) { buf = 0; phase ^= 1u; }
       ++iter;
     }
@@ -395,25 +527,40 @@ sparse_decode_sm90_kernel(const __grid_constant__ DecodeKernelParams p) {
   SharedStorage& ss = *reinterpret_cast<SharedStorage*>(smem_raw);
 
   PartIter it;
-  if (!it.init(p.metadata, int32_t(blockIdx.x), p.topk / kBlockN)) return;  // uniform
+  // grid (H / 64, parts); H = 128 runs as clusters of the two head groups of one part (cluster
+  // rank == blockIdx.x). An empty part exits in both CTAs of its cluster, before any cluster sync.
+  if (!it.init(p.metadata, int32_t(blockIdx.y), p.topk / kBlockN)) return;  // uniform
+  constexpr int kCluster = kNumHeads == 128 ? 2 : 1;
+  const uint32_t rank = kCluster == 2 ? uint32_t(blockIdx.x) : 0u;
 
   if (threadIdx.x == 0) {
     CUTE_UNROLL
     for (int i = 0; i < kNumKBufs; ++i) {
       cutlass::arch::ClusterBarrier::init(&ss.bar_full[i], 128);
-      cutlass::arch::ClusterBarrier::init(&ss.bar_empty[i], kNumConsumerThreads);
+      cutlass::arch::ClusterBarrier::init(&ss.bar_remote[i], 1);  // expect_tx + the peer's bytes
+      cutlass::arch::ClusterBarrier::init(&ss.bar_empty[i], 8 * kCluster);  // consumer warps
     }
     cutlass::arch::fence_barrier_init();
   }
-  __syncthreads();
+  if constexpr (kCluster == 2) {
+    cute::cluster_arrive_relaxed();  // barriers of both CTAs initialized before any remote access
+    cute::cluster_wait();
+  } else {
+    __syncthreads();
+  }
 
   const int wg = int(threadIdx.x) / 128;
   if (wg == 0) {
     cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
-    run_producer<kDynamic>(p, ss, it);
+    run_producer<kNumHeads, kDynamic>(p, ss, it, rank);
   } else {
     cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
     run_consumer<kNumHeads>(p, ss, it, wg - 1);
+  }
+  if constexpr (kCluster == 2) {
+    // No CTA exits while its peer may still write its smem or arrive on its barriers.
+    cute::cluster_arrive_relaxed();
+    cute::cluster_wait();
   }
 #else
   if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0) __trap();  // built without sm_90a
@@ -427,9 +574,43 @@ cudaError_t launch_sparse_decode_sm90(const DecodeKernelParams& p, cudaStream_t 
   constexpr int kSmem = int(sizeof(SharedStorage));
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (err != cudaSuccess) return err;
-  dim3 grid(p.num_sm_parts, kNumHeads / kBlockM);
-  kernel<<<grid, kNumThreads, kSmem, stream>>>(p);
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(kNumHeads / kBlockM, p.num_sm_parts, 1);
+  cfg.blockDim = dim3(kNumThreads, 1, 1);
+  cfg.dynamicSmemBytes = kSmem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = kNumHeads / kBlockM;  // H = 128: 2-CTA cluster
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = kNumHeads == 128 ? 1 : 0;
+  err = cudaLaunchKernelEx(&cfg, kernel, p);
+  if (err != cudaSuccess) return err;
   return cudaGetLastError();
+}
+
+// How many clusters (H = 128) / CTAs (H = 64) of the decode kernel can be resident at once: the
+// part count must not exceed it (a second wave would double the time).
+template <int kNumHeads>
+cudaError_t max_resident_sparse_decode_sm90(int* count) {
+  auto kernel = &sparse_decode_sm90_kernel<kNumHeads, false>;
+  constexpr int kSmem = int(sizeof(SharedStorage));
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  if (err != cudaSuccess) return err;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(kNumHeads / kBlockM, 132, 1);
+  cfg.blockDim = dim3(kNumThreads, 1, 1);
+  cfg.dynamicSmemBytes = kSmem;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = kNumHeads / kBlockM;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaOccupancyMaxActiveClusters(count, kernel, &cfg);
 }
 
 }  // namespace selkv::decode::sm90
