@@ -20,6 +20,7 @@ from ._ops import load_library as _load_library
 _load_library()
 
 from . import decode, flash_mla, formats  # noqa: E402
+from . import prefill  # noqa: E402
 from ._ops import library_path  # noqa: E402
 from .cache_ops import (  # noqa: E402
     convert_req_indices_to_slots,
@@ -33,6 +34,7 @@ from .decode import (  # noqa: E402
     get_decode_metadata,
     sparse_mla_decode,
 )
+from .prefill import dequant_prefill_workspace_size, dequant_selected, dequant_selected_workspace_rows, dequant_sparse_prefill, gather_prefill_workspace_size, gather_sparse_prefill, sparse_prefill  # noqa: E402,E501
 from .formats import (  # noqa: E402
     DS_MLA_FP8_RECORD_BYTES,
     FORMATS,
@@ -50,6 +52,7 @@ except Exception:  # running from a source tree
     __version__ = "0+unknown"
 
 __all__ = [
+    *prefill.__all__, "prefill",
     "DS_MLA_FP8_RECORD_BYTES",
     "DecodeMetadata",
     "NOPE_FP8_RECORD_BYTES",

@@ -268,3 +268,4 @@ def pack_selected_kv(*args: Any, **kwargs: Any) -> Any:
 def flash_mla_with_packed_kvcache(*args: Any, **kwargs: Any) -> Any:
     """Sparse MLA decode over the packed workspace (not implemented yet)."""
     _not_yet("flash_mla_with_packed_kvcache")
+from ._flash_mla_sparse import flash_mla_sparse_fwd  # noqa: E402,F811 (sparse prefill, replaces the stub)
