@@ -8,3 +8,4 @@
 #include "selkv/decode.h"
 #include "selkv/dequant.h"
 #include "selkv/prefill.h"
+#include "selkv/composed.h"
