@@ -12,7 +12,7 @@ with no valid index: ``lse = +inf``, ``out = 0``).
 - ``flash_mla_with_kvcache`` -- sparse MLA decode over the paged FP8 ``ds_mla_fp8`` cache
   (``is_fp8_kvcache=True`` with ``indices``); the dense and ``extra_*`` paths raise
   :class:`NotImplementedError`
-- ``flash_mla_sparse_fwd`` -- sparse MLA prefill over bf16 KV (not implemented yet)
+- ``flash_mla_sparse_fwd`` -- sparse MLA prefill over bf16 KV (``d_qk`` 576 or 512)
 - ``get_packed_kv_workspace_size`` / ``get_packed_mla_metadata`` / ``pack_selected_kv`` /
   ``flash_mla_with_packed_kvcache`` -- packed selected-KV path (not implemented yet)
 
