@@ -77,7 +77,7 @@ Status convert_req_indices_to_slots(const ConvertIndicesParams& p, cudaStream_t 
 // not overlap (the GPU gives no order between requests). num_reqs <= 4096 per call; out and
 // cache 16-byte aligned, out_row_stride a multiple of 8, block_stride_bytes a multiple of 16.
 // NaN outputs (only from corrupt records: E4M3 code 0x7F/0xFF or a NaN scale) are the
-// canonical bf16 NaN 0x7FFF on the GPU; the oracle's NaN payload depends on the host CPU.
+// canonical bf16 NaN 0x7FFF, on the GPU and in the oracle alike.
 struct GatherKvParams {
   const void* cache = nullptr;
   int64_t num_blocks = 0;

@@ -34,10 +34,11 @@ SELKV_HD float bits_float(uint32_t u) {
 
 SELKV_HD float bf16_to_float(uint16_t h) { return bits_float(uint32_t(h) << 16); }
 
-// fp32 -> bf16, round to nearest even; NaN stays a (quiet) NaN.
+// fp32 -> bf16, round to nearest even; every NaN becomes the canonical 0x7FFF, as the device's
+// cvt.rn.bf16.f32 produces, so host and device results are bit-identical even for NaN.
 SELKV_HD uint16_t float_to_bf16(float f) {
   const uint32_t u = float_bits(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x0040u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fffu;
   const uint32_t rounding_bias = 0x7fffu + ((u >> 16) & 1u);
   return uint16_t((u + rounding_bias) >> 16);
 }

@@ -709,15 +709,16 @@ TEST(CacheOpsGpu, GraphReplayAndRepeatBitwiseEqual) {
   for (int64_t t = 0; t < T; ++t) slots[t] = (t % 7 == 3) ? -1 : perm[t];
   // C3 inputs over the same cache (positions 0..nb*page-1 of one request through an identity
   // table) and C2 inputs.
-  std::vector<int32_t> bt(nb);
-  std::iota(bt.begin(), bt.end(), 0);
+  // Two requests, so the table has two rows (both the identity).
+  std::vector<int32_t> bt(2 * nb);
+  for (int64_t i = 0; i < 2 * nb; ++i) bt[i] = int32_t(i % nb);
   std::vector<int32_t> starts = {5, 0}, lens = {int32_t(nb * page - 5), 100}, ws = {0, int32_t(nb * page - 5)};
   const int64_t out_rows = nb * page - 5 + 100;
   const int topk = 256;
   std::vector<int32_t> idx(size_t(T) * topk), req(T, 0);
   for (auto& v : idx) v = int32_t(rng() % (nb * page + 50)) - 25;
 
-  DevBuf dkv(kv.size() * 2), dslots(T * 8), dbt(nb * 4), dst(8), dlen(8), dws(8), didx(idx.size() * 4),
+  DevBuf dkv(kv.size() * 2), dslots(T * 8), dbt(2 * nb * 4), dst(8), dlen(8), dws(8), didx(idx.size() * 4),
       dreq(T * 4);
   dkv.upload(kv);
   dslots.upload(slots);

@@ -233,6 +233,7 @@ TEST(CodecBf16, RoundNearestEven) {
     EXPECT_EQ(h & 0x7f80u, 0x7f80u);
     EXPECT_NE(h & 0x007fu, 0u) << std::hex << nan;  // still a NaN, never inf
     EXPECT_TRUE(std::isnan(bf16_to_float(h)));
+    EXPECT_EQ(h, 0x7fffu) << "NaN must be canonical (the device's cvt.rn.bf16.f32 result)";
   }
   for (uint32_t h = 0; h < 0x10000u; ++h) {  // every bf16 survives the round trip
     const float f = bf16_to_float(uint16_t(h));

@@ -206,8 +206,9 @@ def test_dequant_sparse_prefill_equals_two_steps(selkv, gen, device, fmt, blocks
         _check_close(*got, want[0].double(), want[1], want[2])
         g = torch.cuda.CUDAGraph()
         outs = [torch.empty_like(t) for t in got]
+        qd, cd, idd, tld = d(q), d(cache), d(idx), d(tl)  # host->device copies stay outside the capture
         with torch.cuda.graph(g):
-            selkv.dequant_sparse_prefill(d(q), d(cache), d(idx), 0.05, fmt, topk_length=d(tl), workspace=w,
+            selkv.dequant_sparse_prefill(qd, cd, idd, 0.05, fmt, topk_length=tld, workspace=w,
                                          out=outs[0], max_logits=outs[1], lse=outs[2])
         g.replay()
         torch.cuda.synchronize()
