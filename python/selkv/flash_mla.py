@@ -29,6 +29,7 @@ from typing import Any, NoReturn
 import torch
 
 from . import decode as _decode
+from ._flash_mla_sparse import flash_mla_sparse_fwd  # sparse MLA prefill (C7)
 
 __all__ = [
     "FlashMLASchedMeta",
@@ -245,11 +246,6 @@ def _not_yet(name: str) -> NoReturn:
     raise NotImplementedError(f"selkv.flash_mla.{name} is not implemented yet")
 
 
-def flash_mla_sparse_fwd(*args: Any, **kwargs: Any) -> Any:
-    """FlashMLA ``flash_mla_sparse_fwd``: sparse MLA prefill (not implemented yet)."""
-    _not_yet("flash_mla_sparse_fwd")
-
-
 def get_packed_kv_workspace_size(*args: Any, **kwargs: Any) -> Any:
     """Workspace bytes of the packed selected-KV path (not implemented yet)."""
     _not_yet("get_packed_kv_workspace_size")
@@ -268,4 +264,3 @@ def pack_selected_kv(*args: Any, **kwargs: Any) -> Any:
 def flash_mla_with_packed_kvcache(*args: Any, **kwargs: Any) -> Any:
     """Sparse MLA decode over the packed workspace (not implemented yet)."""
     _not_yet("flash_mla_with_packed_kvcache")
-from ._flash_mla_sparse import flash_mla_sparse_fwd  # noqa: E402,F811 (sparse prefill, replaces the stub)
