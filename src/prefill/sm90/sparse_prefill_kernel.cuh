@@ -240,15 +240,42 @@ __device__ __forceinline__ void run_consumer(const PrefillKernelParams& p,
   const bool any0 = L0 > 0.f, any1 = L1 > 0.f;
   const float f0 = any0 ? 1.f / L0 : 0.f, f1 = any1 ? 1.f / L1 : 0.f;
   const int h0 = hg * kBlockM + r0, h1 = hg * kBlockM + r1;
-  const int col0 = cw * kDimVPerConsumer + 2 * (lane & 3);
-  uint16_t* orow = p.out + t * p.out_token_stride;
-  uint16_t* o0 = orow + int64_t(h0) * p.out_head_stride + col0;
-  uint16_t* o1 = orow + int64_t(h1) * p.out_head_stride + col0;
-  CUTE_UNROLL
-  for (int i = 0; i < size(tOrO); i += 4) {
-    const int c = 8 * (i >> 2);
-    *reinterpret_cast<uint32_t*>(o0 + c) = bf16x2_bits(tOrO(i) * f0, tOrO(i + 1) * f0);
-    *reinterpret_cast<uint32_t*>(o1 + c) = bf16x2_bits(tOrO(i + 2) * f1, tOrO(i + 3) * f1);
+
+  // out through smem so that every global store is a full 16-byte, row-contiguous chunk (a warp
+  // instruction writes 512 contiguous bytes of one head row). The fragment gives each thread 4-byte
+  // pieces of 8 rows x 16 bytes per instruction (16 of 32 bytes per sector used). Staging: each
+  // consumer warp owns 16 rows x 256 dv = 8 KB of the Q tile, free here: the kRowSum barrier is
+  // passed by both consumer warpgroups only after their last warpgroup_wait<0>, so no wgmma still
+  // reads Q, and the producer's only Q writes completed before bar_q (no Q write when nblk == 0).
+  // Warp-private region, so __syncwarp orders the stores before the loads. Row rl (0..15) of the
+  // region is 512 bytes = 32 16-byte chunks; logical chunk j (dv 8j..8j+7) sits at position
+  // j ^ (rl & 7). Store (STS.32): fixed j, lane (rr = lane / 4, q = lane % 4) hits bank
+  // 4 * ((j ^ rr) & 7) + q: 32 distinct banks. Load (LDS.128): row rl, lane reads logical chunk
+  // lane at position lane ^ (rl & 7); each 8-lane phase covers one aligned 128-byte span: 4
+  // wavefronts, the minimum. The values are bit-identical to the direct stores (same
+  // bf16x2_bits(tOrO * f) words, only their route differs).
+  static_assert(sizeof(ss.q) >= size_t(kNumConsumerThreads / 32) * 16 * kDimVPerConsumer * 2,
+                "epilogue staging needs 8 warps x 16 rows x 256 bf16 in the Q tile");
+  {
+    constexpr int kWarpWords = 16 * kDimVPerConsumer / 2;  // 16 rows x 256 bf16 = 8 KB per warp
+    uint32_t* stage = reinterpret_cast<uint32_t*>(ss.q) + (cw * 4 + warp_wg) * kWarpWords;
+    const int rr = lane >> 2, q4 = lane & 3;
+    CUTE_UNROLL
+    for (int i = 0; i < size(tOrO); i += 4) {
+      const int j = i >> 2;  // 16-byte chunk: dv 8j..8j+7 of this consumer's half
+      const int pos = (j ^ rr) * 4 + q4;  // word in row; rows rr and rr + 8 share the swizzle
+      stage[rr * 128 + pos] = bf16x2_bits(tOrO(i) * f0, tOrO(i + 1) * f0);
+      stage[(rr + 8) * 128 + pos] = bf16x2_bits(tOrO(i + 2) * f1, tOrO(i + 3) * f1);
+    }
+    __syncwarp();
+    uint16_t* obase = p.out + t * p.out_token_stride +
+                      int64_t(hg * kBlockM + warp_wg * 16) * p.out_head_stride +
+                      cw * kDimVPerConsumer + lane * 8;  // 16 B aligned: out 16 B, strides % 8 (validated)
+    CUTE_UNROLL
+    for (int rl = 0; rl < 16; ++rl) {
+      const uint4 v = *reinterpret_cast<const uint4*>(stage + rl * 128 + (lane ^ (rl & 7)) * 4);
+      *reinterpret_cast<uint4*>(obase + int64_t(rl) * p.out_head_stride) = v;
+    }
   }
   if (cw == 0 && (lane & 3) == 0) {
     if (p.lse != nullptr) {
