@@ -101,6 +101,27 @@ __device__ __forceinline__ void st_async_16(uint32_t remote_addr, uint4 v, uint3
       : "memory");
 }
 
+// 16-byte load of the global record bytes at `gptr` when `valid`, else zeros with no memory
+// access (an invalid index is never dereferenced). Deliberately a *generic* ld (LD.E.128, not
+// LDG.E.128.CONSTANT): ptxas cannot prove it does not alias the producer's shared stores and
+// st.async, so it keeps each load where the software pipeline puts it, right after the chunk whose
+// registers it reuses. With ld.global.nc ptxas regroups the 11 loads of a round (all at the end
+// of the previous round's conversion, or all before it), which costs either the loads' lead time
+// or two rounds of records in registers (spills at the producer's 120 registers). Volatile asm
+// with a memory clobber fixes the order in the PTX as well. Same bytes, same arithmetic.
+__device__ __forceinline__ uint4 ld_16_pred(const void* gptr, int32_t valid) {
+  uint4 v;
+  asm volatile(
+      "{\n\t.reg .pred p;\n\t"
+      "setp.ne.b32 p, %5, 0;\n\t"
+      "mov.b32 %0, 0;\n\tmov.b32 %1, 0;\n\tmov.b32 %2, 0;\n\tmov.b32 %3, 0;\n\t"
+      "@p ld.v4.u32 {%0, %1, %2, %3}, [%4];\n\t}\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(gptr), "r"(valid)
+      : "memory");
+  return v;
+}
+
 // ---- producer warpgroup ---------------------------------------------------------------------
 // The producer walks the part's blocks in rounds of 32 tokens (H = 64: two rounds per block, the
 // CTA dequantizes all 64 tokens; H = 128: one round per block, CTA rank c of the cluster
@@ -108,8 +129,10 @@ __device__ __forceinline__ void st_async_16(uint32_t remote_addr, uint4 v, uint3
 // round: token tl = 8 * warp + lane % 8, quarter q = lane / 8. A thread loads, of its token's
 // record, the 16-byte NoPE chunks at bytes 64 d + 16 q (d = 0..7: 8 independent 16-byte loads),
 // the 4 scales (one 16-byte load) and the RoPE chunks q and q + 4 (2 x 16 bytes): 11 loads in
-// flight per thread, all issued one round ahead of their conversion (software pipeline: indices
-// two rounds ahead, records one round ahead, convert + store the current round).
+// flight per thread, each issued one round ahead of its conversion (software pipeline: indices
+// two rounds ahead, records one round ahead, convert + store the current round; the loads of
+// round n + 1 are interleaved with the conversion of round n, chunk by chunk, so that about one
+// round of records, not two, is live in registers: no spills at 120 registers).
 struct RoundRaw {
   uint4 nope[8];
   float4 sc;
@@ -166,9 +189,11 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
   int stage_round = 0;  // round (within its block) of the cursor's next index load
 
   // Index stage: the index of this thread's token in the cursor's round (and, H = 128, the
-  // index of the same position in the peer's half, for the validity flags).
-  auto load_index = [&](int32_t& idx, int32_t& ok, int32_t& idx2, int32_t& ok2) {
-    idx = -1; ok = 0; idx2 = -1; ok2 = 0;
+  // index of the same position in the peer's half, for the validity flags). A position past
+  // the row's top-k length (dynamic) or a clamped block is not loaded and reads as -1, which the
+  // validity test (idx >= 0 && idx < num_slots) rejects exactly as the explicit length test did.
+  auto load_index = [&](int32_t& idx, int32_t& idx2) {
+    idx = -1; idx2 = -1;
     if (cur.g >= cur.g1) return;
     const int32_t row = cur.row, blk = cur.g - cur.row_begin;
     const int32_t b = row / p.seq_q, s = row - b * p.seq_q;
@@ -180,14 +205,12 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
         len = __ldg(p.topk_length + b);
         len = len < 0 ? 0 : (len > p.topk ? p.topk : len);
       }
-      // In bounds whatever topk_length says (k < K); a tail index is loaded but never used.
-      idx = __ldg(idx_row + tok);
-      ok = blk * kBlockN + tok < len;
+      // blk < K / 64, so the fixed kernel's positions are all < K = len: no tail predicate there.
+      if (!kDynamic || blk * kBlockN + tok < len) idx = __ldg(idx_row + tok);
       if constexpr (kCluster == 2) {
         if (q == 1) {
           const int tok2 = 32 * int(rank ^ 1u) + tl;
-          idx2 = __ldg(idx_row + tok2);
-          ok2 = blk * kBlockN + tok2 < len;
+          if (!kDynamic || blk * kBlockN + tok2 < len) idx2 = __ldg(idx_row + tok2);
         }
       }
     }
@@ -197,33 +220,51 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
     }
   };
 
-  // Data stage: issue the record loads of one round (zeros for an invalid token: never loaded).
-  auto issue_loads = [&](int32_t idx, int32_t ok, RoundRaw& r) {
-    r.valid = ok && idx >= 0 && int64_t(idx) < p.num_slots;
-    CUTE_UNROLL
-    for (int d = 0; d < 8; ++d) r.nope[d] = make_uint4(0, 0, 0, 0);
-    r.sc = make_float4(0.f, 0.f, 0.f, 0.f);
-    r.rope[0] = r.rope[1] = make_uint4(0, 0, 0, 0);
-    if (r.valid) {
+  // Data stage, address half: validity and record address of a round (the address is only formed
+  // for a valid token; an invalid token is never dereferenced, its data stays zero).
+  auto record_of = [&](int32_t idx, int32_t& valid) -> const uint8_t* {
+    valid = idx >= 0 && int64_t(idx) < p.num_slots;
+    const uint8_t* rec = p.cache;
+    if (valid) {
       const uint32_t blk_id = uint32_t(idx) / uint32_t(p.page_size);
       const uint32_t in_page = uint32_t(idx) - blk_id * uint32_t(p.page_size);
-      const uint8_t* rec = p.cache + (int64_t(blk_id) * p.block_stride_bytes + int64_t(in_page) * fmt::kDsMlaRecordBytes);
-      CUTE_UNROLL
-      for (int d = 0; d < 8; ++d)
-        r.nope[d] = __ldg(reinterpret_cast<const uint4*>(rec + fmt::kNopeOffset + 64 * d + 16 * q));
-      r.sc = __ldg(reinterpret_cast<const float4*>(rec + fmt::kScaleOffset));
-      r.rope[0] = __ldg(reinterpret_cast<const uint4*>(rec + fmt::kRopeOffset + 16 * q));
-      r.rope[1] = __ldg(reinterpret_cast<const uint4*>(rec + fmt::kRopeOffset + 16 * (q + 4)));
+      rec += int64_t(blk_id) * p.block_stride_bytes + int64_t(in_page) * fmt::kDsMlaRecordBytes;
     }
+    return rec;
+  };
+  // Data stage, load half: one 16-byte load (zeros for an invalid token: never loaded).
+  auto load16 = [&](const uint8_t* rec, int32_t valid, int byte_off) -> uint4 {
+    return ld_16_pred(rec + byte_off, valid);
+  };
+  auto load_scales = [&](const uint8_t* rec, int32_t valid) -> float4 {
+    const uint4 v = ld_16_pred(rec + fmt::kScaleOffset, valid);
+    return make_float4(__uint_as_float(v.x), __uint_as_float(v.y), __uint_as_float(v.z), __uint_as_float(v.w));
+  };
+  // All loads of one round at once (prologue: round 0).
+  auto issue_loads = [&](int32_t idx, RoundRaw& r) {
+    const uint8_t* rec = record_of(idx, r.valid);
+    CUTE_UNROLL
+    for (int d = 0; d < 8; ++d) r.nope[d] = load16(rec, r.valid, fmt::kNopeOffset + 64 * d + 16 * q);
+    r.sc = load_scales(rec, r.valid);
+    r.rope[0] = load16(rec, r.valid, fmt::kRopeOffset + 16 * q);
+    r.rope[1] = load16(rec, r.valid, fmt::kRopeOffset + 16 * (q + 4));
   };
 
-  // Convert stage: dequantize round n into the K tile (both CTAs' tiles for H = 128).
-  auto convert = [&](int32_t n, const RoundRaw& r, int32_t idx2v) {
+  // Convert stage: dequantize round n from `r` into the K tile (both CTAs' tiles for H = 128),
+  // and issue the loads of round n + 1 into `nx` (record `nrec`, validity nx.valid, set by the
+  // caller) interleaved with it: NoPE chunk d of round n + 1 is loaded right after chunk d of
+  // round n has been converted, into the registers that just died, so only about one round of
+  // raw records is live at a time (v2 issued all 11 loads of round n + 1 before converting round
+  // n: two rounds, ~90 registers, live at once -> spills at 120 registers). Every load still
+  // has a full round of lead before its use. The arithmetic is unchanged.
+  auto convert = [&](int32_t n, const RoundRaw& r, int32_t idx2v, RoundRaw& nx, const uint8_t* nrec) {
     const int32_t blkn = n / kRounds, rin = n - (n / kRounds) * kRounds;
     const int buf = blkn & 1;
     const uint32_t phase = uint32_t(blkn >> 1) & 1u;
     if (rin == 0) {
       cutlass::arch::ClusterBarrier::wait(&ss.bar_empty[buf], phase ^ 1u);
+      // The wait asm has no memory clobber: keep every smem store of this round below it.
+      asm volatile("" ::: "memory");
       if constexpr (kCluster == 2) {
         // This CTA's half of the tile arrives from the peer: expect its bytes (after the empty
         // wait, so the previous phase of bar_remote has completed).
@@ -232,6 +273,7 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
               &ss.bar_remote[buf], uint32_t(kTokensPerConsumer * kDimQK * sizeof(bf16_t)));
       }
     }
+    nx.sc = load_scales(nrec, nx.valid);  // needed first in round n + 1 (after the wait: fewer live registers there)
     const int half = kCluster == 2 ? int(rank) : int(rin);
     const int base = half * kHalfOff + row_base;
     bf16_t* sk = ss.k[buf];
@@ -255,6 +297,7 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
         st_async_16(peer_k + 2u * uint32_t(o0), lo, peer_bar);
         st_async_16(peer_k + 2u * uint32_t(o1), hi, peer_bar);
       }
+      nx.nope[d] = load16(nrec, nx.valid, fmt::kNopeOffset + 64 * d + 16 * q);
     }
     *reinterpret_cast<uint4*>(sk + base + r0) = r.rope[0];
     *reinterpret_cast<uint4*>(sk + base + r1) = r.rope[1];
@@ -262,6 +305,8 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
       st_async_16(peer_k + 2u * uint32_t(base + r0), r.rope[0], peer_bar);
       st_async_16(peer_k + 2u * uint32_t(base + r1), r.rope[1], peer_bar);
     }
+    nx.rope[0] = load16(nrec, nx.valid, fmt::kRopeOffset + 16 * q);
+    nx.rope[1] = load16(nrec, nx.valid, fmt::kRopeOffset + 16 * (q + 4));
     if (q == 0) ss.kv_valid[buf][32 * half + tl] = uint8_t(r.valid);
     if constexpr (kCluster == 2) {
       if (q == 1) ss.kv_valid[buf][32 * int(rank ^ 1u) + tl] = uint8_t(idx2v);
@@ -273,31 +318,29 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
     }
   };
 
-  auto valid2 = [&](int32_t idx2, int32_t ok2) -> int32_t {
-    return ok2 && idx2 >= 0 && int64_t(idx2) < p.num_slots;
-  };
+  auto valid2 = [&](int32_t idx2) -> int32_t { return idx2 >= 0 && int64_t(idx2) < p.num_slots; };
 
   // Prologue: indices of rounds 0 and 1, records of round 0.
-  int32_t ia, oa, ia2, oa2;  // round n + 1 (index arrived or in flight)
-  int32_t ib, ob, ib2, ob2;  // round n + 2
+  int32_t ia, ia2;  // round n + 1 (index arrived or in flight)
+  int32_t ib, ib2;  // round n + 2
   RoundRaw x0, x1;
   int32_t v2_0 = 0, v2_1 = 0;
-  load_index(ia, oa, ia2, oa2);
-  load_index(ib, ob, ib2, ob2);
-  issue_loads(ia, oa, x0);
-  v2_0 = valid2(ia2, oa2);
-  ia = ib; oa = ob; ia2 = ib2; oa2 = ob2;
-  load_index(ib, ob, ib2, ob2);
+  load_index(ia, ia2);
+  load_index(ib, ib2);
+  issue_loads(ia, x0);
+  v2_0 = valid2(ia2);
+  ia = ib; ia2 = ib2;
+  load_index(ib, ib2);
 
-  // One step: records of round n + 1 into `nx`, index of round n + 3... convert round n from `cx`.
+  // One step: convert round n from `cx` while loading the records of round n + 1 into `nx`, then
+  // the index of round n + 3.
   auto step = [&](int32_t n, RoundRaw& cx, int32_t& v2c, RoundRaw& nx, int32_t& v2n) {
-    if (n + 1 < total_rounds) {
-      issue_loads(ia, oa, nx);
-      v2n = valid2(ia2, oa2);
-    }
-    convert(n, cx, v2c);
-    ia = ib; oa = ob; ia2 = ib2; oa2 = ob2;
-    load_index(ib, ob, ib2, ob2);
+    const bool more = n + 1 < total_rounds;
+    const uint8_t* nrec = record_of(more ? ia : -1, nx.valid);  // !more: nothing loaded
+    if (more) v2n = valid2(ia2);
+    convert(n, cx, v2c, nx, nrec);
+    ia = ib; ia2 = ib2;
+    load_index(ib, ib2);
   };
 #pragma unroll 1
   for (int32_t n = 0; n < total_rounds; n += 2) {
