@@ -18,6 +18,7 @@
 
 #include "formats/codec.h"
 #include "formats/device_codec.cuh"
+#include "gpu_test_util.h"
 #include "reference/oracle.h"
 #include "selkv/cache_ops.h"
 #include "test_util.h"
@@ -25,41 +26,10 @@
 namespace selkv {
 namespace {
 
+using test::DevBuf;
 using test::test_seed;
 
-#define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
 #define SEED_TRACE(extra) SCOPED_TRACE("SELKV_TEST_SEED=" + std::to_string(test_seed()) + " " + (extra))
-
-// Device buffer of raw bytes.
-struct DevBuf {
-  void* ptr = nullptr;
-  size_t bytes = 0;
-  explicit DevBuf(size_t n) : bytes(n) {
-    if (cudaMalloc(&ptr, n ? n : 16) != cudaSuccess) ptr = nullptr;
-  }
-  ~DevBuf() { cudaFree(ptr); }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-  template <typename T>
-  T* as(size_t byte_offset = 0) const {
-    return reinterpret_cast<T*>(static_cast<uint8_t*>(ptr) + byte_offset);
-  }
-  template <typename T>
-  void upload(const std::vector<T>& h) const {
-    ASSERT_EQ(cudaMemcpy(ptr, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-  }
-  template <typename T>
-  std::vector<T> download() const {
-    std::vector<T> h(bytes / sizeof(T));
-    EXPECT_EQ(cudaMemcpy(h.data(), ptr, h.size() * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
-    return h;
-  }
-};
-
-template <typename T>
-std::vector<T> from_dev(const DevBuf& d) {
-  return d.download<T>();
-}
 
 // Bytewise comparison with a readable first mismatch.
 template <typename T>
@@ -155,7 +125,7 @@ TEST(DeviceCodecGpu, E4m3EncodeMatchesCodec) {
   dx.upload(xs);
   encode_kernel<<<1024, 256>>>(dx.as<float>(), dq.as<uint8_t>(), int64_t(xs.size()));
   CUDA_OK(cudaDeviceSynchronize());
-  const auto got = from_dev<uint8_t>(dq);
+  const auto got = dq.download<uint8_t>();
   size_t bad = 0;
   for (size_t i = 0; i < xs.size(); ++i) {
     const uint8_t want = codec::float_to_e4m3(xs[i]);
@@ -174,7 +144,7 @@ TEST(DeviceCodecGpu, E4m3EncodeMatchesCodec) {
   dn.upload(nans);
   encode_kernel<<<1, 32>>>(dn.as<float>(), dnq.as<uint8_t>(), int64_t(nans.size()));
   CUDA_OK(cudaDeviceSynchronize());
-  const auto gn = from_dev<uint8_t>(dnq);
+  const auto gn = dnq.download<uint8_t>();
   for (size_t i = 0; i < nans.size(); ++i) {
     EXPECT_EQ(int(gn[i]), int(codec::float_to_e4m3(nans[i])))
         << "NaN input 0x" << std::hex << codec::float_bits(nans[i]);
@@ -199,7 +169,7 @@ TEST(DeviceCodecGpu, E4m3DecodeMatchesCodec) {
   ds.upload(scales);
   decode_kernel<<<256, 256>>>(ds.as<float>(), ns, dout.as<uint16_t>(), dval.as<float>());
   CUDA_OK(cudaDeviceSynchronize());
-  const auto vals = from_dev<float>(dval);
+  const auto vals = dval.download<float>();
   for (int c = 0; c < 256; ++c) {
     const float want = codec::e4m3_to_float(uint8_t(c));
     if (std::isnan(want)) {
@@ -208,7 +178,7 @@ TEST(DeviceCodecGpu, E4m3DecodeMatchesCodec) {
       EXPECT_EQ(codec::float_bits(vals[c]), codec::float_bits(want)) << "code " << c;
     }
   }
-  const auto got = from_dev<uint16_t>(dout);
+  const auto got = dout.download<uint16_t>();
   size_t bad = 0;
   for (int s = 0; s < ns; ++s) {
     for (int c = 0; c < 256; ++c) {
@@ -241,8 +211,8 @@ TEST(DeviceCodecGpu, VectorFormsKeepElementOrder) {
   vector_codec_kernel<<<(groups + 127) / 128, 128>>>(din.as<uint16_t>(), denc.as<uint8_t>(),
                                                      dsc.as<float>(), ddec.as<uint16_t>(), groups);
   CUDA_OK(cudaDeviceSynchronize());
-  const auto enc = from_dev<uint8_t>(denc);
-  const auto dec = from_dev<uint16_t>(ddec);
+  const auto enc = denc.download<uint8_t>();
+  const auto dec = ddec.download<uint16_t>();
   std::vector<uint8_t> want_enc(in.size());
   std::vector<uint16_t> want_dec(in.size());
   for (size_t i = 0; i < in.size(); ++i) {
@@ -352,7 +322,7 @@ void run_write_case(const WriteCase& c, uint64_t salt) {
   h.cache = cache.data();
   ASSERT_TRUE(ref::write_kv_cache(h).ok());
   // Every byte: written records equal the oracle's, everything else still holds the poison.
-  EXPECT_TRUE(same_bits(cache, from_dev<uint8_t>(dcache)));
+  EXPECT_TRUE(same_bits(cache, dcache.download<uint8_t>()));
 }
 
 TEST(WriteKvCacheGpu, BitExactVsOracle) {
@@ -479,8 +449,8 @@ void run_convert_case(const ConvertCase& c, uint64_t salt) {
   h.out_slots = out.data() + kGuard;
   h.valid_counts = c.counts ? counts.data() + kGuard : nullptr;
   ASSERT_TRUE(ref::convert_req_indices_to_slots(h).ok());
-  EXPECT_TRUE(same_bits(out, from_dev<int32_t>(dout))) << "out_slots (incl. guards)";
-  EXPECT_TRUE(same_bits(counts, from_dev<int32_t>(dcnt))) << "valid_counts (incl. guards)";
+  EXPECT_TRUE(same_bits(out, dout.download<int32_t>())) << "out_slots (incl. guards)";
+  EXPECT_TRUE(same_bits(counts, dcnt.download<int32_t>())) << "valid_counts (incl. guards)";
 }
 
 TEST(ConvertIndicesGpu, BitExactVsOracle) {
@@ -530,7 +500,7 @@ TEST(ConvertIndicesGpu, ZeroTopkZeroFillsCounts) {
   p.valid_counts = dcnt.as<int32_t>();
   ASSERT_TRUE(convert_req_indices_to_slots(p, nullptr).ok());
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  EXPECT_TRUE(same_bits(std::vector<int32_t>(T, 0), from_dev<int32_t>(dcnt)));
+  EXPECT_TRUE(same_bits(std::vector<int32_t>(T, 0), dcnt.download<int32_t>()));
 }
 
 // ---- C3 gather_kv_bf16 -----------------------------------------------------------------------
@@ -664,7 +634,7 @@ void run_gather_case(const GatherCase& c, uint64_t salt) {
   h.ws_starts = g.ws.data();
   h.out = out.data() + kGuardRows * g.out_stride;
   ASSERT_TRUE(ref::gather_kv_bf16(h).ok());
-  EXPECT_TRUE(same_bits(out, from_dev<uint16_t>(dout))) << "out (incl. guard rows)";
+  EXPECT_TRUE(same_bits(out, dout.download<uint16_t>())) << "out (incl. guard rows)";
 }
 
 TEST(GatherKvGpu, BitExactVsOracle) {
@@ -801,10 +771,10 @@ TEST(CacheOpsGpu, GraphReplayAndRepeatBitwiseEqual) {
   CUDA_OK(cudaStreamSynchronize(s));
 
   for (Outs* o : {eager2.get(), graphed.get()}) {
-    EXPECT_TRUE(same_bits(from_dev<uint8_t>(eager1->cache), from_dev<uint8_t>(o->cache)));
-    EXPECT_TRUE(same_bits(from_dev<uint16_t>(eager1->out), from_dev<uint16_t>(o->out)));
-    EXPECT_TRUE(same_bits(from_dev<int32_t>(eager1->slots), from_dev<int32_t>(o->slots)));
-    EXPECT_TRUE(same_bits(from_dev<int32_t>(eager1->counts), from_dev<int32_t>(o->counts)));
+    EXPECT_TRUE(same_bits(eager1->cache.download<uint8_t>(), o->cache.download<uint8_t>()));
+    EXPECT_TRUE(same_bits(eager1->out.download<uint16_t>(), o->out.download<uint16_t>()));
+    EXPECT_TRUE(same_bits(eager1->slots.download<int32_t>(), o->slots.download<int32_t>()));
+    EXPECT_TRUE(same_bits(eager1->counts.download<int32_t>(), o->counts.download<int32_t>()));
   }
   // The eager chain also matches the oracle end to end (C1 -> C3).
   std::vector<uint8_t> hcache(size_t(nb * stride), 0xFF);
@@ -821,7 +791,7 @@ TEST(CacheOpsGpu, GraphReplayAndRepeatBitwiseEqual) {
   hw.block_stride_bytes = stride;
   hw.scale_mode = ScaleMode::kAmax;
   ASSERT_TRUE(ref::write_kv_cache(hw).ok());
-  EXPECT_TRUE(same_bits(hcache, from_dev<uint8_t>(eager1->cache)));
+  EXPECT_TRUE(same_bits(hcache, eager1->cache.download<uint8_t>()));
 
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);

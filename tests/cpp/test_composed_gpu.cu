@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu_test_util.h"
 #include "prefill/composed_ref.h"
 #include "reference/oracle.h"
 #include "selkv/composed.h"
@@ -26,27 +27,10 @@
 namespace {
 
 using namespace selkv;
+using selkv::test::DevBuf;
+using selkv::test::down;
+using selkv::test::up;
 using selkv::test::test_seed;
-
-#define CUDA_OK(x) ASSERT_EQ((x), cudaSuccess) << #x
-
-struct Buf {
-  void* ptr = nullptr;
-  explicit Buf(size_t bytes) { if (cudaMalloc(&ptr, bytes ? bytes : 16) != cudaSuccess) ptr = nullptr; }
-  ~Buf() { if (ptr) cudaFree(ptr); }
-  Buf(const Buf&) = delete;
-  template <typename T> T* as() const { return static_cast<T*>(ptr); }
-};
-template <typename T>
-void up(Buf& b, const std::vector<T>& v) {
-  ASSERT_EQ(cudaMemcpy(b.ptr, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-}
-template <typename T>
-std::vector<T> down(const Buf& b, size_t n) {
-  std::vector<T> v(n);
-  EXPECT_EQ(cudaMemcpy(v.data(), b.ptr, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
-  return v;
-}
 
 // A paged cache whose slots are all real records (latent + RoPE ~ randn/10, pow2 and amax scales
 // mixed), then `nan_slots` overwritten with NaN E4M3 codes.
@@ -174,7 +158,7 @@ void run_dequant_case(const DqCase& c, uint64_t salt, bool graph = false, Outs* 
   const std::vector<uint16_t> q = test::randn_bf16(size_t(c.T) * c.H * D, 1.f, rng);
   const size_t ws_bytes = dequant_prefill_workspace_size(c.T, c.K, P, c.format) + 256;
 
-  Buf dcache(cache.size()), didx(idx.size() * 4), dlen(len.size() * 4), dq(q.size() * 2), dws(ws_bytes),
+  DevBuf dcache(cache.size()), didx(idx.size() * 4), dlen(len.size() * 4), dq(q.size() * 2), dws(ws_bytes),
       dout(size_t(c.T) * c.H * 512 * 2), dml(size_t(c.T) * c.H * 4), dlse(size_t(c.T) * c.H * 4);
   up(dcache, cache); up(didx, idx); up(dlen, len); up(dq, q);
   CUDA_OK(cudaMemset(dws.ptr, 0xFF, ws_bytes));
@@ -298,7 +282,7 @@ void run_gather_case(const GaCase& c, uint64_t salt, bool graph = false, Outs* k
   const std::vector<uint16_t> q = test::randn_bf16(size_t(c.T) * c.H * D, 1.f, rng);
   const size_t ws_bytes = gather_prefill_workspace_size(kv_rows, c.format);
 
-  Buf dcache(cache.size()), dbt(bt.size() * 4), dst(starts.size() * 4), dln(lens.size() * 4), dwss(ws_starts.size() * 4),
+  DevBuf dcache(cache.size()), dbt(bt.size() * 4), dst(starts.size() * 4), dln(lens.size() * 4), dwss(ws_starts.size() * 4),
       didx(idx.size() * 4), dlen(len.size() * 4), dq(q.size() * 2), dws(ws_bytes),
       dout(size_t(c.T) * c.H * 512 * 2), dml(size_t(c.T) * c.H * 4), dlse(size_t(c.T) * c.H * 4);
   up(dcache, cache); up(dbt, bt); up(dst, starts); up(dln, lens); up(dwss, ws_starts);

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu_test_util.h"
 #include "reference/oracle.h"
 #include "selkv/decode.h"
 #include "test_util.h"
@@ -19,31 +20,16 @@
 namespace {
 
 using namespace selkv;
+using selkv::test::DevBuf;
+using selkv::test::up;
 using selkv::test::bf16;
 using selkv::test::f32;
 
-#define CUDA_OK(x) ASSERT_EQ((x), cudaSuccess) << #x
 #define ST_OK(x)                                   \
   do {                                             \
     const ::selkv::Status _st = (x);               \
     ASSERT_TRUE(_st.ok()) << _st.to_string();      \
   } while (0)
-
-struct Dev {
-  void* ptr = nullptr;
-  size_t n = 0;
-  explicit Dev(size_t bytes) : n(bytes) {
-    if (cudaMalloc(&ptr, bytes ? bytes : 16) != cudaSuccess) ptr = nullptr;
-  }
-  ~Dev() { if (ptr) cudaFree(ptr); }
-  Dev(const Dev&) = delete;
-  template <typename T> T* as() const { return static_cast<T*>(ptr); }
-};
-
-template <typename T>
-void upload(Dev& d, const std::vector<T>& v) {
-  ASSERT_EQ(cudaMemcpy(d.ptr, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-}
 
 struct Problem {
   int B = 1, S = 1, H = 64, K = 64;
@@ -145,19 +131,19 @@ void oracle(const Problem& p, std::vector<float>* out, std::vector<float>* lse) 
 // Runs the GPU op. mode: 0 eager, 1 captured into a CUDA graph (metadata + decode) and replayed.
 // num_sms 0 = the device's.
 void run_gpu(const Problem& p, int num_sms, int mode, Result* res, bool use_topk_length = true) {
-  Dev dq(p.q.size() * 2), dc(p.cache.size()), di(p.indices.size() * 4);
-  Dev dl(std::max<size_t>(p.topk_length.size(), 1) * 4), ds(std::max<size_t>(p.sink.size(), 1) * 4);
+  DevBuf dq(p.q.size() * 2), dc(p.cache.size()), di(p.indices.size() * 4);
+  DevBuf dl(std::max<size_t>(p.topk_length.size(), 1) * 4), ds(std::max<size_t>(p.sink.size(), 1) * 4);
   const size_t n_out = size_t(p.B) * p.S * p.H * fmt::kVDim, n_lse = size_t(p.B) * p.S * p.H;
-  Dev dout(n_out * 2), dlse(n_lse * 4);
-  upload(dq, p.q); upload(dc, p.cache); upload(di, p.indices);
+  DevBuf dout(n_out * 2), dlse(n_lse * 4);
+  up(dq, p.q); up(dc, p.cache); up(di, p.indices);
   const bool dyn = use_topk_length && !p.topk_length.empty();
-  if (dyn) upload(dl, p.topk_length);
-  if (!p.sink.empty()) upload(ds, p.sink);
+  if (dyn) up(dl, p.topk_length);
+  if (!p.sink.empty()) up(ds, p.sink);
   CUDA_OK(cudaMemset(dout.ptr, 0x7F, n_out * 2));  // poison outputs
   CUDA_OK(cudaMemset(dlse.ptr, 0x7F, n_lse * 4));
 
   DecodeShape shape{p.B, p.S, p.H, p.K, dyn ? dl.as<int32_t>() : nullptr, num_sms};
-  Dev dmd(decode_metadata_size(p.B, p.S));
+  DevBuf dmd(decode_metadata_size(p.B, p.S));
   SparseDecodeParams sp;
   sp.q = dq.ptr; sp.batch = p.B; sp.seq_q = p.S; sp.num_heads = p.H; sp.topk = p.K;
   sp.cache.data = dc.ptr; sp.cache.num_blocks = p.num_blocks; sp.cache.page_size = p.page;
@@ -172,16 +158,16 @@ void run_gpu(const Problem& p, int num_sms, int mode, Result* res, bool use_topk
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreate(&stream));
   DecodeMetadata md;
-  ST_OK(make_decode_metadata(shape, dmd.ptr, dmd.n, &md, stream));  // sizes the workspace
-  Dev dws(decode_workspace_size(md));
+  ST_OK(make_decode_metadata(shape, dmd.ptr, dmd.bytes, &md, stream));  // sizes the workspace
+  DevBuf dws(decode_workspace_size(md));
   if (mode == 0) {
-    ST_OK(sparse_mla_decode(sp, md, dws.ptr, dws.n, stream));
+    ST_OK(sparse_mla_decode(sp, md, dws.ptr, dws.bytes, stream));
   } else {
     cudaGraph_t graph;
     cudaGraphExec_t exec;
     CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    ST_OK(make_decode_metadata(shape, dmd.ptr, dmd.n, &md, stream));
-    ST_OK(sparse_mla_decode(sp, md, dws.ptr, dws.n, stream));
+    ST_OK(make_decode_metadata(shape, dmd.ptr, dmd.bytes, &md, stream));
+    ST_OK(sparse_mla_decode(sp, md, dws.ptr, dws.bytes, stream));
     CUDA_OK(cudaStreamEndCapture(stream, &graph));
     CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
     CUDA_OK(cudaMemsetAsync(dout.ptr, 0x7F, n_out * 2, stream));

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu_test_util.h"
 #include "reference/oracle.h"
 #include "selkv/dequant.h"
 #include "test_util.h"
@@ -16,24 +17,9 @@
 namespace {
 
 using namespace selkv;
+using selkv::test::DevBuf;
+using selkv::test::down;
 using selkv::test::test_seed;
-
-#define CUDA_OK(x) ASSERT_EQ((x), cudaSuccess) << #x
-
-struct Buf {
-  void* ptr = nullptr;
-  explicit Buf(size_t bytes) { if (cudaMalloc(&ptr, bytes ? bytes : 16) != cudaSuccess) ptr = nullptr; }
-  ~Buf() { if (ptr) cudaFree(ptr); }
-  Buf(const Buf&) = delete;
-  template <typename T> T* as() const { return static_cast<T*>(ptr); }
-};
-
-template <typename T>
-std::vector<T> download(const Buf& b, size_t n) {
-  std::vector<T> v(n);
-  EXPECT_EQ(cudaMemcpy(v.data(), b.ptr, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
-  return v;
-}
 
 struct Case {
   KvFormat format;
@@ -92,7 +78,7 @@ void run_case(const Case& c, uint64_t salt, bool graph = false) {
   const int64_t out_stride = c.in_place ? idx_stride : c.K + 1;
   std::vector<int32_t> out(size_t(std::max<int64_t>(c.T, 1) * out_stride), 0x77777777);
 
-  Buf dcache(cache.size()), didx(idx.size() * 4), dlen(len.size() * 4), dws(ws.size() * 2),
+  DevBuf dcache(cache.size()), didx(idx.size() * 4), dlen(len.size() * 4), dws(ws.size() * 2),
       dout(out.size() * 4);
   CUDA_OK(cudaMemcpy(dcache.ptr, cache.data(), cache.size(), cudaMemcpyHostToDevice));
   CUDA_OK(cudaMemcpy(didx.ptr, idx.data(), idx.size() * 4, cudaMemcpyHostToDevice));
@@ -143,8 +129,8 @@ void run_case(const Case& c, uint64_t salt, bool graph = false) {
   h.out_indices = c.in_place ? idx.data() : out.data();
   ASSERT_TRUE(ref::dequant_selected(h).ok());
 
-  const auto gws = download<uint16_t>(dws, ws.size());
-  const auto gout = c.in_place ? download<int32_t>(didx, idx.size()) : download<int32_t>(dout, out.size());
+  const auto gws = down<uint16_t>(dws, ws.size());
+  const auto gout = c.in_place ? down<int32_t>(didx, idx.size()) : down<int32_t>(dout, out.size());
   const auto& hout = c.in_place ? idx : out;
   size_t bad_ws = 0, first_ws = 0, bad_idx = 0, first_idx = 0;
   for (size_t i = 0; i < ws.size(); ++i)

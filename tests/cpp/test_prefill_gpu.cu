@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu_test_util.h"
 #include "reference/oracle.h"
 #include "selkv/prefill.h"
 #include "test_util.h"
@@ -23,28 +24,10 @@
 namespace {
 
 using namespace selkv;
+using selkv::test::DevBuf;
+using selkv::test::down;
+using selkv::test::up;
 using selkv::test::test_seed;
-
-#define CUDA_OK(x) ASSERT_EQ((x), cudaSuccess) << #x
-
-struct Buf {
-  void* ptr = nullptr;
-  explicit Buf(size_t bytes) { if (cudaMalloc(&ptr, bytes ? bytes : 16) != cudaSuccess) ptr = nullptr; }
-  ~Buf() { if (ptr) cudaFree(ptr); }
-  Buf(const Buf&) = delete;
-  template <typename T> T* as() const { return static_cast<T*>(ptr); }
-};
-
-template <typename T>
-void up(Buf& b, const std::vector<T>& v) {
-  ASSERT_EQ(cudaMemcpy(b.ptr, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-}
-template <typename T>
-std::vector<T> down(const Buf& b, size_t n) {
-  std::vector<T> v(n);
-  EXPECT_EQ(cudaMemcpy(v.data(), b.ptr, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
-  return v;
-}
 
 struct Case {
   int T, H, D, K;
@@ -109,7 +92,7 @@ struct Outs {
 // Runs the GPU op (eager, or captured once and replayed twice).
 void run_gpu(const Problem& pr, bool graph, Outs* o) {
   const Case& c = pr.c;
-  Buf dq(pr.q.size() * 2), dkv(pr.kv.size() * 2), didx(pr.idx.size() * 4), dlen(pr.len.size() * 4),
+  DevBuf dq(pr.q.size() * 2), dkv(pr.kv.size() * 2), didx(pr.idx.size() * 4), dlen(pr.len.size() * 4),
       dout(size_t(c.T) * c.H * 512 * 2), dml(size_t(c.T) * c.H * 4), dlse(size_t(c.T) * c.H * 4);
   up(dq, pr.q); up(dkv, pr.kv); up(didx, pr.idx); up(dlen, pr.len);
   CUDA_OK(cudaMemset(dout.ptr, 0xFF, size_t(c.T) * c.H * 512 * 2));  // NaN poison
@@ -261,6 +244,8 @@ TEST(PrefillGpu, GraphReplayAndRepeatBitwiseEqual) {
 namespace {
 
 using namespace selkv;
+using selkv::test::DevBuf;
+using selkv::test::up;
 
 template <typename F>
 float time_us(F&& f, int iters = 20) {
@@ -293,7 +278,7 @@ TEST(PrefillPerf, DISABLED_FlashMlaShapes) {
   for (auto& v : idx) v = int32_t(rng() % N);
   for (int D : {576, 512})
     for (int H : {128, 64}) {
-      Buf dq(size_t(T) * H * D * 2), dkv(size_t(N) * D * 2), didx(idx.size() * 4),
+      DevBuf dq(size_t(T) * H * D * 2), dkv(size_t(N) * D * 2), didx(idx.size() * 4),
           dout(size_t(T) * H * 512 * 2), dml(size_t(T) * H * 4), dlse(size_t(T) * H * 4);
       up(didx, idx);
       std::vector<uint16_t> hq = test::randn_bf16(size_t(T) * H * D, 1.f, rng);
@@ -324,15 +309,15 @@ TEST(DequantSelectedPerf, DISABLED_SeedShapes) {
     const int64_t blocks = s.P / page;
     const KvFormat f = KvFormat::kDsMlaFp8;
     const int rb = fmt::record_bytes(f), D = fmt::dequant_dim(f);
-    Buf dcache(size_t(blocks) * page * rb);
+    DevBuf dcache(size_t(blocks) * page * rb);
     CUDA_OK(cudaMemset(dcache.ptr, 0x3C, size_t(blocks) * page * rb));
     std::mt19937_64 rng(2);
     std::vector<int32_t> idx(size_t(s.T) * s.K);
     for (auto& v : idx) v = int32_t(rng() % uint64_t(s.P));
-    Buf didx(idx.size() * 4), dout(idx.size() * 4);
+    DevBuf didx(idx.size() * 4), dout(idx.size() * 4);
     up(didx, idx);
     const int64_t rows = dequant_selected_workspace_rows(s.T, s.K, s.P);
-    Buf dws(size_t(rows) * D * 2);
+    DevBuf dws(size_t(rows) * D * 2);
     DequantSelectedParams p;
     p.cache = PagedKvCache{dcache.ptr, blocks, page, int64_t(page) * rb, f};
     p.indices = didx.as<int32_t>(); p.indices_row_stride = s.K;
