@@ -15,7 +15,17 @@
 #include "decode/sm90/config.h"
 #include "sm90/common.cuh"
 
+// Experiment switch (decode v4 probe): how the producer's generic smem writes reach the async proxy
+// (wgmma). 0: producer fence.proxy.async before its bar_full arrive (v3); 1: consumer-side fence after
+// its bar_full wait (the producer never executes the MEMBAR, so it never waits on its in-flight
+// loads); 2: the producer writes its own tile with st.async (tx bytes on bar_remote), no fence.
+#ifndef SELKV_DECODE_FENCE_MODE
+#define SELKV_DECODE_FENCE_MODE 0
+#endif
+
 namespace selkv::decode::sm90 {
+
+inline constexpr int kFenceMode = SELKV_DECODE_FENCE_MODE;
 
 // ---- work iteration (identical in producer and consumers) -----------------------------------
 struct RowWork {
@@ -181,8 +191,9 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
   const int c0 = ((2 * q) ^ l7) << 3, c1 = ((2 * q + 1) ^ l7) << 3;
   const int r0 = (kDimNope / 64) * 512 + ((q ^ l7) << 3), r1 = (kDimNope / 64) * 512 + (((q + 4) ^ l7) << 3);
   constexpr int kHalfOff = (32 / 8) * kKRowGroupStride;  // tokens [32, 64)
-  uint32_t peer_smem = 0;
+  uint32_t peer_smem = 0, self_smem = 0;
   if constexpr (kCluster == 2) peer_smem = map_smem_to_rank(smem_u32(&ss), rank ^ 1u);
+  if constexpr (kFenceMode == 2) self_smem = map_smem_to_rank(smem_u32(&ss), rank);
 
   BlockCursor cur;
   cur.init(it);
@@ -265,23 +276,32 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
       cutlass::arch::ClusterBarrier::wait(&ss.bar_empty[buf], phase ^ 1u);
       // The wait asm has no memory clobber: keep every smem store of this round below it.
       asm volatile("" ::: "memory");
-      if constexpr (kCluster == 2) {
-        // This CTA's half of the tile arrives from the peer: expect its bytes (after the empty
-        // wait, so the previous phase of bar_remote has completed).
+      if constexpr (kCluster == 2 || kFenceMode == 2) {
+        // This CTA's half of the tile arrives from the peer (mode 2: the whole tile arrives by
+        // st.async): expect its bytes (after the empty wait, so the previous phase of bar_remote
+        // has completed).
+        constexpr uint32_t kTxBytes = uint32_t((kFenceMode == 2 ? kBlockN : kTokensPerConsumer) * kDimQK * sizeof(bf16_t));
         if (threadIdx.x == 0)
-          cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(
-              &ss.bar_remote[buf], uint32_t(kTokensPerConsumer * kDimQK * sizeof(bf16_t)));
+          cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&ss.bar_remote[buf], kTxBytes);
       }
     }
     nx.sc = load_scales(nrec, nx.valid);  // needed first in round n + 1 (after the wait: fewer live registers there)
     const int half = kCluster == 2 ? int(rank) : int(rin);
     const int base = half * kHalfOff + row_base;
     bf16_t* sk = ss.k[buf];
-    uint32_t peer_k = 0, peer_bar = 0;
+    uint32_t peer_k = 0, peer_bar = 0, self_k = 0, self_bar = 0;
     if constexpr (kCluster == 2) {
       peer_k = peer_smem + uint32_t(reinterpret_cast<uint8_t*>(sk) - reinterpret_cast<uint8_t*>(&ss));
       peer_bar = peer_smem + uint32_t(reinterpret_cast<uint8_t*>(&ss.bar_remote[buf]) - reinterpret_cast<uint8_t*>(&ss));
     }
+    if constexpr (kFenceMode == 2) {
+      self_k = self_smem + uint32_t(reinterpret_cast<uint8_t*>(sk) - reinterpret_cast<uint8_t*>(&ss));
+      self_bar = self_smem + uint32_t(reinterpret_cast<uint8_t*>(&ss.bar_remote[buf]) - reinterpret_cast<uint8_t*>(&ss));
+    }
+    auto store_local = [&](int off, uint4 v) {
+      if constexpr (kFenceMode == 2) st_async_16(self_k + 2u * uint32_t(off), v, self_bar);
+      else *reinterpret_cast<uint4*>(sk + off) = v;
+    };
     CUTE_UNROLL
     for (int d = 0; d < 8; ++d) {
       const float s = (d >> 1) == 0 ? r.sc.x : (d >> 1) == 1 ? r.sc.y : (d >> 1) == 2 ? r.sc.z : r.sc.w;
@@ -291,16 +311,16 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
       const uint2 e = dequant4(r.nope[d].w, s);
       const uint4 lo = make_uint4(a.x, a.y, bq.x, bq.y), hi = make_uint4(c.x, c.y, e.x, e.y);
       const int o0 = base + d * 512 + c0, o1 = base + d * 512 + c1;
-      *reinterpret_cast<uint4*>(sk + o0) = lo;
-      *reinterpret_cast<uint4*>(sk + o1) = hi;
+      store_local(o0, lo);
+      store_local(o1, hi);
       if constexpr (kCluster == 2) {
         st_async_16(peer_k + 2u * uint32_t(o0), lo, peer_bar);
         st_async_16(peer_k + 2u * uint32_t(o1), hi, peer_bar);
       }
       nx.nope[d] = load16(nrec, nx.valid, fmt::kNopeOffset + 64 * d + 16 * q);
     }
-    *reinterpret_cast<uint4*>(sk + base + r0) = r.rope[0];
-    *reinterpret_cast<uint4*>(sk + base + r1) = r.rope[1];
+    store_local(base + r0, r.rope[0]);
+    store_local(base + r1, r.rope[1]);
     if constexpr (kCluster == 2) {
       st_async_16(peer_k + 2u * uint32_t(base + r0), r.rope[0], peer_bar);
       st_async_16(peer_k + 2u * uint32_t(base + r1), r.rope[1], peer_bar);
@@ -313,7 +333,7 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
     }
     if (rin == kRounds - 1) {
       // Generic-proxy smem writes -> visible to wgmma (async proxy), then publish.
-      cutlass::arch::fence_view_async_shared();
+      if constexpr (kFenceMode == 0) cutlass::arch::fence_view_async_shared();
       cutlass::arch::ClusterBarrier::arrive(&ss.bar_full[buf]);
     }
   };
@@ -411,7 +431,8 @@ __device__ __forceinline__ void run_consumer(const DecodeKernelParams& p, Shared
 
     for (int32_t blk = w.blk_begin; blk < w.blk_end; ++blk) {
       cutlass::arch::ClusterBarrier::wait(&ss.bar_full[buf], phase);
-      if constexpr (kNumHeads == 128) cutlass::arch::ClusterBarrier::wait(&ss.bar_remote[buf], phase);
+      if constexpr (kNumHeads == 128 || kFenceMode == 2) cutlass::arch::ClusterBarrier::wait(&ss.bar_remote[buf], phase);
+      if constexpr (kFenceMode == 1) cutlass::arch::fence_view_async_shared();  // producer's st.shared -> wgmma
 
       // S = Q K_cw^T over 576 dims, for this consumer's 32 tokens.
       Tensor sKh = make_tensor(make_smem_ptr(ss.k[buf] + cw * kKHalfTokenOffset), SmemLayoutKHalf{});
@@ -628,7 +649,7 @@ cudaError_t launch_sparse_decode_sm90(const DecodeKernelParams& p, cudaStream_t 
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = kNumHeads == 128 ? 1 : 0;
+  cfg.numAttrs = (kNumHeads == 128 || kFenceMode == 2) ? 1 : 0;  // mode 2 uses shared::cluster addresses
   err = cudaLaunchKernelEx(&cfg, kernel, p);
   if (err != cudaSuccess) return err;
   return cudaGetLastError();
