@@ -27,6 +27,30 @@ namespace selkv::decode::sm90 {
 
 inline constexpr int kFenceMode = SELKV_DECODE_FENCE_MODE;
 
+// Cycle probe (SELKV_DECODE_PROBE=1 builds only; never in the library default): thread 0 of the
+// producer and of each consumer warpgroup accumulates clock64 deltas per phase and prints them
+// for the first few CTAs that finish. Evidence for docs/perf-log.md.
+#ifndef SELKV_DECODE_PROBE
+#define SELKV_DECODE_PROBE 0
+#endif
+#if SELKV_DECODE_PROBE
+__device__ int g_decode_probe_prints[2][3];  // [H / 64 - 1][producer, consumer 0, consumer 1]
+// Print for the large grid shapes only (H=128: 256 rows, H=64: 64 rows), 3 CTAs per role.
+template <int kNumHeads>
+__device__ __forceinline__ bool probe_should_print(const DecodeKernelParams& p, int role) {
+  return p.metadata[2] == (kNumHeads == 128 ? 256 : 64) &&
+         atomicAdd(&g_decode_probe_prints[kNumHeads / 64 - 1][role], 1) < 3;
+}
+__device__ __forceinline__ unsigned long long probe_clk() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%clock64;" : "=l"(t)::"memory");
+  return t;
+}
+#define SELKV_PROBE(...) __VA_ARGS__
+#else
+#define SELKV_PROBE(...)
+#endif
+
 // ---- work iteration (identical in producer and consumers) -----------------------------------
 struct RowWork {
   int32_t row;        // b * seq_q + s
@@ -268,12 +292,15 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
   // raw records is live at a time (v2 issued all 11 loads of round n + 1 before converting round
   // n: two rounds, ~90 registers, live at once -> spills at 120 registers). Every load still
   // has a full round of lead before its use. The arithmetic is unchanged.
+  SELKV_PROBE(unsigned long long pr_empty = 0;)
   auto convert = [&](int32_t n, const RoundRaw& r, int32_t idx2v, RoundRaw& nx, const uint8_t* nrec) {
     const int32_t blkn = n / kRounds, rin = n - (n / kRounds) * kRounds;
     const int buf = blkn & 1;
     const uint32_t phase = uint32_t(blkn >> 1) & 1u;
     if (rin == 0) {
+      SELKV_PROBE(const unsigned long long pe0 = probe_clk();)
       cutlass::arch::ClusterBarrier::wait(&ss.bar_empty[buf], phase ^ 1u);
+      SELKV_PROBE(pr_empty += probe_clk() - pe0;)
       // The wait asm has no memory clobber: keep every smem store of this round below it.
       asm volatile("" ::: "memory");
       if constexpr (kCluster == 2 || kFenceMode == 2) {
@@ -340,6 +367,7 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
 
   auto valid2 = [&](int32_t idx2) -> int32_t { return idx2 >= 0 && int64_t(idx2) < p.num_slots; };
 
+  SELKV_PROBE(const unsigned long long pt0 = probe_clk();)
   // Prologue: indices of rounds 0 and 1, records of round 0.
   int32_t ia, ia2;  // round n + 1 (index arrived or in flight)
   int32_t ib, ib2;  // round n + 2
@@ -367,6 +395,13 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
     step(n, x0, v2_0, x1, v2_1);
     if (n + 1 < total_rounds) step(n + 1, x1, v2_1, x0, v2_0);
   }
+#if SELKV_DECODE_PROBE
+  if (threadIdx.x == 0 && blockIdx.x == 0 && probe_should_print<kNumHeads>(p, 0)) {
+    const unsigned long long tot = probe_clk() - pt0;
+    printf("PROBE H%d producer part=%d rounds=%d total=%llu empty_wait=%llu per_round_busy=%llu\n", kNumHeads, int(blockIdx.y),
+           int(total_rounds), tot, pr_empty, (tot - pr_empty) / (total_rounds > 0 ? total_rounds : 1));
+  }
+#endif
 }
 
 // ---- consumer warpgroups --------------------------------------------------------------------
@@ -398,6 +433,7 @@ __device__ __forceinline__ void run_consumer(const DecodeKernelParams& p, Shared
   uint32_t phase = 0;
   uint32_t iter = 0;
   RowWork w;
+  SELKV_PROBE(unsigned long long pc[8] = {0, 0, 0, 0, 0, 0, 0, 0}; const unsigned long long ct0 = probe_clk();)
   while (it.next(w)) {
     const int32_t b = w.row / p.seq_q, s = w.row - (w.row / p.seq_q) * p.seq_q;
 
@@ -430,9 +466,11 @@ __device__ __forceinline__ void run_consumer(const DecodeKernelParams& p, Shared
     float m0 = kNegInf, m1 = kNegInf, l0 = 0.f, l1 = 0.f;
 
     for (int32_t blk = w.blk_begin; blk < w.blk_end; ++blk) {
+      SELKV_PROBE(const unsigned long long c0 = probe_clk();)
       cutlass::arch::ClusterBarrier::wait(&ss.bar_full[buf], phase);
       if constexpr (kNumHeads == 128 || kFenceMode == 2) cutlass::arch::ClusterBarrier::wait(&ss.bar_remote[buf], phase);
       if constexpr (kFenceMode == 1) cutlass::arch::fence_view_async_shared();  // producer's st.shared -> wgmma
+      SELKV_PROBE(const unsigned long long c1 = probe_clk(); pc[0] += c1 - c0;)
 
       // S = Q K_cw^T over 576 dims, for this consumer's 32 tokens.
       Tensor sKh = make_tensor(make_smem_ptr(ss.k[buf] + cw * kKHalfTokenOffset), SmemLayoutKHalf{});
@@ -449,6 +487,7 @@ __device__ __forceinline__ void run_consumer(const DecodeKernelParams& p, Shared
       warpgroup_commit_batch();
       warpgroup_wait<0>();
       warpgroup_fence_operand(tSrS);
+      SELKV_PROBE(const unsigned long long c2 = probe_clk(); pc[1] += c2 - c1;)
 
       // Mask invalid tokens, row maxima, exchange with the other consumer.
       float mx0 = kNegInf, mx1 = kNegInf;
@@ -468,6 +507,7 @@ __device__ __forceinline__ void run_consumer(const DecodeKernelParams& p, Shared
         ss.row_max[par][cw][r1] = mx1;
       }
       cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(NamedBar::kMaxExchange));
+      SELKV_PROBE(const unsigned long long c3 = probe_clk(); pc[2] += c3 - c2;)
       mx0 = fmaxf(mx0, ss.row_max[par][cw ^ 1][r0]);
       mx1 = fmaxf(mx1, ss.row_max[par][cw ^ 1][r1]);
       const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
@@ -499,6 +539,7 @@ __device__ __forceinline__ void run_consumer(const DecodeKernelParams& p, Shared
       for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= ((i >> 1) & 1) ? sc1 : sc0;
       cutlass::arch::fence_view_async_shared();
       cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(NamedBar::kPReady));
+      SELKV_PROBE(const unsigned long long c4 = probe_clk(); pc[3] += c4 - c3;)
 
       // O_cw += P V_cw (V = first 512 dims of the same KV tile, read MN-major).
       Tensor sVh = make_tensor(make_smem_ptr(ss.k[buf] + cw * kVHalfDimOffset), SmemLayoutVHalf{});
@@ -512,6 +553,7 @@ __device__ __forceinline__ void run_consumer(const DecodeKernelParams& p, Shared
       warpgroup_commit_batch();
       warpgroup_wait<0>();
       warpgroup_fence_operand(tOrO);
+      SELKV_PROBE(const unsigned long long c5 = probe_clk(); pc[4] += c5 - c4;)
 
       // Release the buffer: one arrival per consumer warp, on this CTA's and (H = 128) the
       // peer's empty barrier (the peer's producer writes half of this tile).
@@ -524,6 +566,7 @@ __device__ __forceinline__ void run_consumer(const DecodeKernelParams& p, Shared
       }
       if (++buf == kNumKBufs) { buf = 0; phase ^= 1u; }
       ++iter;
+      SELKV_PROBE(pc[5] += probe_clk() - c5; pc[6] += 1;)
     }
 
     // ---- epilogue: total row sums, lse, output ----
@@ -579,6 +622,12 @@ __device__ __forceinline__ void run_consumer(const DecodeKernelParams& p, Shared
       }
     }
   }
+#if SELKV_DECODE_PROBE
+  if (tid_wg == 0 && blockIdx.x == 0 && probe_should_print<kNumHeads>(p, 1 + cw)) {
+    printf("PROBE H%d consumer%d part=%d blocks=%llu total=%llu wait_full=%llu S=%llu mask_max_xchg=%llu softmax_P=%llu PV=%llu release=%llu\n",
+           kNumHeads, cw, int(blockIdx.y), pc[6], probe_clk() - ct0, pc[0], pc[1], pc[2], pc[3], pc[4], pc[5]);
+  }
+#endif
 }
 
 // ---- kernel ---------------------------------------------------------------------------------
