@@ -1,17 +1,24 @@
-// C4 selected-row dequant kernel (include/selkv/dequant.h).
+// C4 selected-row dequant kernels (include/selkv/dequant.h).
 //
-// One kernel, two compile-time modes:
-//   kSelected: work item j in [0, N) is index entry (t, k) = (j / K, j % K); its validity
-//              (DESIGN §2) decides whether workspace row j is written and what out_indices gets.
-//   full pool: work item j in [0, P) is slot j; then a second grid-stride phase copies the
-//              indices (invalid -> -1).
-// Row work split (the C3 gather's proven pattern): a warp handles 4 rows per step. Lanes 0-3
-// resolve the 4 rows (index load, validity, record offset, index write) and broadcast the record
-// offsets by shuffle; then every lane issues all loads of the 4 records before converting: per
-// row two 8-byte E4M3 loads (each 256 contiguous bytes across the warp) and one 16-byte
-// broadcast load of the 4 scales; lane l also loads 16 B of row l/8's RoPE. Stores are 16-byte
-// and contiguous across the warp. With 8 warps/CTA and several CTAs per SM, ~100+ KB of loads
-// are in flight per SM, enough to cover DRAM latency at full bandwidth.
+// Two kernels, one per mode (the mode is picked on the host from the shapes):
+//   selected (N < P): work item j in [0, N) is index entry (t, k) = (j / K, j % K); its validity
+//     (DESIGN §2) decides whether workspace row j is written and what out_indices gets.
+//     A warp task is 32 consecutive entries: lane l resolves entry 32 * task + l (index load,
+//     validity, remapped index write, record offset), and the index loads of the warp's NEXT
+//     task are issued before this task's rows are processed, so their latency is hidden. The 32
+//     rows are then processed kR at a time (kR = 4 or 8); kPipe keeps two batches in flight (the
+//     loads of batch i + 1 are issued before batch i is converted).
+//   full pool (N >= P): a warp task is kR pool rows (slot = row) plus kR / 2 index units per lane
+//     (a unit is kV = 4 entries as one 16-byte load and store when K and both row strides are
+//     multiples of 4 and both pointers 16-byte aligned, else kV = 1). The index loads are issued
+//     together with the record loads, so the index copy (out = valid ? slot : -1) streams
+//     interleaved with the rows instead of in a second phase.
+// Row batch (the C3 gather's proven pattern): per row every lane issues two 8-byte E4M3 loads
+// (each 256 contiguous bytes across the warp) and two 4-byte scale loads (its two tiles); lane l
+// also loads 16 B of RoPE of row 4i + l/8. Stores are 16-byte and contiguous across the warp
+// (lane l writes elements [8l, 8l+8) and [256+8l, 256+8l+8), RoPE 8 lanes x 16 B per row).
+// Grid: one resident wave (occupancy query), the tasks spread evenly over the warps
+// (grid-stride, every warp gets the same number of tasks up to one).
 #pragma once
 
 #include <cstdint>
@@ -39,11 +46,15 @@ struct DequantSelectedKernelParams {
   int64_t num_entries = 0; // N
   int32_t* out_idx = nullptr;
   int64_t out_stride = 0;
+  int64_t tasks = 0;       // warp tasks (grid-stride over warps)
+  int64_t idx_units = 0;   // full pool: N / kV index units
 };
 
 inline constexpr int kDequantThreads = 256;
-inline constexpr int kDequantRowsPerWarp = 4;
-inline constexpr int kDequantRowsPerStep = (kDequantThreads / 32) * kDequantRowsPerWarp;  // 32
+inline constexpr int kDequantWarps = kDequantThreads / 32;
+inline constexpr int kDequantTaskEntries = 32;  // selected: entries a warp resolves at once
+inline constexpr int kDequantRowsPerWarp = 4;   // v1 (A/B reference only)
+inline constexpr int kDequantRowsPerStep = kDequantWarps * kDequantRowsPerWarp;  // v1
 
 // (t, k) of a flat entry e in [0, N).
 __device__ __forceinline__ void entry_tk(const DequantSelectedKernelParams& p, int64_t e,
@@ -77,9 +88,200 @@ __device__ __forceinline__ int64_t slot_record_offset(const DequantSelectedKerne
   return int64_t(blk) * p.block_stride_bytes + int64_t(off) * record_bytes;
 }
 
+// ---- row batches --------------------------------------------------------------------------------
+// kR rows held by every lane of a warp; row r's record offset is lane (first + r)'s `src`.
+template <int kR>
+struct DequantBatch {
+  uint2 lo[kR], hi[kR];
+  float slo[kR], shi[kR];  // scales of this lane's two tiles
+  uint4 rope[kR / 4];      // lane l: 16 B chunk l % 8 of row 4i + l / 8
+};
+
+template <bool kRope, int kR>
+__device__ __forceinline__ void batch_load(const DequantSelectedKernelParams& p, int64_t src,
+                                           int first, int lane, DequantBatch<kR>& b) {
+#pragma unroll
+  for (int r = 0; r < kR; ++r) {
+    const int64_t ts = __shfl_sync(0xffffffffu, src, first + r);
+    b.lo[r] = make_uint2(0, 0);
+    b.hi[r] = make_uint2(0, 0);
+    b.slo[r] = 0.f;
+    b.shi[r] = 0.f;
+    if (ts >= 0) {
+      const uint8_t* rec = p.cache + ts;
+      b.lo[r] = dev::ld_nc_na_u2(rec + fmt::kNopeOffset + 8 * lane);
+      b.hi[r] = dev::ld_nc_na_u2(rec + fmt::kNopeOffset + 256 + 8 * lane);
+      // element 8*lane is in tile lane/16, element 256+8*lane in tile 2+lane/16
+      const float* sc = reinterpret_cast<const float*>(rec + fmt::kScaleOffset) + (lane >> 4);
+      b.slo[r] = __ldg(sc);
+      b.shi[r] = __ldg(sc + 2);
+    }
+  }
+  if constexpr (kRope) {
+#pragma unroll
+    for (int i = 0; i < kR / 4; ++i) {
+      const int64_t rs = __shfl_sync(0xffffffffu, src, first + 4 * i + (lane >> 3));
+      b.rope[i] = make_uint4(0, 0, 0, 0);
+      if (rs >= 0) b.rope[i] = dev::ld_nc_na_u4(p.cache + rs + fmt::kRopeOffset + 16 * (lane & 7));
+    }
+  }
+}
+
+// Row r of the batch goes to workspace row row0 + r when bit r of `valid` is set.
+template <bool kRope, int kR>
+__device__ __forceinline__ void batch_store(const DequantSelectedKernelParams& p, int64_t row0,
+                                            uint32_t valid, int lane, const DequantBatch<kR>& b) {
+#pragma unroll
+  for (int r = 0; r < kR; ++r) {
+    if (((valid >> r) & 1u) == 0) continue;
+    uint8_t* orow = p.ws + (row0 + r) * p.ws_row_bytes;
+    dev::st_u4(orow + 16 * lane, dev::dequant_e4m3x8(b.lo[r], b.slo[r]));
+    dev::st_u4(orow + 512 + 16 * lane, dev::dequant_e4m3x8(b.hi[r], b.shi[r]));
+  }
+  if constexpr (kRope) {
+#pragma unroll
+    for (int i = 0; i < kR / 4; ++i) {
+      const int r = 4 * i + (lane >> 3);
+      if ((valid >> r) & 1u)
+        dev::st_u4(p.ws + (row0 + r) * p.ws_row_bytes + 2 * fmt::kNopeDim + 16 * (lane & 7), b.rope[i]);
+    }
+  }
+}
+
+// ---- selected mode ------------------------------------------------------------------------------
+// Entry e's slot when valid, else -1 (e < N).
+__device__ __forceinline__ int32_t load_entry(const DequantSelectedKernelParams& p, int64_t e) {
+  int64_t t;
+  int32_t k;
+  entry_tk(p, e, &t, &k);
+  return entry_slot(p, t, k);
+}
+
+template <bool kRope, int kR, bool kPipe>
+__global__ void __launch_bounds__(kDequantThreads)
+dequant_selected_rows_kernel(const DequantSelectedKernelParams p) {
+  static_assert(kR == 4 || kR == 8, "rows per batch");
+  constexpr int kRecordBytes = kRope ? fmt::kDsMlaRecordBytes : fmt::kNopeRecordBytes;
+  constexpr int kE = kDequantTaskEntries;
+  const int lane = int(threadIdx.x) & 31;
+  const int64_t nwarps = int64_t(gridDim.x) * kDequantWarps;
+  int64_t task = int64_t(blockIdx.x) * kDequantWarps + (int(threadIdx.x) >> 5);
+
+  int32_t s_next = -1;  // this lane's entry of the warp's next task, loaded one task ahead
+  if (task < p.tasks && task * kE + lane < p.rows) s_next = load_entry(p, task * kE + lane);
+  for (; task < p.tasks; task += nwarps) {
+    const int64_t j0 = task * kE;
+    const int64_t j = j0 + lane;
+    const int32_t s = s_next;
+    const int64_t nt = task + nwarps;
+    if (nt < p.tasks && nt * kE + lane < p.rows) s_next = load_entry(p, nt * kE + lane);
+    int64_t src = -1;  // record byte offset; -1: row not written
+    if (j < p.rows) {
+      int64_t t;
+      int32_t k;
+      entry_tk(p, j, &t, &k);
+      p.out_idx[t * p.out_stride + k] = s >= 0 ? int32_t(j) : -1;
+      if (s >= 0) src = slot_record_offset(p, s, kRecordBytes);
+    }
+    const uint32_t valid = __ballot_sync(0xffffffffu, src >= 0);
+    if (valid == 0) continue;
+    if constexpr (kPipe) {
+      DequantBatch<kR> a, b;
+      batch_load<kRope, kR>(p, src, 0, lane, a);
+#pragma unroll
+      for (int f = 0; f < kE; f += 2 * kR) {
+        if (f + kR < kE) batch_load<kRope, kR>(p, src, f + kR, lane, b);
+        batch_store<kRope, kR>(p, j0 + f, valid >> f, lane, a);
+        if (f + 2 * kR < kE) batch_load<kRope, kR>(p, src, f + 2 * kR, lane, a);
+        if (f + kR < kE) batch_store<kRope, kR>(p, j0 + f + kR, valid >> (f + kR), lane, b);
+      }
+    } else {
+#pragma unroll 1
+      for (int f = 0; f < kE; f += kR) {
+        constexpr uint32_t kMask = (1u << kR) - 1u;
+        if (((valid >> f) & kMask) == 0) continue;  // warp-uniform
+        DequantBatch<kR> a;
+        batch_load<kRope, kR>(p, src, f, lane, a);
+        batch_store<kRope, kR>(p, j0 + f, valid >> f, lane, a);
+      }
+    }
+  }
+}
+
+// ---- full-pool mode -----------------------------------------------------------------------------
+template <int kV>
+struct IndexVec {
+  int32_t v[kV];
+};
+
+template <bool kRope, int kR, int kV>
+__global__ void __launch_bounds__(kDequantThreads)
+dequant_full_pool_kernel(const DequantSelectedKernelParams p) {
+  static_assert(kR == 4 || kR == 8, "rows per batch");
+  static_assert(kV == 1 || kV == 4, "index vector width");
+  constexpr int kRecordBytes = kRope ? fmt::kDsMlaRecordBytes : fmt::kNopeRecordBytes;
+  constexpr int kU = kR / 2;  // index units per lane per task (64 entries per row when kV = 4)
+  const int lane = int(threadIdx.x) & 31;
+  const int64_t nwarps = int64_t(gridDim.x) * kDequantWarps;
+  for (int64_t task = int64_t(blockIdx.x) * kDequantWarps + (int(threadIdx.x) >> 5); task < p.tasks;
+       task += nwarps) {
+    // Index units: all loads first (topk_length and the slots are independent loads).
+    IndexVec<kV> iv[kU];
+    int64_t t[kU];
+    int32_t k[kU], len[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int64_t unit = (task * kU + u) * 32 + lane;
+      t[u] = -1;
+      if (unit < p.idx_units) {
+        entry_tk(p, unit * kV, &t[u], &k[u]);
+        const int32_t* in = p.indices + t[u] * p.idx_stride + k[u];  // plain loads: in place allowed
+        if constexpr (kV == 4) {
+          const int4 q = *reinterpret_cast<const int4*>(in);
+          iv[u].v[0] = q.x;
+          iv[u].v[1] = q.y;
+          iv[u].v[2] = q.z;
+          iv[u].v[3] = q.w;
+        } else {
+          iv[u].v[0] = *in;
+        }
+        len[u] = p.topk_length != nullptr ? __ldg(p.topk_length + t[u]) : 0x7fffffff;
+      }
+    }
+    // Rows [kR * task, kR * task + kR): lane r < kR resolves row kR * task + r.
+    const int64_t row0 = task * kR;
+    int64_t src = -1;
+    if (lane < kR && row0 + lane < p.rows) src = slot_record_offset(p, int32_t(row0 + lane), kRecordBytes);
+    const uint32_t valid = __ballot_sync(0xffffffffu, src >= 0);
+    if (valid != 0) {
+      DequantBatch<kR> a;
+      batch_load<kRope, kR>(p, src, 0, lane, a);
+      batch_store<kRope, kR>(p, row0, valid, lane, a);
+    }
+    // Index writes: valid ? slot : -1 (DESIGN §2: k < topk_length[t] and 0 <= slot < P).
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      if (t[u] < 0) continue;
+      IndexVec<kV> o;
+#pragma unroll
+      for (int i = 0; i < kV; ++i) {
+        const int32_t s = iv[u].v[i];
+        o.v[i] = (k[u] + i < len[u] && s >= 0 && int64_t(s) < p.num_slots) ? s : -1;
+      }
+      int32_t* out = p.out_idx + t[u] * p.out_stride + k[u];
+      if constexpr (kV == 4) {
+        *reinterpret_cast<int4*>(out) = make_int4(o.v[0], o.v[1], o.v[2], o.v[3]);
+      } else {
+        *out = o.v[0];
+      }
+    }
+  }
+}
+
+// ---- v1 (previous kernel; temporary A/B reference, SELKV_C4_VARIANT=0) ----
 template <bool kRope, bool kSelected>
 __global__ void __launch_bounds__(kDequantThreads)
-dequant_selected_kernel(const DequantSelectedKernelParams p) {
+dequant_selected_kernel_v1(const DequantSelectedKernelParams p) {
   constexpr int kRecordBytes = kRope ? fmt::kDsMlaRecordBytes : fmt::kNopeRecordBytes;
   const int lane = int(threadIdx.x) & 31;
   const int warp = int(threadIdx.x) >> 5;

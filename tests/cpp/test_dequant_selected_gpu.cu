@@ -30,6 +30,7 @@ struct Case {
   bool dynamic;
   bool all_invalid = false;
   bool in_place = false;
+  bool dense = false;  // row strides == K (16-byte index vectors in the full-pool kernel)
 };
 
 void run_case(const Case& c, uint64_t salt, bool graph = false) {
@@ -55,7 +56,7 @@ void run_case(const Case& c, uint64_t salt, bool graph = false) {
     ref::encode_record(lat.data(), rope.data(), c.format, (s & 1) ? ScaleMode::kAmax : ScaleMode::kPow2,
                        cache.data() + host_view.slot_offset(s));
   }
-  const int64_t idx_stride = c.K + (c.in_place ? 0 : 3);
+  const int64_t idx_stride = c.K + (c.in_place || c.dense ? 0 : 3);
   std::vector<int32_t> idx(size_t(std::max<int64_t>(c.T, 1) * idx_stride), 0x5a5a5a5a);
   const int32_t garbage[] = {-1, INT_MIN, int32_t(P), int32_t(P + 1), INT_MAX, -7};
   for (int64_t t = 0; t < c.T; ++t)
@@ -75,7 +76,7 @@ void run_case(const Case& c, uint64_t salt, bool graph = false) {
   const int64_t rows = dequant_selected_workspace_rows(c.T, c.K, P);
   const int64_t ws_stride = D + 8 * int64_t(rng() % 2);
   std::vector<uint16_t> ws(size_t(std::max<int64_t>(rows, 1) * ws_stride), 0xFFC1);  // NaN poison
-  const int64_t out_stride = c.in_place ? idx_stride : c.K + 1;
+  const int64_t out_stride = c.in_place ? idx_stride : c.dense ? c.K : c.K + 1;
   std::vector<int32_t> out(size_t(std::max<int64_t>(c.T, 1) * out_stride), 0x77777777);
 
   DevBuf dcache(cache.size()), didx(idx.size() * 4), dlen(len.size() * 4), dws(ws.size() * 2),
@@ -180,6 +181,22 @@ TEST(DequantSelectedGpu, GraphReplayMatchesOracle) {
   SELKV_REQUIRE_GPU();
   run_case({KvFormat::kDsMlaFp8, 64, 70, 11, 256, true}, 300, /*graph=*/true);  // selected
   run_case({KvFormat::kNopeFp8, 61, 30, 40, 64, true}, 301, /*graph=*/true);    // full pool
+}
+
+// Dense strides (K % 4 == 0): the full-pool kernel copies the indices as 16-byte vectors; with
+// topk_length the window cuts inside a vector. Sizes large enough that warps run several tasks
+// (more tasks than one resident wave holds), so the selected kernel's next-task index prefetch
+// and the grid-stride loops are exercised.
+TEST(DequantSelectedGpu, DenseStridesAndMultiTaskWarps) {
+  SELKV_REQUIRE_GPU();
+  uint64_t salt = 400;
+  for (KvFormat f : {KvFormat::kDsMlaFp8, KvFormat::kNopeFp8})
+    for (bool dyn : {false, true}) {
+      run_case({f, 61, 600 / 61 + 1, 21, 64, dyn, false, false, /*dense=*/true}, salt++);  // full pool
+      run_case({f, 64, 41, 13, 160, dyn, false, false, /*dense=*/true}, salt++);          // selected
+    }
+  run_case({KvFormat::kDsMlaFp8, 64, 400, 64, 2048, true, false, false, /*dense=*/true}, salt++);   // full pool, P = 25.6K
+  run_case({KvFormat::kDsMlaFp8, 64, 2600, 80, 2048, true, false, false, /*dense=*/true}, salt++);  // selected, N = 160K
 }
 
 // The size check runs before any device call: no GPU needed.
