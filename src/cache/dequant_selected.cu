@@ -66,25 +66,30 @@ Status launch_tasks(Kernel kernel, cache::DequantSelectedKernelParams k, cudaStr
 }
 
 template <bool kRope>
-Kernel selected_kernel(int r, bool pipe) {
+Kernel selected_kernel(int r, bool pipe, bool ef) {
+  if (ef) return cache::dequant_selected_rows_kernel<kRope, 4, false, true>;
   if (r == 8) {
-    return pipe ? cache::dequant_selected_rows_kernel<kRope, 8, true> : cache::dequant_selected_rows_kernel<kRope, 8, false>;
+    return pipe ? cache::dequant_selected_rows_kernel<kRope, 8, true, false>
+                : cache::dequant_selected_rows_kernel<kRope, 8, false, false>;
   }
-  return pipe ? cache::dequant_selected_rows_kernel<kRope, 4, true> : cache::dequant_selected_rows_kernel<kRope, 4, false>;
+  return pipe ? cache::dequant_selected_rows_kernel<kRope, 4, true, false>
+              : cache::dequant_selected_rows_kernel<kRope, 4, false, false>;
 }
 
 template <bool kRope>
-Kernel full_pool_kernel(int r, bool vec) {
+Kernel full_pool_kernel(int r, bool vec, bool ef) {
+  if (ef) return vec ? cache::dequant_full_pool_kernel<kRope, 4, 4, true> : cache::dequant_full_pool_kernel<kRope, 4, 1, true>;
   if (r == 8) {
-    return vec ? cache::dequant_full_pool_kernel<kRope, 8, 4> : cache::dequant_full_pool_kernel<kRope, 8, 1>;
+    return vec ? cache::dequant_full_pool_kernel<kRope, 8, 4, false> : cache::dequant_full_pool_kernel<kRope, 8, 1, false>;
   }
-  return vec ? cache::dequant_full_pool_kernel<kRope, 4, 4> : cache::dequant_full_pool_kernel<kRope, 4, 1>;
+  return vec ? cache::dequant_full_pool_kernel<kRope, 4, 4, false> : cache::dequant_full_pool_kernel<kRope, 4, 1, false>;
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 // Temporary A/B switch (bench only): 0 = previous kernel, 1 = R4, 2 = R8, 3 = R4 pipelined
-// (selected), 4 = R8 pipelined (selected).
+// (selected; full pool as 1), 4 = R8 pipelined (selected; full pool as 2), 5 = R4 with
+// evict-first record loads.
 int variant() {
   static const int v = [] {
     const char* e = std::getenv("SELKV_C4_VARIANT");
@@ -153,11 +158,12 @@ Status dequant_selected_kv(const DequantSelectedParams& p, cudaStream_t stream) 
     return detail::launch_status(kOp);
   }
   const int r = (var == 2 || var == 4) ? 8 : 4;
-  const bool pipe = var >= 3;
+  const bool pipe = var == 3 || var == 4;
+  const bool ef = var == 5;
 
   if (selected) {
     k.tasks = (rows + cache::kDequantTaskEntries - 1) / cache::kDequantTaskEntries;
-    SELKV_RETURN_IF_ERROR(launch_tasks(rope ? selected_kernel<true>(r, pipe) : selected_kernel<false>(r, pipe), k,
+    SELKV_RETURN_IF_ERROR(launch_tasks(rope ? selected_kernel<true>(r, pipe, ef) : selected_kernel<false>(r, pipe, ef), k,
                                        stream));
   } else {
     // 16-byte index units when every unit stays inside one row and is 16-byte aligned.
@@ -169,7 +175,7 @@ Status dequant_selected_kv(const DequantSelectedParams& p, cudaStream_t stream) 
     const int64_t row_tasks = (rows + r - 1) / r;
     const int64_t idx_tasks = (k.idx_units + units_per_task - 1) / units_per_task;
     k.tasks = row_tasks > idx_tasks ? row_tasks : idx_tasks;
-    SELKV_RETURN_IF_ERROR(launch_tasks(rope ? full_pool_kernel<true>(r, vec) : full_pool_kernel<false>(r, vec), k,
+    SELKV_RETURN_IF_ERROR(launch_tasks(rope ? full_pool_kernel<true>(r, vec, ef) : full_pool_kernel<false>(r, vec, ef), k,
                                        stream));
   }
   return detail::launch_status(kOp);

@@ -97,7 +97,19 @@ struct DequantBatch {
   uint4 rope[kR / 4];      // lane l: 16 B chunk l % 8 of row 4i + l / 8
 };
 
-template <bool kRope, int kR>
+// Record loads: L1 no-allocate (kEF = false) or evict-first streaming (ld.global.cs, kEF = true).
+template <bool kEF>
+__device__ __forceinline__ uint2 rec_ld_u2(const uint8_t* p) {
+  if constexpr (kEF) return dev::ld_stream_u2(p);
+  else return dev::ld_nc_na_u2(p);
+}
+template <bool kEF>
+__device__ __forceinline__ uint4 rec_ld_u4(const uint8_t* p) {
+  if constexpr (kEF) return dev::ld_stream_u4(p);
+  else return dev::ld_nc_na_u4(p);
+}
+
+template <bool kRope, int kR, bool kEF>
 __device__ __forceinline__ void batch_load(const DequantSelectedKernelParams& p, int64_t src,
                                            int first, int lane, DequantBatch<kR>& b) {
 #pragma unroll
@@ -109,8 +121,8 @@ __device__ __forceinline__ void batch_load(const DequantSelectedKernelParams& p,
     b.shi[r] = 0.f;
     if (ts >= 0) {
       const uint8_t* rec = p.cache + ts;
-      b.lo[r] = dev::ld_nc_na_u2(rec + fmt::kNopeOffset + 8 * lane);
-      b.hi[r] = dev::ld_nc_na_u2(rec + fmt::kNopeOffset + 256 + 8 * lane);
+      b.lo[r] = rec_ld_u2<kEF>(rec + fmt::kNopeOffset + 8 * lane);
+      b.hi[r] = rec_ld_u2<kEF>(rec + fmt::kNopeOffset + 256 + 8 * lane);
       // element 8*lane is in tile lane/16, element 256+8*lane in tile 2+lane/16
       const float* sc = reinterpret_cast<const float*>(rec + fmt::kScaleOffset) + (lane >> 4);
       b.slo[r] = __ldg(sc);
@@ -122,7 +134,7 @@ __device__ __forceinline__ void batch_load(const DequantSelectedKernelParams& p,
     for (int i = 0; i < kR / 4; ++i) {
       const int64_t rs = __shfl_sync(0xffffffffu, src, first + 4 * i + (lane >> 3));
       b.rope[i] = make_uint4(0, 0, 0, 0);
-      if (rs >= 0) b.rope[i] = dev::ld_nc_na_u4(p.cache + rs + fmt::kRopeOffset + 16 * (lane & 7));
+      if (rs >= 0) b.rope[i] = rec_ld_u4<kEF>(p.cache + rs + fmt::kRopeOffset + 16 * (lane & 7));
     }
   }
 }
@@ -157,7 +169,7 @@ __device__ __forceinline__ int32_t load_entry(const DequantSelectedKernelParams&
   return entry_slot(p, t, k);
 }
 
-template <bool kRope, int kR, bool kPipe>
+template <bool kRope, int kR, bool kPipe, bool kEF>
 __global__ void __launch_bounds__(kDequantThreads)
 dequant_selected_rows_kernel(const DequantSelectedKernelParams p) {
   static_assert(kR == 4 || kR == 8, "rows per batch");
@@ -187,12 +199,12 @@ dequant_selected_rows_kernel(const DequantSelectedKernelParams p) {
     if (valid == 0) continue;
     if constexpr (kPipe) {
       DequantBatch<kR> a, b;
-      batch_load<kRope, kR>(p, src, 0, lane, a);
+      batch_load<kRope, kR, kEF>(p, src, 0, lane, a);
 #pragma unroll
       for (int f = 0; f < kE; f += 2 * kR) {
-        if (f + kR < kE) batch_load<kRope, kR>(p, src, f + kR, lane, b);
+        if (f + kR < kE) batch_load<kRope, kR, kEF>(p, src, f + kR, lane, b);
         batch_store<kRope, kR>(p, j0 + f, valid >> f, lane, a);
-        if (f + 2 * kR < kE) batch_load<kRope, kR>(p, src, f + 2 * kR, lane, a);
+        if (f + 2 * kR < kE) batch_load<kRope, kR, kEF>(p, src, f + 2 * kR, lane, a);
         if (f + kR < kE) batch_store<kRope, kR>(p, j0 + f + kR, valid >> (f + kR), lane, b);
       }
     } else {
@@ -201,7 +213,7 @@ dequant_selected_rows_kernel(const DequantSelectedKernelParams p) {
         constexpr uint32_t kMask = (1u << kR) - 1u;
         if (((valid >> f) & kMask) == 0) continue;  // warp-uniform
         DequantBatch<kR> a;
-        batch_load<kRope, kR>(p, src, f, lane, a);
+        batch_load<kRope, kR, kEF>(p, src, f, lane, a);
         batch_store<kRope, kR>(p, j0 + f, valid >> f, lane, a);
       }
     }
@@ -214,7 +226,7 @@ struct IndexVec {
   int32_t v[kV];
 };
 
-template <bool kRope, int kR, int kV>
+template <bool kRope, int kR, int kV, bool kEF>
 __global__ void __launch_bounds__(kDequantThreads)
 dequant_full_pool_kernel(const DequantSelectedKernelParams p) {
   static_assert(kR == 4 || kR == 8, "rows per batch");
@@ -255,7 +267,7 @@ dequant_full_pool_kernel(const DequantSelectedKernelParams p) {
     const uint32_t valid = __ballot_sync(0xffffffffu, src >= 0);
     if (valid != 0) {
       DequantBatch<kR> a;
-      batch_load<kRope, kR>(p, src, 0, lane, a);
+      batch_load<kRope, kR, kEF>(p, src, 0, lane, a);
       batch_store<kRope, kR>(p, row0, valid, lane, a);
     }
     // Index writes: valid ? slot : -1 (DESIGN §2: k < topk_length[t] and 0 <= slot < P).
