@@ -22,16 +22,21 @@ inline constexpr int kDimNope = fmt::kNopeDim; // 512
 inline constexpr int kNumKBufs = 2;            // double-buffered dequantized KV
 
 // Warpgroup roles: WG0 = producer (index math, masking, FP8 -> bf16 dequant into smem),
-// WG1/WG2 = consumers (consumer c owns tokens [32c, 32c+32) of S and dims [256c, 256c+256) of O).
+// WG1 = softmax WG (S for all 64 tokens, online softmax, P, O dims [0, 256) with P in registers),
+// WG2 = PV WG (O dims [256, 512) with P from smem). See the consumer section of the kernel.
 inline constexpr int kNumThreads = 384;
 inline constexpr int kNumConsumerThreads = 256;
-inline constexpr int kProducerRegs = 120;  // setmaxnreg.dec (two rounds of records in registers)
-inline constexpr int kConsumerRegs = 192;  // setmaxnreg.inc; 128*120 + 256*192 = 384*168 (launch)
-inline constexpr int kTokensPerConsumer = kBlockN / 2;  // 32
+inline constexpr int kProducerRegs = 120;   // setmaxnreg.dec
+inline constexpr int kSoftmaxWgRegs = 216;  // setmaxnreg.inc: O (128) + S (32) + P (16) + state
+inline constexpr int kPvWgRegs = 168;       // launch value (no setmaxnreg): O (128) + state
+inline constexpr int kTokensPerConsumer = kBlockN / 2;  // 32: the H = 128 cluster halves of a block
 inline constexpr int kDimVPerConsumer = kDimV / 2;      // 256
+// setmaxnreg moves registers between the warpgroups of a CTA: the sum stays the launch total,
+// 3 x 168 (__launch_bounds__(384, 1) on 64K registers).
+static_assert(kProducerRegs + kSoftmaxWgRegs + kPvWgRegs == 3 * 168, "setmaxnreg budget");
 
 // Named barriers (id 0 is __syncthreads).
-enum class NamedBar : uint32_t { kMaxExchange = 1, kPReady = 2, kRowSum = 3, kQReady = 4 };
+enum class NamedBar : uint32_t { kPReady = 1, kPFree = 2, kRowSum = 3, kQReady = 4, kProducerHalfDone = 5 };
 
 // All bf16 tiles are K-major with the 128-byte swizzle. K/Q tiles are laid out row-group-major
 // (Step<_2,_1>): element (t, d) sits at (t/8)*4608 + (d/64)*512 + (t%8)*64 + d%64 (pre-swizzle),
@@ -65,7 +70,10 @@ inline constexpr int kKHalfTokenOffset = (kTokensPerConsumer / 8) * (kDimQK / 64
 inline constexpr int kVHalfDimOffset = (kDimVPerConsumer / 64) * 512;                    // 2048
 
 using TiledMmaQK = decltype(make_tiled_mma(
-    SM90_64x32x16_F32BF16BF16_SS<GMMA::Major::K, GMMA::Major::K>{}, Layout<Shape<_1, _1, _1>>{}));
+    SM90_64x64x16_F32BF16BF16_SS<GMMA::Major::K, GMMA::Major::K>{}, Layout<Shape<_1, _1, _1>>{}));
+// WG1: P from registers (RS); WG2: P from the shared P tile (SS).
+using TiledMmaPVrs = decltype(make_tiled_mma(
+    SM90_64x256x16_F32BF16BF16_RS<GMMA::Major::K, GMMA::Major::MN>{}, Layout<Shape<_1, _1, _1>>{}));
 using TiledMmaPV = decltype(make_tiled_mma(
     SM90_64x256x16_F32BF16BF16_SS<GMMA::Major::K, GMMA::Major::MN>{}, Layout<Shape<_1, _1, _1>>{}));
 
@@ -73,8 +81,9 @@ struct alignas(1024) SharedStorage {
   alignas(1024) bf16_t q[cosize_v<SmemLayoutQ>];             // 72 KB
   alignas(1024) bf16_t k[kNumKBufs][cosize_v<SmemLayoutK>];  // 2 x 72 KB
   alignas(1024) bf16_t p[cosize_v<SmemLayoutP>];             // 8 KB
-  alignas(16) float row_max[2][2][kBlockM];  // [iteration parity][consumer][row]
-  alignas(16) float row_sum[2][kBlockM];     // [consumer][row]
+  alignas(16) float row_scale[kBlockM];  // WG1 -> WG2: O rescale factor of the current block
+  alignas(16) float row_max[kBlockM];    // WG1 -> WG2 at row end: running max (logit units)
+  alignas(16) float row_sum[kBlockM];    // WG1 -> WG2 at row end: softmax denominator
   alignas(16) uint8_t kv_valid[kNumKBufs][kBlockN];
   alignas(8) uint64_t bar_full[kNumKBufs];   // producer -> consumers, 128 arrivals
   alignas(8) uint64_t bar_empty[kNumKBufs];  // consumer warps -> producer(s): 8 (H=64) / 16 (H=128, both CTAs)

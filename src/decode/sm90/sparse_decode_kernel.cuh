@@ -15,17 +15,18 @@
 #include "decode/sm90/config.h"
 #include "sm90/common.cuh"
 
-// Experiment switch (decode v4 probe): how the producer's generic smem writes reach the async proxy
-// (wgmma). 0: producer fence.proxy.async before its bar_full arrive (v3); 1: consumer-side fence after
-// its bar_full wait (the producer never executes the MEMBAR, so it never waits on its in-flight
-// loads); 2: the producer writes its own tile with st.async (tx bytes on bar_remote), no fence.
-#ifndef SELKV_DECODE_FENCE_MODE
-#define SELKV_DECODE_FENCE_MODE 0
+// H = 128 crossover transport (A/B switch, default 1): 1 = the producer writes its 32 tokens into
+// its own tile and one thread copies that contiguous 36 KB half into the peer CTA with one
+// cp.async.bulk shared::cta -> shared::cluster (completing tx bytes on the peer's bar_remote);
+// 0 = v2/v3: every producer thread also st.async's its 16-byte chunks to the peer (STAS measured at
+// ~15 B/clk per SM: ~2,500 clk of producer time per 32-token round).
+#ifndef SELKV_DECODE_XOVER_BULK
+#define SELKV_DECODE_XOVER_BULK 1
 #endif
 
 namespace selkv::decode::sm90 {
 
-inline constexpr int kFenceMode = SELKV_DECODE_FENCE_MODE;
+inline constexpr bool kXoverBulk = SELKV_DECODE_XOVER_BULK != 0;
 
 // Cycle probe (SELKV_DECODE_PROBE=1 builds only; never in the library default): thread 0 of the
 // producer and of each consumer warpgroup accumulates clock64 deltas per phase and prints them
@@ -135,6 +136,17 @@ __device__ __forceinline__ void st_async_16(uint32_t remote_addr, uint4 v, uint3
       : "memory");
 }
 
+// Bulk copy of `bytes` (multiple of 16) from this CTA's smem to a peer CTA's smem (shared::cluster
+// addresses), completing `bytes` transaction bytes on the peer's mbarrier. Async proxy: the
+// source's generic-proxy writes must be fenced (fence.proxy.async) by their writers before.
+__device__ __forceinline__ void bulk_copy_to_peer(uint32_t remote_dst, uint32_t local_src, uint32_t bytes,
+                                                  uint32_t remote_bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(remote_dst),
+      "r"(local_src), "r"(bytes), "r"(remote_bar)
+      : "memory");
+}
+
 // 16-byte load of the global record bytes at `gptr` when `valid`, else zeros with no memory
 // access (an invalid index is never dereferenced). Deliberately a *generic* ld (LD.E.128, not
 // LDG.E.128.CONSTANT): ptxas cannot prove it does not alias the producer's shared stores and
@@ -215,9 +227,8 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
   const int c0 = ((2 * q) ^ l7) << 3, c1 = ((2 * q + 1) ^ l7) << 3;
   const int r0 = (kDimNope / 64) * 512 + ((q ^ l7) << 3), r1 = (kDimNope / 64) * 512 + (((q + 4) ^ l7) << 3);
   constexpr int kHalfOff = (32 / 8) * kKRowGroupStride;  // tokens [32, 64)
-  uint32_t peer_smem = 0, self_smem = 0;
+  uint32_t peer_smem = 0;
   if constexpr (kCluster == 2) peer_smem = map_smem_to_rank(smem_u32(&ss), rank ^ 1u);
-  if constexpr (kFenceMode == 2) self_smem = map_smem_to_rank(smem_u32(&ss), rank);
 
   BlockCursor cur;
   cur.init(it);
@@ -303,11 +314,10 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
       SELKV_PROBE(pr_empty += probe_clk() - pe0;)
       // The wait asm has no memory clobber: keep every smem store of this round below it.
       asm volatile("" ::: "memory");
-      if constexpr (kCluster == 2 || kFenceMode == 2) {
-        // This CTA's half of the tile arrives from the peer (mode 2: the whole tile arrives by
-        // st.async): expect its bytes (after the empty wait, so the previous phase of bar_remote
-        // has completed).
-        constexpr uint32_t kTxBytes = uint32_t((kFenceMode == 2 ? kBlockN : kTokensPerConsumer) * kDimQK * sizeof(bf16_t));
+      if constexpr (kCluster == 2) {
+        // This CTA's half of the tile arrives from the peer: expect its bytes (after the empty
+        // wait, so the previous phase of bar_remote has completed).
+        constexpr uint32_t kTxBytes = uint32_t(kTokensPerConsumer * kDimQK * sizeof(bf16_t));
         if (threadIdx.x == 0)
           cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&ss.bar_remote[buf], kTxBytes);
       }
@@ -316,19 +326,13 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
     const int half = kCluster == 2 ? int(rank) : int(rin);
     const int base = half * kHalfOff + row_base;
     bf16_t* sk = ss.k[buf];
-    uint32_t peer_k = 0, peer_bar = 0, self_k = 0, self_bar = 0;
+    uint32_t peer_k = 0, peer_bar = 0;
     if constexpr (kCluster == 2) {
       peer_k = peer_smem + uint32_t(reinterpret_cast<uint8_t*>(sk) - reinterpret_cast<uint8_t*>(&ss));
       peer_bar = peer_smem + uint32_t(reinterpret_cast<uint8_t*>(&ss.bar_remote[buf]) - reinterpret_cast<uint8_t*>(&ss));
     }
-    if constexpr (kFenceMode == 2) {
-      self_k = self_smem + uint32_t(reinterpret_cast<uint8_t*>(sk) - reinterpret_cast<uint8_t*>(&ss));
-      self_bar = self_smem + uint32_t(reinterpret_cast<uint8_t*>(&ss.bar_remote[buf]) - reinterpret_cast<uint8_t*>(&ss));
-    }
-    auto store_local = [&](int off, uint4 v) {
-      if constexpr (kFenceMode == 2) st_async_16(self_k + 2u * uint32_t(off), v, self_bar);
-      else *reinterpret_cast<uint4*>(sk + off) = v;
-    };
+    constexpr bool kStAsyncToPeer = kCluster == 2 && !kXoverBulk;
+    auto store_local = [&](int off, uint4 v) { *reinterpret_cast<uint4*>(sk + off) = v; };
     CUTE_UNROLL
     for (int d = 0; d < 8; ++d) {
       const float s = (d >> 1) == 0 ? r.sc.x : (d >> 1) == 1 ? r.sc.y : (d >> 1) == 2 ? r.sc.z : r.sc.w;
@@ -340,7 +344,7 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
       const int o0 = base + d * 512 + c0, o1 = base + d * 512 + c1;
       store_local(o0, lo);
       store_local(o1, hi);
-      if constexpr (kCluster == 2) {
+      if constexpr (kStAsyncToPeer) {
         st_async_16(peer_k + 2u * uint32_t(o0), lo, peer_bar);
         st_async_16(peer_k + 2u * uint32_t(o1), hi, peer_bar);
       }
@@ -348,7 +352,7 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
     }
     store_local(base + r0, r.rope[0]);
     store_local(base + r1, r.rope[1]);
-    if constexpr (kCluster == 2) {
+    if constexpr (kStAsyncToPeer) {
       st_async_16(peer_k + 2u * uint32_t(base + r0), r.rope[0], peer_bar);
       st_async_16(peer_k + 2u * uint32_t(base + r1), r.rope[1], peer_bar);
     }
@@ -359,9 +363,17 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
       if (q == 1) ss.kv_valid[buf][32 * int(rank ^ 1u) + tl] = uint8_t(idx2v);
     }
     if (rin == kRounds - 1) {
-      // Generic-proxy smem writes -> visible to wgmma (async proxy), then publish.
-      if constexpr (kFenceMode == 0) cutlass::arch::fence_view_async_shared();
+      // Generic-proxy smem writes -> visible to wgmma and the bulk copy (async proxy), then publish.
+      cutlass::arch::fence_view_async_shared();
       cutlass::arch::ClusterBarrier::arrive(&ss.bar_full[buf]);
+      if constexpr (kCluster == 2 && kXoverBulk) {
+        // Every producer thread's half-tile stores are fenced: one thread ships the half.
+        cutlass::arch::NamedBarrier::sync(128, uint32_t(NamedBar::kProducerHalfDone));
+        if (threadIdx.x == 0) {
+          const uint32_t off = uint32_t(half * kHalfOff) * uint32_t(sizeof(bf16_t));
+          bulk_copy_to_peer(peer_k + off, smem_u32(sk) + off, uint32_t(kHalfOff * sizeof(bf16_t)), peer_bar);
+        }
+      }
     }
   };
 
@@ -405,77 +417,160 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
 }
 
 // ---- consumer warpgroups --------------------------------------------------------------------
+// v4 split (FlashMLA's public SM90 design, written our own way): WG1 ("softmax WG") computes
+// S = Q K^T for all 64 tokens of a block (wgmma m64n64k16: Q is read from smem once per block,
+// not once per consumer), owns the whole online softmax (no row-max exchange), keeps P in
+// registers as the A operand of its O_0 += P V_0 (RS wgmma, d_v [0, 256)) and publishes P (bf16
+// tile) and the per-row rescale factor to WG2 ("PV WG"), which only does O_1 = O_1 * scale +
+// P V_1 (SS wgmma, d_v [256, 512)). WG2's PV of block i overlaps WG1's S of block i + 1.
+//
 // Accumulator fragment of wgmma m64nNk16 (f32), value i of thread (warp w, lane l):
 //   row = 16 w + l / 4 + 8 * ((i >> 1) & 1), col = 8 * (i >> 2) + 2 * (l % 4) + (i & 1).
-template <int kNumHeads>
-__device__ __forceinline__ void run_consumer(const DecodeKernelParams& p, SharedStorage& ss,
-                                             PartIter it, int cw /* 0 or 1 */) {
-  const int tid_wg = int(threadIdx.x) - 128 * (cw + 1);
+// The A-operand register fragment of m64n256k16 (RS) for k-block kb holds, in the same order,
+// accumulator values [8 kb, 8 kb + 8) of S, so P goes to registers with a flat copy.
+
+// Shared per-row state of the epilogue (both consumer warpgroups of one row).
+struct RowStats {
+  float m0, m1, l0, l1;
+};
+
+// Epilogue of one row for consumer `cw` (owns d_v [256 cw, 256 cw + 256)): normalize, then bf16
+// out + lse (unsplit) or fp32 partial + partial lse (split).
+template <int kNumHeads, typename TensorO>
+__device__ __forceinline__ void store_row(const DecodeKernelParams& p, const RowWork& w, int cw, int lane,
+                                          int r0, int r1, const RowStats& st, TensorO& tOrO) {
+  constexpr float kNegInf = -INFINITY;
+  const int32_t b = w.row / p.seq_q, s = w.row - (w.row / p.seq_q) * p.seq_q;
+  const int head_base = int(blockIdx.x) * kBlockM;
+  const bool any0 = st.l0 > 0.f, any1 = st.l1 > 0.f;
+  const float lse0 = any0 ? st.m0 * p.sm_scale + logf(st.l0) : kNegInf;
+  const float lse1 = any1 ? st.m1 * p.sm_scale + logf(st.l1) : kNegInf;
+  float f0 = any0 ? 1.f / st.l0 : 0.f, f1 = any1 ? 1.f / st.l1 : 0.f;
+  const int h0 = head_base + r0, h1 = head_base + r1;
+  const int col0 = cw * kDimVPerConsumer + 2 * (lane & 3);
+  if (w.split) {
+    float* acc0 = p.accum_out + (int64_t(w.slot) * kNumHeads + h0) * kDimV + col0;
+    float* acc1 = p.accum_out + (int64_t(w.slot) * kNumHeads + h1) * kDimV + col0;
+    CUTE_UNROLL
+    for (int i = 0; i < size(tOrO); i += 4) {
+      const int c = 8 * (i >> 2);
+      *reinterpret_cast<float2*>(acc0 + c) = make_float2(tOrO(i) * f0, tOrO(i + 1) * f0);
+      *reinterpret_cast<float2*>(acc1 + c) = make_float2(tOrO(i + 2) * f1, tOrO(i + 3) * f1);
+    }
+    if (cw == 0 && (lane & 3) == 0) {
+      p.accum_lse[int64_t(w.slot) * kNumHeads + h0] = lse0;
+      p.accum_lse[int64_t(w.slot) * kNumHeads + h1] = lse1;
+    }
+  } else {
+    if (p.attn_sink != nullptr) {
+      if (any0) f0 *= 1.f / (1.f + expf(p.attn_sink[h0] - lse0));
+      if (any1) f1 *= 1.f / (1.f + expf(p.attn_sink[h1] - lse1));
+    }
+    uint16_t* orow = p.out + b * p.out_batch_stride + s * p.out_seq_stride;
+    uint16_t* o0 = orow + int64_t(h0) * p.out_head_stride + col0;
+    uint16_t* o1 = orow + int64_t(h1) * p.out_head_stride + col0;
+    CUTE_UNROLL
+    for (int i = 0; i < size(tOrO); i += 4) {
+      const int c = 8 * (i >> 2);
+      *reinterpret_cast<uint32_t*>(o0 + c) = bf16x2_bits(tOrO(i) * f0, tOrO(i + 1) * f0);
+      *reinterpret_cast<uint32_t*>(o1 + c) = bf16x2_bits(tOrO(i + 2) * f1, tOrO(i + 3) * f1);
+    }
+    if (cw == 0 && (lane & 3) == 0) {
+      float* lrow = p.lse + b * p.lse_batch_stride + s * p.lse_seq_stride;
+      lrow[h0] = lse0;
+      lrow[h1] = lse1;
+    }
+  }
+}
+
+// Q [64 heads x 576] of row `w` -> smem, by both consumer warpgroups (256 threads). The caller
+// guarantees every wgmma of the previous row has completed (the row-end barrier).
+__device__ __forceinline__ void load_q_tile(const DecodeKernelParams& p, SharedStorage& ss, const RowWork& w) {
   const int tid_c = int(threadIdx.x) - 128;  // 0..255 over both consumers
+  const int head_base = int(blockIdx.x) * kBlockM;
+  const int32_t b = w.row / p.seq_q, s = w.row - (w.row / p.seq_q) * p.seq_q;
+  const uint16_t* qrow = p.q + b * p.q_batch_stride + s * p.q_seq_stride;
+  constexpr int kChunksPerHead = kDimQK / 8;  // 72 x 16 bytes
+#pragma unroll 1
+  for (int c0 = 0; c0 < kBlockM * kChunksPerHead; c0 += kNumConsumerThreads * 6) {
+    uint4 v[6];
+    CUTE_UNROLL
+    for (int u = 0; u < 6; ++u) {
+      const int c = c0 + u * kNumConsumerThreads + tid_c;
+      const int h = c / kChunksPerHead, cc = c - (c / kChunksPerHead) * kChunksPerHead;
+      v[u] = __ldg(reinterpret_cast<const uint4*>(qrow + int64_t(head_base + h) * p.q_head_stride + cc * 8));
+    }
+    CUTE_UNROLL
+    for (int u = 0; u < 6; ++u) {
+      const int c = c0 + u * kNumConsumerThreads + tid_c;
+      const int h = c / kChunksPerHead, cc = c - (c / kChunksPerHead) * kChunksPerHead;
+      *reinterpret_cast<uint4*>(ss.q + k_tile_offset(h, cc * 8)) = v[u];
+    }
+  }
+  static_assert((kBlockM * kChunksPerHead) % (kNumConsumerThreads * 6) == 0);
+  cutlass::arch::fence_view_async_shared();
+  cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(NamedBar::kQReady));
+}
+
+// Wait until block `buf` (phase) is complete in this CTA: the local producer's part (bar_full),
+// and for H = 128 the peer's part (bar_remote).
+template <int kNumHeads>
+__device__ __forceinline__ void wait_kv_tile(SharedStorage& ss, int buf, uint32_t phase) {
+  cutlass::arch::ClusterBarrier::wait(&ss.bar_full[buf], phase);
+  if constexpr (kNumHeads == 128) cutlass::arch::ClusterBarrier::wait(&ss.bar_remote[buf], phase);
+}
+
+// Return buffer `buf` to the producer(s): one arrival per consumer warp, on this CTA's and
+// (H = 128) the peer's empty barrier (the peer's producer writes half of this tile).
+template <int kNumHeads>
+__device__ __forceinline__ void release_kv_tile(SharedStorage& ss, int buf, int lane) {
+  __syncwarp();
+  if constexpr (kNumHeads == 128) {
+    cutlass::arch::ClusterBarrier::arrive(&ss.bar_empty[buf], 0u, uint32_t(lane == 0));
+    cutlass::arch::ClusterBarrier::arrive(&ss.bar_empty[buf], 1u, uint32_t(lane == 0));
+  } else {
+    if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&ss.bar_empty[buf]);
+  }
+}
+
+// WG1: S, softmax, P, O_0 += P V_0.
+template <int kNumHeads>
+__device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, SharedStorage& ss, PartIter it) {
+  const int tid_wg = int(threadIdx.x) - 128;
   const int warp_wg = tid_wg / 32, lane = tid_wg % 32;
   const int r0 = warp_wg * 16 + lane / 4, r1 = r0 + 8;
-  const int head_base = int(blockIdx.x) * kBlockM;  // grid (H / 64, parts)
   const float sl2 = p.sm_scale_log2;
   constexpr float kNegInf = -INFINITY;
 
   TiledMmaQK mma_qk;
-  TiledMmaPV mma_pv;
+  TiledMmaPVrs mma_pv;
   auto thr_qk = mma_qk.get_thread_slice(tid_wg);
   auto thr_pv = mma_pv.get_thread_slice(tid_wg);
   Tensor sQ = make_tensor(make_smem_ptr(ss.q), SmemLayoutQ{});
-  Tensor sP = make_tensor(make_smem_ptr(ss.p), SmemLayoutP{});
   Tensor tSrQ = thr_qk.partition_fragment_A(sQ);  // (MMA, 1, 36) descriptors
-  Tensor tOrP = thr_pv.partition_fragment_A(sP);  // (MMA, 1, 4)
   Tensor tOrO = partition_fragment_C(mma_pv, Shape<Int<kBlockM>, Int<kDimVPerConsumer>>{});
+  Tensor tOrP = make_tensor<bf16_t>(partition_shape_A(mma_pv, Shape<Int<kBlockM>, Int<kBlockN>>{}));
   static_assert(decltype(size(tOrO))::value == 128);
+  static_assert(decltype(size(tOrP))::value == 32);
 
   int buf = 0;
   uint32_t phase = 0;
-  uint32_t iter = 0;
   RowWork w;
   SELKV_PROBE(unsigned long long pc[8] = {0, 0, 0, 0, 0, 0, 0, 0}; const unsigned long long ct0 = probe_clk();)
   while (it.next(w)) {
-    const int32_t b = w.row / p.seq_q, s = w.row - (w.row / p.seq_q) * p.seq_q;
-
-    // Q [64 heads x 576] -> smem (previous row's wgmmas all completed: see the row-sum barrier).
-    {
-      const uint16_t* qrow = p.q + b * p.q_batch_stride + s * p.q_seq_stride;
-      constexpr int kChunksPerHead = kDimQK / 8;  // 72 x 16 bytes
-#pragma unroll 1
-      for (int c0 = 0; c0 < kBlockM * kChunksPerHead; c0 += kNumConsumerThreads * 6) {
-        uint4 v[6];
-        CUTE_UNROLL
-        for (int u = 0; u < 6; ++u) {
-          const int c = c0 + u * kNumConsumerThreads + tid_c;
-          const int h = c / kChunksPerHead, cc = c - (c / kChunksPerHead) * kChunksPerHead;
-          v[u] = __ldg(reinterpret_cast<const uint4*>(qrow + int64_t(head_base + h) * p.q_head_stride + cc * 8));
-        }
-        CUTE_UNROLL
-        for (int u = 0; u < 6; ++u) {
-          const int c = c0 + u * kNumConsumerThreads + tid_c;
-          const int h = c / kChunksPerHead, cc = c - (c / kChunksPerHead) * kChunksPerHead;
-          *reinterpret_cast<uint4*>(ss.q + k_tile_offset(h, cc * 8)) = v[u];
-        }
-      }
-      static_assert((kBlockM * kChunksPerHead) % (kNumConsumerThreads * 6) == 0);
-      cutlass::arch::fence_view_async_shared();
-      cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(NamedBar::kQReady));
-    }
-
+    load_q_tile(p, ss, w);
     clear(tOrO);
     float m0 = kNegInf, m1 = kNegInf, l0 = 0.f, l1 = 0.f;
 
     for (int32_t blk = w.blk_begin; blk < w.blk_end; ++blk) {
       SELKV_PROBE(const unsigned long long c0 = probe_clk();)
-      cutlass::arch::ClusterBarrier::wait(&ss.bar_full[buf], phase);
-      if constexpr (kNumHeads == 128 || kFenceMode == 2) cutlass::arch::ClusterBarrier::wait(&ss.bar_remote[buf], phase);
-      if constexpr (kFenceMode == 1) cutlass::arch::fence_view_async_shared();  // producer's st.shared -> wgmma
+      wait_kv_tile<kNumHeads>(ss, buf, phase);
       SELKV_PROBE(const unsigned long long c1 = probe_clk(); pc[0] += c1 - c0;)
 
-      // S = Q K_cw^T over 576 dims, for this consumer's 32 tokens.
-      Tensor sKh = make_tensor(make_smem_ptr(ss.k[buf] + cw * kKHalfTokenOffset), SmemLayoutKHalf{});
-      Tensor tSrK = thr_qk.partition_fragment_B(sKh);  // (MMA, 1, 36)
-      Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kBlockM>, Int<kTokensPerConsumer>>{});
+      // S = Q K^T over 576 dims for the block's 64 tokens.
+      Tensor sK = make_tensor(make_smem_ptr(ss.k[buf]), SmemLayoutK{});
+      Tensor tSrK = thr_qk.partition_fragment_B(sK);  // (MMA, 1, 36)
+      Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});
       warpgroup_fence_operand(tSrS);
       warpgroup_arrive();
       mma_qk.accumulate_ = GMMA::ScaleOut::Zero;
@@ -489,11 +584,11 @@ __device__ __forceinline__ void run_consumer(const DecodeKernelParams& p, Shared
       warpgroup_fence_operand(tSrS);
       SELKV_PROBE(const unsigned long long c2 = probe_clk(); pc[1] += c2 - c1;)
 
-      // Mask invalid tokens, row maxima, exchange with the other consumer.
+      // Mask invalid tokens, row maxima (a row lives in one quad of lanes).
       float mx0 = kNegInf, mx1 = kNegInf;
       CUTE_UNROLL
       for (int i = 0; i < size(tSrS); ++i) {
-        const int t = cw * kTokensPerConsumer + 8 * (i >> 2) + 2 * (lane & 3) + (i & 1);
+        const int t = 8 * (i >> 2) + 2 * (lane & 3) + (i & 1);
         if (!ss.kv_valid[buf][t]) tSrS(i) = kNegInf;
         if ((i >> 1) & 1) mx1 = fmaxf(mx1, tSrS(i)); else mx0 = fmaxf(mx0, tSrS(i));
       }
@@ -501,15 +596,6 @@ __device__ __forceinline__ void run_consumer(const DecodeKernelParams& p, Shared
       mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
       mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
       mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-      const int par = iter & 1;
-      if ((lane & 3) == 0) {
-        ss.row_max[par][cw][r0] = mx0;
-        ss.row_max[par][cw][r1] = mx1;
-      }
-      cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(NamedBar::kMaxExchange));
-      SELKV_PROBE(const unsigned long long c3 = probe_clk(); pc[2] += c3 - c2;)
-      mx0 = fmaxf(mx0, ss.row_max[par][cw ^ 1][r0]);
-      mx1 = fmaxf(mx1, ss.row_max[par][cw ^ 1][r1]);
       const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
       const float mu0 = mn0 == kNegInf ? 0.f : mn0;  // nothing valid yet: keep exp2 finite
       const float mu1 = mn1 == kNegInf ? 0.f : mn1;
@@ -518,7 +604,7 @@ __device__ __forceinline__ void run_consumer(const DecodeKernelParams& p, Shared
       m0 = mn0;
       m1 = mn1;
 
-      // P = exp2(s * scale_log2 - m * scale_log2) -> bf16 into the shared P tile.
+      // P = exp2(s * scale_log2 - m * scale_log2): row sums in fp32, P in bf16 registers.
       float ps0 = 0.f, ps1 = 0.f;
       CUTE_UNROLL
       for (int i = 0; i < size(tSrS); ++i) {
@@ -531,101 +617,126 @@ __device__ __forceinline__ void run_consumer(const DecodeKernelParams& p, Shared
       l1 = l1 * sc1 + ps1;
       CUTE_UNROLL
       for (int i = 0; i < size(tSrS); i += 2) {
-        const int row = ((i >> 1) & 1) ? r1 : r0;
-        const int col = cw * kTokensPerConsumer + 8 * (i >> 2) + 2 * (lane & 3);
-        *reinterpret_cast<uint32_t*>(ss.p + p_tile_offset(row, col)) = bf16x2_bits(tSrS(i), tSrS(i + 1));
+        const uint32_t v = bf16x2_bits(tSrS(i), tSrS(i + 1));
+        *reinterpret_cast<uint32_t*>(&tOrP(i)) = v;
       }
+      SELKV_PROBE(const unsigned long long c3 = probe_clk(); pc[2] += c3 - c2;)
+
+      // Publish P and the rescale factors to WG2 (after it has finished with the previous ones).
+      if (blk != w.blk_begin) cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(NamedBar::kPFree));
+      CUTE_UNROLL
+      for (int i = 0; i < size(tOrP); i += 2) {
+        const int row = ((i >> 1) & 1) ? r1 : r0;
+        const int col = 8 * (i >> 2) + 2 * (lane & 3);
+        *reinterpret_cast<uint32_t*>(ss.p + p_tile_offset(row, col)) = *reinterpret_cast<const uint32_t*>(&tOrP(i));
+      }
+      if ((lane & 3) == 0) {
+        ss.row_scale[r0] = sc0;
+        ss.row_scale[r1] = sc1;
+      }
+      cutlass::arch::fence_view_async_shared();  // P tile: generic stores -> WG2's wgmma
+      cutlass::arch::NamedBarrier::arrive(kNumConsumerThreads, uint32_t(NamedBar::kPReady));
       CUTE_UNROLL
       for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= ((i >> 1) & 1) ? sc1 : sc0;
-      cutlass::arch::fence_view_async_shared();
-      cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(NamedBar::kPReady));
       SELKV_PROBE(const unsigned long long c4 = probe_clk(); pc[3] += c4 - c3;)
 
-      // O_cw += P V_cw (V = first 512 dims of the same KV tile, read MN-major).
-      Tensor sVh = make_tensor(make_smem_ptr(ss.k[buf] + cw * kVHalfDimOffset), SmemLayoutVHalf{});
-      Tensor tOrV = thr_pv.partition_fragment_B(sVh);  // (MMA, 1, 4)
+      // O_0 += P V_0 (V = first 512 dims of the same KV tile, read MN-major).
+      Tensor sV = make_tensor(make_smem_ptr(ss.k[buf]), SmemLayoutVHalf{});
+      Tensor tOrV = thr_pv.partition_fragment_B(sV);  // (MMA, 1, 4)
       warpgroup_fence_operand(tOrO);
       warpgroup_arrive();
       CUTE_UNROLL
-      for (int kb = 0; kb < size<2>(tOrP); ++kb) {
-        cute::gemm(mma_pv, tOrP(_, _, kb), tOrV(_, _, kb), tOrO);
-      }
+      for (int kb = 0; kb < size<2>(tOrP); ++kb) cute::gemm(mma_pv, tOrP(_, _, kb), tOrV(_, _, kb), tOrO);
       warpgroup_commit_batch();
       warpgroup_wait<0>();
       warpgroup_fence_operand(tOrO);
       SELKV_PROBE(const unsigned long long c5 = probe_clk(); pc[4] += c5 - c4;)
 
-      // Release the buffer: one arrival per consumer warp, on this CTA's and (H = 128) the
-      // peer's empty barrier (the peer's producer writes half of this tile).
-      __syncwarp();
-      if constexpr (kNumHeads == 128) {
-        cutlass::arch::ClusterBarrier::arrive(&ss.bar_empty[buf], 0u, uint32_t(lane == 0));
-        cutlass::arch::ClusterBarrier::arrive(&ss.bar_empty[buf], 1u, uint32_t(lane == 0));
-      } else {
-        if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&ss.bar_empty[buf]);
-      }
+      release_kv_tile<kNumHeads>(ss, buf, lane);
       if (++buf == kNumKBufs) { buf = 0; phase ^= 1u; }
-      ++iter;
       SELKV_PROBE(pc[5] += probe_clk() - c5; pc[6] += 1;)
     }
 
-    // ---- epilogue: total row sums, lse, output ----
+    // Row end: total row sums and maxima -> smem for WG2; the barrier also orders every wgmma of
+    // this row before the next row's Q load.
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
     l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
     l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
     l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
     if ((lane & 3) == 0) {
-      ss.row_sum[cw][r0] = l0;
-      ss.row_sum[cw][r1] = l1;
+      ss.row_sum[r0] = l0;
+      ss.row_sum[r1] = l1;
+      ss.row_max[r0] = m0;
+      ss.row_max[r1] = m1;
     }
     cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(NamedBar::kRowSum));
-    const float L0 = cw == 0 ? l0 + ss.row_sum[1][r0] : ss.row_sum[0][r0] + l0;
-    const float L1 = cw == 0 ? l1 + ss.row_sum[1][r1] : ss.row_sum[0][r1] + l1;
-    const bool any0 = L0 > 0.f, any1 = L1 > 0.f;
-    const float lse0 = any0 ? m0 * p.sm_scale + logf(L0) : kNegInf;
-    const float lse1 = any1 ? m1 * p.sm_scale + logf(L1) : kNegInf;
-    float f0 = any0 ? 1.f / L0 : 0.f, f1 = any1 ? 1.f / L1 : 0.f;
-    const int h0 = head_base + r0, h1 = head_base + r1;
-    const int col0 = cw * kDimVPerConsumer + 2 * (lane & 3);
-
-    if (w.split) {
-      float* acc0 = p.accum_out + (int64_t(w.slot) * kNumHeads + h0) * kDimV + col0;
-      float* acc1 = p.accum_out + (int64_t(w.slot) * kNumHeads + h1) * kDimV + col0;
-      CUTE_UNROLL
-      for (int i = 0; i < size(tOrO); i += 4) {
-        const int c = 8 * (i >> 2);
-        *reinterpret_cast<float2*>(acc0 + c) = make_float2(tOrO(i) * f0, tOrO(i + 1) * f0);
-        *reinterpret_cast<float2*>(acc1 + c) = make_float2(tOrO(i + 2) * f1, tOrO(i + 3) * f1);
-      }
-      if (cw == 0 && (lane & 3) == 0) {
-        p.accum_lse[int64_t(w.slot) * kNumHeads + h0] = lse0;
-        p.accum_lse[int64_t(w.slot) * kNumHeads + h1] = lse1;
-      }
-    } else {
-      if (p.attn_sink != nullptr) {
-        if (any0) f0 *= 1.f / (1.f + expf(p.attn_sink[h0] - lse0));
-        if (any1) f1 *= 1.f / (1.f + expf(p.attn_sink[h1] - lse1));
-      }
-      uint16_t* orow = p.out + b * p.out_batch_stride + s * p.out_seq_stride;
-      uint16_t* o0 = orow + int64_t(h0) * p.out_head_stride + col0;
-      uint16_t* o1 = orow + int64_t(h1) * p.out_head_stride + col0;
-      CUTE_UNROLL
-      for (int i = 0; i < size(tOrO); i += 4) {
-        const int c = 8 * (i >> 2);
-        *reinterpret_cast<uint32_t*>(o0 + c) = bf16x2_bits(tOrO(i) * f0, tOrO(i + 1) * f0);
-        *reinterpret_cast<uint32_t*>(o1 + c) = bf16x2_bits(tOrO(i + 2) * f1, tOrO(i + 3) * f1);
-      }
-      if (cw == 0 && (lane & 3) == 0) {
-        float* lrow = p.lse + b * p.lse_batch_stride + s * p.lse_seq_stride;
-        lrow[h0] = lse0;
-        lrow[h1] = lse1;
-      }
-    }
+    // WG2 reads row_sum / row_max right after kRowSum; WG1 rewrites them only after the next
+    // row's kQReady barrier, which WG2 reaches after that read.
+    store_row<kNumHeads>(p, w, 0, lane, r0, r1, RowStats{m0, m1, l0, l1}, tOrO);
   }
 #if SELKV_DECODE_PROBE
-  if (tid_wg == 0 && blockIdx.x == 0 && probe_should_print<kNumHeads>(p, 1 + cw)) {
-    printf("PROBE H%d consumer%d part=%d blocks=%llu total=%llu wait_full=%llu S=%llu mask_max_xchg=%llu softmax_P=%llu PV=%llu release=%llu\n",
-           kNumHeads, cw, int(blockIdx.y), pc[6], probe_clk() - ct0, pc[0], pc[1], pc[2], pc[3], pc[4], pc[5]);
+  if (tid_wg == 0 && blockIdx.x == 0 && probe_should_print<kNumHeads>(p, 1)) {
+    printf("PROBE H%d softmaxWG part=%d blocks=%llu total=%llu wait_full=%llu S=%llu softmax=%llu publishP=%llu PV=%llu release=%llu\n",
+           kNumHeads, int(blockIdx.y), pc[6], probe_clk() - ct0, pc[0], pc[1], pc[2], pc[3], pc[4], pc[5]);
+  }
+#endif
+}
+
+// WG2: O_1 = O_1 * scale + P V_1.
+template <int kNumHeads>
+__device__ __forceinline__ void run_pv_wg(const DecodeKernelParams& p, SharedStorage& ss, PartIter it) {
+  const int tid_wg = int(threadIdx.x) - 256;
+  const int warp_wg = tid_wg / 32, lane = tid_wg % 32;
+  const int r0 = warp_wg * 16 + lane / 4, r1 = r0 + 8;
+
+  TiledMmaPV mma_pv;
+  auto thr_pv = mma_pv.get_thread_slice(tid_wg);
+  Tensor sP = make_tensor(make_smem_ptr(ss.p), SmemLayoutP{});
+  Tensor tOrP = thr_pv.partition_fragment_A(sP);  // (MMA, 1, 4) descriptors
+  Tensor tOrO = partition_fragment_C(mma_pv, Shape<Int<kBlockM>, Int<kDimVPerConsumer>>{});
+  static_assert(decltype(size(tOrO))::value == 128);
+
+  int buf = 0;
+  uint32_t phase = 0;
+  RowWork w;
+  SELKV_PROBE(unsigned long long pc[4] = {0, 0, 0, 0}; const unsigned long long ct0 = probe_clk();)
+  while (it.next(w)) {
+    load_q_tile(p, ss, w);
+    clear(tOrO);
+    for (int32_t blk = w.blk_begin; blk < w.blk_end; ++blk) {
+      SELKV_PROBE(const unsigned long long c0 = probe_clk();)
+      cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(NamedBar::kPReady));
+      // WG1 waited for this tile before publishing P; waiting here too is free and keeps the
+      // async-proxy visibility chain explicit (producer fence -> mbarrier -> this thread).
+      wait_kv_tile<kNumHeads>(ss, buf, phase);
+      SELKV_PROBE(const unsigned long long c1 = probe_clk(); pc[0] += c1 - c0;)
+      const float sc0 = ss.row_scale[r0], sc1 = ss.row_scale[r1];
+      CUTE_UNROLL
+      for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= ((i >> 1) & 1) ? sc1 : sc0;
+
+      Tensor sV = make_tensor(make_smem_ptr(ss.k[buf] + kVHalfDimOffset), SmemLayoutVHalf{});
+      Tensor tOrV = thr_pv.partition_fragment_B(sV);  // (MMA, 1, 4)
+      warpgroup_fence_operand(tOrO);
+      warpgroup_arrive();
+      CUTE_UNROLL
+      for (int kb = 0; kb < size<2>(tOrP); ++kb) cute::gemm(mma_pv, tOrP(_, _, kb), tOrV(_, _, kb), tOrO);
+      warpgroup_commit_batch();
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tOrO);
+      SELKV_PROBE(pc[1] += probe_clk() - c1; pc[2] += 1;)
+
+      release_kv_tile<kNumHeads>(ss, buf, lane);
+      if (blk + 1 != w.blk_end) cutlass::arch::NamedBarrier::arrive(kNumConsumerThreads, uint32_t(NamedBar::kPFree));
+      if (++buf == kNumKBufs) { buf = 0; phase ^= 1u; }
+    }
+    cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(NamedBar::kRowSum));
+    const RowStats st{ss.row_max[r0], ss.row_max[r1], ss.row_sum[r0], ss.row_sum[r1]};
+    store_row<kNumHeads>(p, w, 1, lane, r0, r1, st, tOrO);
+  }
+#if SELKV_DECODE_PROBE
+  if (tid_wg == 0 && blockIdx.x == 0 && probe_should_print<kNumHeads>(p, 2)) {
+    printf("PROBE H%d pvWG part=%d blocks=%llu total=%llu wait_P=%llu PV=%llu\n", kNumHeads, int(blockIdx.y), pc[2],
+           probe_clk() - ct0, pc[0], pc[1]);
   }
 #endif
 }
@@ -667,8 +778,12 @@ sparse_decode_sm90_kernel(const __grid_constant__ DecodeKernelParams p) {
     cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
     run_producer<kNumHeads, kDynamic>(p, ss, it, rank);
   } else {
-    cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
-    run_consumer<kNumHeads>(p, ss, it, wg - 1);
+    if (wg == 1) {
+      cutlass::arch::warpgroup_reg_alloc<kSoftmaxWgRegs>();
+      run_softmax_wg<kNumHeads>(p, ss, it);
+    } else {
+      run_pv_wg<kNumHeads>(p, ss, it);  // stays at the launch budget (kPvWgRegs)
+    }
   }
   if constexpr (kCluster == 2) {
     // No CTA exits while its peer may still write its smem or arrive on its barriers.
@@ -698,7 +813,7 @@ cudaError_t launch_sparse_decode_sm90(const DecodeKernelParams& p, cudaStream_t 
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = (kNumHeads == 128 || kFenceMode == 2) ? 1 : 0;  // mode 2 uses shared::cluster addresses
+  cfg.numAttrs = kNumHeads == 128 ? 1 : 0;
   err = cudaLaunchKernelEx(&cfg, kernel, p);
   if (err != cudaSuccess) return err;
   return cudaGetLastError();
