@@ -162,7 +162,7 @@ Status dequant_selected_kv(const DequantSelectedParams& p, cudaStream_t stream) 
   const bool ef = var == 5;
 
   if (selected) {
-    k.tasks = (rows + cache::kDequantTaskEntries - 1) / cache::kDequantTaskEntries;
+    k.tasks = (rows + r - 1) / r;  // batches of r rows
     SELKV_RETURN_IF_ERROR(launch_tasks(rope ? selected_kernel<true>(r, pipe, ef) : selected_kernel<false>(r, pipe, ef), k,
                                        stream));
   } else {

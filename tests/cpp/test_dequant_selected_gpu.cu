@@ -185,7 +185,7 @@ TEST(DequantSelectedGpu, GraphReplayMatchesOracle) {
 
 // Dense strides (K % 4 == 0): the full-pool kernel copies the indices as 16-byte vectors; with
 // topk_length the window cuts inside a vector. Sizes large enough that warps run several tasks
-// (more tasks than one resident wave holds), so the selected kernel's next-task index prefetch
+// (more work than one resident wave holds in one round), so the selected kernel's next-group index prefetch
 // and the grid-stride loops are exercised.
 TEST(DequantSelectedGpu, DenseStridesAndMultiTaskWarps) {
   SELKV_REQUIRE_GPU();
