@@ -20,6 +20,10 @@ decode_combine_kernel(const DecodeKernelParams p) {
   const int32_t last_part = part_of(prefix[r + 1] - 1, T, np);
   if (first_part == last_part) return;  // not split: written by the decode kernel
   const int32_t n_splits = last_part - first_part + 1;
+  // Launched as a programmatic dependent of the decode kernel: wait for its completion (and the
+  // visibility of its partials) before reading them. The metadata above was written by an earlier
+  // kernel that had completed before the decode kernel started.
+  asm volatile("griddepcontrol.wait;" ::: "memory");
 
   const int h = blockIdx.y * kHeadsPerCombineCta + threadIdx.x / 128;
   const int d = (threadIdx.x % 128) * 4;
@@ -66,8 +70,20 @@ decode_combine_kernel(const DecodeKernelParams p) {
 }  // namespace
 
 cudaError_t launch_decode_combine(const DecodeKernelParams& p, cudaStream_t stream) {
-  dim3 grid(p.num_rows, p.num_heads / kHeadsPerCombineCta);
-  decode_combine_kernel<<<grid, kCombineThreads, 0, stream>>>(p);
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(p.num_rows, p.num_heads / kHeadsPerCombineCta, 1);
+  cfg.blockDim = dim3(kCombineThreads, 1, 1);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  // Programmatic dependent launch: the launch overlaps the decode kernel's tail (small batches
+  // are latency-bound); correctness comes from griddepcontrol.wait in the kernel.
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  const cudaError_t err = cudaLaunchKernelEx(&cfg, decode_combine_kernel, p);
+  if (err != cudaSuccess) return err;
   return cudaGetLastError();
 }
 

@@ -84,7 +84,7 @@ struct alignas(1024) SharedStorage {
   alignas(16) float row_scale[kBlockM];  // WG1 -> WG2: O rescale factor of the current block
   alignas(16) float row_max[kBlockM];    // WG1 -> WG2 at row end: running max (logit units)
   alignas(16) float row_sum[kBlockM];    // WG1 -> WG2 at row end: softmax denominator
-  alignas(16) uint8_t kv_valid[kNumKBufs][kBlockN];
+  alignas(16) uint8_t kv_valid_bits[kNumKBufs][kBlockN / 8];  // bit t of the 8 bytes = token t valid
   alignas(8) uint64_t bar_full[kNumKBufs];   // producer -> consumers, 128 arrivals
   alignas(8) uint64_t bar_empty[kNumKBufs];  // consumer warps -> producer(s): 8 (H=64) / 16 (H=128, both CTAs)
   alignas(8) uint64_t bar_remote[kNumKBufs]; // H=128: the peer CTA's half of the tile (st.async tx bytes)

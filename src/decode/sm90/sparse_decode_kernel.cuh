@@ -358,9 +358,15 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
     }
     nx.rope[0] = load16(nrec, nx.valid, fmt::kRopeOffset + 16 * q);
     nx.rope[1] = load16(nrec, nx.valid, fmt::kRopeOffset + 16 * (q + 4));
-    if (q == 0) ss.kv_valid[buf][32 * half + tl] = uint8_t(r.valid);
-    if constexpr (kCluster == 2) {
-      if (q == 1) ss.kv_valid[buf][32 * int(rank ^ 1u) + tl] = uint8_t(idx2v);
+    // Validity bits of the block (bit t = token t): lanes 0-7 (q == 0) hold this CTA's tokens of
+    // the warp, lanes 8-15 (q == 1) the peer half's (H = 128); one byte per 8 tokens.
+    {
+      const uint32_t own = __ballot_sync(0xffffffffu, q == 0 && r.valid);
+      if (lane == 0) ss.kv_valid_bits[buf][4 * half + warp] = uint8_t(own);
+      if constexpr (kCluster == 2) {
+        const uint32_t peer = __ballot_sync(0xffffffffu, q == 1 && idx2v);
+        if (lane == 0) ss.kv_valid_bits[buf][4 * int(rank ^ 1u) + warp] = uint8_t(peer >> 8);
+      }
     }
     if (rin == kRounds - 1) {
       // Generic-proxy smem writes -> visible to wgmma and the bulk copy (async proxy), then publish.
@@ -392,12 +398,29 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
   ia = ib; ia2 = ib2;
   load_index(ib, ib2);
 
-  // One step: convert round n from `cx` while loading the records of round n + 1 into `nx`, then
-  // the index of round n + 3.
+  // L2 prefetch of a round's record (index known two rounds ahead, registers not needed): the
+  // register loads issued one round later then hit L2 instead of waiting a full DRAM latency.
+  // Thread quarter q touches the record's 128-byte lines q and q + 4 (656 bytes span <= 7 lines:
+  // q == 0 also touches the last byte's line).
+  auto prefetch_record = [&](int32_t idx) {
+    int32_t valid;
+    const uint8_t* rec = record_of(idx, valid);
+    if (valid) {
+      const uintptr_t line0 = reinterpret_cast<uintptr_t>(rec) & ~uintptr_t(127);
+      const uintptr_t last = (reinterpret_cast<uintptr_t>(rec) + fmt::kDsMlaRecordBytes - 1) & ~uintptr_t(127);
+      const uintptr_t a = line0 + 128u * uintptr_t(q), b = line0 + 128u * uintptr_t(q + 4);
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+      if (b <= last) asm volatile("prefetch.global.L2 [%0];" ::"l"(b));
+    }
+  };
+
+  // One step: convert round n from `cx` while loading the records of round n + 1 into `nx`
+  // (prefetching round n + 2's into L2), then the index of round n + 3.
   auto step = [&](int32_t n, RoundRaw& cx, int32_t& v2c, RoundRaw& nx, int32_t& v2n) {
     const bool more = n + 1 < total_rounds;
     const uint8_t* nrec = record_of(more ? ia : -1, nx.valid);  // !more: nothing loaded
     if (more) v2n = valid2(ia2);
+    prefetch_record(ib);
     convert(n, cx, v2c, nx, nrec);
     ia = ib; ia2 = ib2;
     load_index(ib, ib2);
@@ -483,32 +506,27 @@ __device__ __forceinline__ void store_row(const DecodeKernelParams& p, const Row
   }
 }
 
-// Q [64 heads x 576] of row `w` -> smem, by both consumer warpgroups (256 threads). The caller
-// guarantees every wgmma of the previous row has completed (the row-end barrier).
+// Q [64 heads x 576] of row `w` -> smem, by both consumer warpgroups (256 threads): 18 cp.async
+// of 16 bytes per thread, all in flight at once (one DRAM latency per row, no registers). The
+// caller guarantees every wgmma of the previous row has completed (the row-end barrier).
 __device__ __forceinline__ void load_q_tile(const DecodeKernelParams& p, SharedStorage& ss, const RowWork& w) {
   const int tid_c = int(threadIdx.x) - 128;  // 0..255 over both consumers
   const int head_base = int(blockIdx.x) * kBlockM;
   const int32_t b = w.row / p.seq_q, s = w.row - (w.row / p.seq_q) * p.seq_q;
   const uint16_t* qrow = p.q + b * p.q_batch_stride + s * p.q_seq_stride;
+  const uint32_t sq = smem_u32(ss.q);
   constexpr int kChunksPerHead = kDimQK / 8;  // 72 x 16 bytes
-#pragma unroll 1
-  for (int c0 = 0; c0 < kBlockM * kChunksPerHead; c0 += kNumConsumerThreads * 6) {
-    uint4 v[6];
-    CUTE_UNROLL
-    for (int u = 0; u < 6; ++u) {
-      const int c = c0 + u * kNumConsumerThreads + tid_c;
-      const int h = c / kChunksPerHead, cc = c - (c / kChunksPerHead) * kChunksPerHead;
-      v[u] = __ldg(reinterpret_cast<const uint4*>(qrow + int64_t(head_base + h) * p.q_head_stride + cc * 8));
-    }
-    CUTE_UNROLL
-    for (int u = 0; u < 6; ++u) {
-      const int c = c0 + u * kNumConsumerThreads + tid_c;
-      const int h = c / kChunksPerHead, cc = c - (c / kChunksPerHead) * kChunksPerHead;
-      *reinterpret_cast<uint4*>(ss.q + k_tile_offset(h, cc * 8)) = v[u];
-    }
+  constexpr int kIters = kBlockM * kChunksPerHead / kNumConsumerThreads;  // 18
+  static_assert(kBlockM * kChunksPerHead % kNumConsumerThreads == 0);
+#pragma unroll 1  // asynchronous copies: a rolled loop still has all 18 in flight, in few registers
+  for (int u = 0; u < kIters; ++u) {
+    const int c = u * kNumConsumerThreads + tid_c;
+    const int h = c / kChunksPerHead, cc = c - (c / kChunksPerHead) * kChunksPerHead;
+    selkv::sm90::cp_async_16(sq + 2u * uint32_t(k_tile_offset(h, cc * 8)),
+                             qrow + int64_t(head_base + h) * p.q_head_stride + cc * 8, true);
   }
-  static_assert((kBlockM * kChunksPerHead) % (kNumConsumerThreads * 6) == 0);
-  cutlass::arch::fence_view_async_shared();
+  selkv::sm90::cp_async_wait_all();
+  cutlass::arch::fence_view_async_shared();  // cp.async writes are generic proxy; wgmma reads async
   cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(NamedBar::kQReady));
 }
 
@@ -584,12 +602,13 @@ __device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, Shar
       warpgroup_fence_operand(tSrS);
       SELKV_PROBE(const unsigned long long c2 = probe_clk(); pc[1] += c2 - c1;)
 
-      // Mask invalid tokens, row maxima (a row lives in one quad of lanes).
+      // Mask invalid tokens, row maxima (a row lives in one quad of lanes). Token of value i:
+      // 8 (i >> 2) + 2 (lane % 4) + (i & 1).
+      const uint64_t vbits = *reinterpret_cast<const uint64_t*>(ss.kv_valid_bits[buf]) >> (2 * (lane & 3));
       float mx0 = kNegInf, mx1 = kNegInf;
       CUTE_UNROLL
       for (int i = 0; i < size(tSrS); ++i) {
-        const int t = 8 * (i >> 2) + 2 * (lane & 3) + (i & 1);
-        if (!ss.kv_valid[buf][t]) tSrS(i) = kNegInf;
+        if (!((vbits >> (8 * (i >> 2) + (i & 1))) & 1u)) tSrS(i) = kNegInf;
         if ((i >> 1) & 1) mx1 = fmaxf(mx1, tSrS(i)); else mx0 = fmaxf(mx0, tSrS(i));
       }
       mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
@@ -772,6 +791,10 @@ sparse_decode_sm90_kernel(const __grid_constant__ DecodeKernelParams p) {
   } else {
     __syncthreads();
   }
+
+  // Programmatic dependent launch: the combine kernel may be scheduled now; it waits
+  // (griddepcontrol.wait) for this grid's completion and memory flush before reading partials.
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 
   const int wg = int(threadIdx.x) / 128;
   if (wg == 0) {
