@@ -1,6 +1,8 @@
 // C7 host API: validation (fails closed, names the argument) and dispatch to the SM90 kernel.
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 
 #include "common/check.h"
@@ -12,6 +14,17 @@
 namespace selkv {
 namespace {
 bool aligned(const void* p, uintptr_t a) { return (reinterpret_cast<uintptr_t>(p) & (a - 1)) == 0; }
+
+// Kernel variant (docs/prefill-design.md §7): SELKV_PREFILL_KERNEL=v2 (split rows, lockstep) or
+// v3 (block ping-pong), read once per process. Both compute the op to the same tolerances.
+bool use_v3_kernel() {
+  static const bool v3 = [] {
+    const char* e = std::getenv("SELKV_PREFILL_KERNEL");
+    if (e != nullptr && std::strcmp(e, "v3") == 0) return true;
+    return false;
+  }();
+  return v3;
+}
 }  // namespace
 
 void set_contiguous_strides(SparsePrefillParams* p) {
@@ -123,8 +136,13 @@ Status sparse_mla_prefill(const SparsePrefillParams& p, cudaStream_t stream) {
   k.lse = p.lse;
   k.lse_token_stride = p.lse_token_stride;
 
-  cudaError_t err = p.d_qk == 576 ? prefill::sm90::launch_sparse_prefill_sm90<576>(k, stream)
-                                  : prefill::sm90::launch_sparse_prefill_sm90<512>(k, stream);
+  cudaError_t err;
+  if (use_v3_kernel())
+    err = p.d_qk == 576 ? prefill::sm90::v3::launch_sparse_prefill_sm90_v3<576>(k, stream)
+                        : prefill::sm90::v3::launch_sparse_prefill_sm90_v3<512>(k, stream);
+  else
+    err = p.d_qk == 576 ? prefill::sm90::launch_sparse_prefill_sm90<576>(k, stream)
+                        : prefill::sm90::launch_sparse_prefill_sm90<512>(k, stream);
   return detail::cuda_status(err, kOp, "kernel launch");
 }
 

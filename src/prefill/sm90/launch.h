@@ -13,4 +13,11 @@ cudaError_t launch_sparse_prefill_sm90(const PrefillKernelParams& p, cudaStream_
 extern template cudaError_t launch_sparse_prefill_sm90<576>(const PrefillKernelParams&, cudaStream_t);
 extern template cudaError_t launch_sparse_prefill_sm90<512>(const PrefillKernelParams&, cudaStream_t);
 
+namespace v3 {
+template <int kD>
+cudaError_t launch_sparse_prefill_sm90_v3(const PrefillKernelParams& p, cudaStream_t stream);
+extern template cudaError_t launch_sparse_prefill_sm90_v3<576>(const PrefillKernelParams&, cudaStream_t);
+extern template cudaError_t launch_sparse_prefill_sm90_v3<512>(const PrefillKernelParams&, cudaStream_t);
+}  // namespace v3
+
 }  // namespace selkv::prefill::sm90

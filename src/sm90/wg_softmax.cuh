@@ -1,0 +1,108 @@
+// Warpgroup primitives for SM90 attention consumers that hold a wgmma m64nNk16 f32 accumulator
+// of S = Q K^T and run the online softmax on it (used by the C7 prefill v3; the C5 decode has its
+// own copy of the same arithmetic, docs/decode-design.md §4).
+//
+//   Accumulator fragment (common.cuh): value i of thread (warp w, lane l) of the warpgroup is
+//   row 16 w + l / 4 + 8 * ((i >> 1) & 1), column 8 * (i >> 2) + 2 * (l % 4) + (i & 1).
+//   The A-operand register fragment of an RS wgmma m64nNk16 (bf16) uses the same order: its
+//   k-block kb holds accumulator values [8 kb, 8 kb + 8) of an m64n(16 kb + 16) accumulator, so
+//   packing value pairs (2j, 2j + 1) into bf16x2 word j gives the A fragment directly.
+//
+//   tile_sw128_offset  element offset of (row, col) in a bf16 tile stored as consecutive 64 x 64
+//                      swizzle tiles (CuTe tile_to_shape(Layout_K_SW128_Atom, (64, D), Step<_1,_2>)):
+//                      64-column tile c / 64 is 4096 contiguous elements (8 KB), row-major inside
+//                      with the 128-byte swizzle (16-byte chunk j of row r at position j ^ (r & 7)).
+//   row_valid_mask64   validity of 64 consecutive top-k entries (DESIGN §2 rule) as a 64-bit mask.
+//   wg_mask_rowmax     masks invalid columns to -inf and returns the two row maxima of a thread.
+//   pack_bf16_pairs    accumulator values -> bf16x2 words (the RS A fragment), optional row scale.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "sm90/common.cuh"
+
+namespace selkv::sm90 {
+
+__host__ __device__ __forceinline__ constexpr int tile_sw128_offset(int row, int col) {
+  return (col >> 6) * 4096 + row * 64 + ((((col >> 3) & 7) ^ (row & 7)) << 3) + (col & 7);
+}
+
+// Entries k0 + lane and k0 + 32 + lane of idx_row: valid iff k < len and 0 <= idx < n. Entries at
+// or past len are not loaded. Bit j of the result = entry k0 + j. Warp-collective.
+__device__ __forceinline__ uint64_t row_valid_mask64(const int32_t* idx_row, int32_t k0, int32_t len,
+                                                     int64_t n, int lane) {
+  const int32_t ka = k0 + lane, kb = k0 + 32 + lane;
+  int32_t ia = -1, ib = -1;
+  if (ka < len) ia = __ldg(idx_row + ka);
+  if (kb < len) ib = __ldg(idx_row + kb);
+  const bool va = ia >= 0 && int64_t(ia) < n;
+  const bool vb = ib >= 0 && int64_t(ib) < n;
+  const uint32_t lo = __ballot_sync(0xffffffffu, va), hi = __ballot_sync(0xffffffffu, vb);
+  return (uint64_t(hi) << 32) | lo;
+}
+
+// s: 32 accumulator values of an m64n64 S fragment. Invalid columns become -inf; returns the
+// row maxima (rows r0 and r0 + 8) over the 4 lanes of the quad.
+template <class FragS>
+__device__ __forceinline__ void wg_mask_rowmax64(FragS& s, uint64_t valid, int lane, float& mx0, float& mx1) {
+  const uint64_t v = valid >> (2 * (lane & 3));
+  mx0 = -INFINITY;
+  mx1 = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    const int bit = 8 * (i >> 2) + (i & 1);
+    if (!((v >> bit) & 1u)) s(i) = -INFINITY;
+    if ((i >> 1) & 1) mx1 = fmaxf(mx1, s(i)); else mx0 = fmaxf(mx0, s(i));
+  }
+  mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+  mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+  mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+  mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+}
+
+// p[i] = exp2(s[i] * sl2 - base_row); returns the per-thread row sums (not quad-reduced).
+template <class FragS>
+__device__ __forceinline__ void wg_exp2_rows64(FragS& s, float sl2, float base0, float base1, float& ps0,
+                                               float& ps1) {
+  ps0 = 0.f;
+  ps1 = 0.f;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    const bool hi = (i >> 1) & 1;
+    const float pv = exp2f(fmaf(s(i), sl2, hi ? -base1 : -base0));
+    s(i) = pv;
+    if (hi) ps1 += pv; else ps0 += pv;
+  }
+}
+
+// words[j] = bf16x2(s[2j] * f_row, s[2j + 1] * f_row).
+template <class FragS, class FragW>
+__device__ __forceinline__ void pack_bf16_pairs64(const FragS& s, FragW& w) {
+#pragma unroll
+  for (int j = 0; j < 16; ++j) w(j) = bf16x2_bits(s(2 * j), s(2 * j + 1));
+}
+template <class FragS, class FragW>
+__device__ __forceinline__ void pack_bf16_pairs64_scaled(const FragS& s, float f0, float f1, FragW& w) {
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    const float f = (j & 1) ? f1 : f0;  // value pair 2j, 2j+1 is row r0 + 8 * (j & 1)
+    w(j) = bf16x2_bits(s(2 * j) * f, s(2 * j + 1) * f);
+  }
+}
+
+// Store bf16x2 words (pairs of an m64n64 fragment) into a 64 x 64 SW128 tile (row-major 128 B
+// rows, chunk j of row r at j ^ (r & 7)). Conflict-free: per instruction lanes (rr, q) hit bank
+// 4 * ((chunk ^ rr) & 7) + q.
+template <class FragW>
+__device__ __forceinline__ void store_p_tile64(uint32_t* tile_words, const FragW& w, int r0, int lane) {
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    const int row = (j & 1) ? r0 + 8 : r0;
+    const int chunk = j >> 1;  // 8-column group of value pair 2j
+    tile_words[row * 32 + (((chunk ^ (row & 7)) & 7) << 2) + (lane & 3)] = w(j);
+  }
+}
+
+}  // namespace selkv::sm90
