@@ -89,7 +89,7 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 
 // Temporary A/B switch (bench only): 0 = previous kernel, 1 = R4, 2 = R8, 3 = R4 pipelined
 // (selected; full pool as 1), 4 = R8 pipelined (selected; full pool as 2), 5 = R4 with
-// evict-first record loads.
+// evict-first record loads, 6 = R4 with CTA-minor warp numbering.
 int variant() {
   static const int v = [] {
     const char* e = std::getenv("SELKV_C4_VARIANT");
@@ -160,6 +160,7 @@ Status dequant_selected_kv(const DequantSelectedParams& p, cudaStream_t stream) 
   const int r = (var == 2 || var == 4) ? 8 : 4;
   const bool pipe = var == 3 || var == 4;
   const bool ef = var == 5;
+  k.cta_minor = var == 6 ? 1 : 0;
 
   if (selected) {
     k.tasks = (rows + r - 1) / r;  // batches of r rows

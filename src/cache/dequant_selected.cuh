@@ -50,12 +50,19 @@ struct DequantSelectedKernelParams {
   int64_t out_stride = 0;
   int64_t tasks = 0;       // selected: row batches; full pool: warp tasks (grid-stride over warps)
   int64_t idx_units = 0;   // full pool: N / kV index units
+  int32_t cta_minor = 0;   // A/B: warp numbering w = warp * grid + block (else block * 8 + warp)
 };
+
 
 inline constexpr int kDequantThreads = 256;
 inline constexpr int kDequantWarps = kDequantThreads / 32;
 inline constexpr int kDequantRowsPerWarp = 4;   // v1 (A/B reference only)
 inline constexpr int kDequantRowsPerStep = kDequantWarps * kDequantRowsPerWarp;  // v1
+
+__device__ __forceinline__ int64_t dequant_warp_id(const DequantSelectedKernelParams& p) {
+  const int warp = int(threadIdx.x) >> 5;
+  return p.cta_minor ? int64_t(warp) * gridDim.x + blockIdx.x : int64_t(blockIdx.x) * kDequantWarps + warp;
+}
 
 // (t, k) of a flat entry e in [0, N).
 __device__ __forceinline__ void entry_tk(const DequantSelectedKernelParams& p, int64_t e,
@@ -178,7 +185,7 @@ dequant_selected_rows_kernel(const DequantSelectedKernelParams p) {
   constexpr int kG = 32 / kR;  // batches a warp resolves at once: lane l -> batch l / kR, row l % kR
   const int lane = int(threadIdx.x) & 31;
   const int64_t nwarps = int64_t(gridDim.x) * kDequantWarps;
-  const int64_t w = int64_t(blockIdx.x) * kDequantWarps + (int(threadIdx.x) >> 5);
+  const int64_t w = dequant_warp_id(p);
   // Batch i of the warp's group q is batch w + (q * kG + i) * nwarps (p.tasks batches of kR rows):
   // at any time the warps of the grid write one contiguous window of the workspace.
   const auto lane_row = [&](int64_t q) -> int64_t {
@@ -243,8 +250,7 @@ dequant_full_pool_kernel(const DequantSelectedKernelParams p) {
   constexpr int kU = kR / 2;  // index units per lane per task (64 entries per row when kV = 4)
   const int lane = int(threadIdx.x) & 31;
   const int64_t nwarps = int64_t(gridDim.x) * kDequantWarps;
-  for (int64_t task = int64_t(blockIdx.x) * kDequantWarps + (int(threadIdx.x) >> 5); task < p.tasks;
-       task += nwarps) {
+  for (int64_t task = dequant_warp_id(p); task < p.tasks; task += nwarps) {
     // Index units: all loads first (topk_length and the slots are independent loads).
     IndexVec<kV> iv[kU];
     int64_t t[kU];
