@@ -604,11 +604,17 @@ __device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, Shar
 
       // Mask invalid tokens, row maxima (a row lives in one quad of lanes). Token of value i:
       // 8 (i >> 2) + 2 (lane % 4) + (i & 1).
-      const uint64_t vbits = *reinterpret_cast<const uint64_t*>(ss.kv_valid_bits[buf]) >> (2 * (lane & 3));
+      // A block with every token valid (the common case) skips the masking (uniform branch).
+      const uint64_t vall = *reinterpret_cast<const uint64_t*>(ss.kv_valid_bits[buf]);
+      if (vall != ~uint64_t(0)) {
+        const uint64_t vbits = vall >> (2 * (lane & 3));
+        CUTE_UNROLL
+        for (int i = 0; i < size(tSrS); ++i)
+          if (!((vbits >> (8 * (i >> 2) + (i & 1))) & 1u)) tSrS(i) = kNegInf;
+      }
       float mx0 = kNegInf, mx1 = kNegInf;
       CUTE_UNROLL
       for (int i = 0; i < size(tSrS); ++i) {
-        if (!((vbits >> (8 * (i >> 2) + (i & 1))) & 1u)) tSrS(i) = kNegInf;
         if ((i >> 1) & 1) mx1 = fmaxf(mx1, tSrS(i)); else mx0 = fmaxf(mx0, tSrS(i));
       }
       mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
@@ -655,8 +661,12 @@ __device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, Shar
       }
       cutlass::arch::fence_view_async_shared();  // P tile: generic stores -> WG2's wgmma
       cutlass::arch::NamedBarrier::arrive(kNumConsumerThreads, uint32_t(NamedBar::kPReady));
-      CUTE_UNROLL
-      for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= ((i >> 1) & 1) ? sc1 : sc0;
+      // Once the running maxima settle the factors are exactly 1: skip the 128 multiplies
+      // (warp-uniform test; multiplying by 1 would give the same bits).
+      if (__any_sync(0xffffffffu, sc0 != 1.f || sc1 != 1.f)) {
+        CUTE_UNROLL
+        for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= ((i >> 1) & 1) ? sc1 : sc0;
+      }
       SELKV_PROBE(const unsigned long long c4 = probe_clk(); pc[3] += c4 - c3;)
 
       // O_0 += P V_0 (V = first 512 dims of the same KV tile, read MN-major).
@@ -730,8 +740,10 @@ __device__ __forceinline__ void run_pv_wg(const DecodeKernelParams& p, SharedSto
       wait_kv_tile<kNumHeads>(ss, buf, phase);
       SELKV_PROBE(const unsigned long long c1 = probe_clk(); pc[0] += c1 - c0;)
       const float sc0 = ss.row_scale[r0], sc1 = ss.row_scale[r1];
-      CUTE_UNROLL
-      for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= ((i >> 1) & 1) ? sc1 : sc0;
+      if (__any_sync(0xffffffffu, sc0 != 1.f || sc1 != 1.f)) {
+        CUTE_UNROLL
+        for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= ((i >> 1) & 1) ? sc1 : sc0;
+      }
 
       Tensor sV = make_tensor(make_smem_ptr(ss.k[buf] + kVHalfDimOffset), SmemLayoutVHalf{});
       Tensor tOrV = thr_pv.partition_fragment_B(sV);  // (MMA, 1, 4)
