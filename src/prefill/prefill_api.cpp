@@ -15,13 +15,13 @@ namespace selkv {
 namespace {
 bool aligned(const void* p, uintptr_t a) { return (reinterpret_cast<uintptr_t>(p) & (a - 1)) == 0; }
 
-// Kernel variant (docs/prefill-design.md §7): SELKV_PREFILL_KERNEL=v2 (split rows, lockstep) or
-// v3 (block ping-pong), read once per process. Both compute the op to the same tolerances.
+// Kernel variant (docs/prefill-design.md §7): v3 (block ping-pong, default) or, with
+// SELKV_PREFILL_KERNEL=v2, the previous split-rows lockstep kernel; read once per process. Both
+// compute the op to the same tolerances.
 bool use_v3_kernel() {
   static const bool v3 = [] {
     const char* e = std::getenv("SELKV_PREFILL_KERNEL");
-    if (e != nullptr && std::strcmp(e, "v3") == 0) return true;
-    return false;
+    return !(e != nullptr && std::strcmp(e, "v2") == 0);
   }();
   return v3;
 }
