@@ -25,6 +25,14 @@ bool use_v3_kernel() {
   }();
   return v3;
 }
+// SELKV_PREFILL_L2_HINTS=0 turns the v3 cache hints off (A/B measurement).
+int l2_hints() {
+  static const int on = [] {
+    const char* e = std::getenv("SELKV_PREFILL_L2_HINTS");
+    return (e != nullptr && std::strcmp(e, "0") == 0) ? 0 : 1;
+  }();
+  return on;
+}
 }  // namespace
 
 void set_contiguous_strides(SparsePrefillParams* p) {
@@ -135,6 +143,7 @@ Status sparse_mla_prefill(const SparsePrefillParams& p, cudaStream_t stream) {
   k.max_logits_token_stride = p.max_logits_token_stride;
   k.lse = p.lse;
   k.lse_token_stride = p.lse_token_stride;
+  k.l2_hints = l2_hints();
 
   cudaError_t err;
   if (use_v3_kernel())

@@ -33,6 +33,10 @@ struct PrefillKernelParams {
   int64_t max_logits_token_stride;
   float* lse;  // [T, H] or null
   int64_t lse_token_stride;
+
+  // v3 only: L2 cache hints (Q loads and out stores evict-first, kv gathers with a 256-byte L2
+  // prefetch). Values are identical either way.
+  int32_t l2_hints = 1;
 };
 
 }  // namespace selkv::prefill

@@ -105,4 +105,36 @@ __device__ __forceinline__ void store_p_tile64(uint32_t* tile_words, const FragW
   }
 }
 
+// L2 cache-policy helpers (createpolicy; the policy operand of .L2::cache_hint accesses).
+__device__ __forceinline__ uint64_t l2_policy_evict_first() {
+  uint64_t pol;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
+  return pol;
+}
+__device__ __forceinline__ uint64_t l2_policy_evict_normal() {
+  uint64_t pol;
+  asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(pol));
+  return pol;
+}
+// 16-byte cp.async.cg with an L2 cache policy; zero-filled without a global read when !valid.
+__device__ __forceinline__ void cp_async_16_hint(uint32_t smem_addr, const void* gptr, bool valid, uint64_t pol) {
+  const uint32_t src_bytes = valid ? 16u : 0u;
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(smem_addr), "l"(gptr),
+               "r"(src_bytes), "l"(pol)
+               : "memory");
+}
+// Same with a 256-byte L2 prefetch of the surrounding sector group (rows are contiguous 1 KB+).
+__device__ __forceinline__ void cp_async_16_pf256(uint32_t smem_addr, const void* gptr, bool valid) {
+  const uint32_t src_bytes = valid ? 16u : 0u;
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(smem_addr), "l"(gptr),
+               "r"(src_bytes)
+               : "memory");
+}
+// 16-byte global store with an L2 cache policy.
+__device__ __forceinline__ void st_global_16_hint(void* gptr, uint4 v, uint64_t pol) {
+  asm volatile("st.global.L2::cache_hint.v4.b32 [%0], {%1, %2, %3, %4}, %5;\n" ::"l"(gptr), "r"(v.x), "r"(v.y),
+               "r"(v.z), "r"(v.w), "l"(pol)
+               : "memory");
+}
+
 }  // namespace selkv::sm90

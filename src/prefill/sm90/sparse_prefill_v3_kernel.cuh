@@ -64,18 +64,22 @@ __device__ __forceinline__ void run_producer(const PrefillKernelParams& p, typen
   {  // Q [64 heads x D]
     const uint16_t* qb = p.q + t * p.q_token_stride + int64_t(hg) * 64 * p.q_head_stride + e * 8;
     const uint32_t sq = cute::cast_smem_ptr_to_uint(ss.q);
+    // Q is read once: evict-first keeps it from displacing gathered kv rows in L2.
+    const uint64_t pol = p.l2_hints ? selkv::sm90::l2_policy_evict_first() : selkv::sm90::l2_policy_evict_normal();
     CUTE_UNROLL
     for (int j = 0; j < 4; ++j) {
       const uint16_t* qrow = qb + int64_t(g + 16 * j) * p.q_head_stride;
       CUTE_UNROLL
       for (int tile = 0; tile < C::kTiles; ++tile)
-        cp_async_16(sq + 2u * uint32_t(tile * kTileElems + row_off + 1024 * j), qrow + tile * 64, true);
+        selkv::sm90::cp_async_16_hint(sq + 2u * uint32_t(tile * kTileElems + row_off + 1024 * j), qrow + tile * 64,
+                                      true, pol);
     }
     cutlass::arch::cpasync_barrier_arrive_noinc(&ss.bar_q);
   }
 
   const int32_t* idx_row = p.indices + t * p.indices_token_stride;
   const int32_t npairs = (nblk + 1) / 2;
+  const bool hints = p.l2_hints != 0;
   uint32_t phase = 0;
   for (int32_t pr = 0; pr < npairs; ++pr) {
     const bool has1 = 2 * pr + 1 < nblk;
@@ -98,8 +102,11 @@ __device__ __forceinline__ void run_producer(const PrefillKernelParams& p, typen
       for (int j = 0; j < 4; ++j) {
         const uint16_t* row = p.kv + off[b][j] + e * 8;  // invalid: src-size 0, never read
         CUTE_UNROLL
-        for (int tile = t0; tile < t1; ++tile)
-          cp_async_16(sk + 2u * uint32_t(tile * kTileElems + row_off + 1024 * j), row + tile * 64, val[b][j]);
+        for (int tile = t0; tile < t1; ++tile) {
+          const uint32_t dst = sk + 2u * uint32_t(tile * kTileElems + row_off + 1024 * j);
+          if (hints) selkv::sm90::cp_async_16_pf256(dst, row + tile * 64, val[b][j]);
+          else cp_async_16(dst, row + tile * 64, val[b][j]);
+        }
       }
     };
     bar_wait(&ss.empty[0][0], phase ^ 1u);
@@ -383,10 +390,12 @@ __device__ __forceinline__ void run_consumer(const PrefillKernelParams& p, typen
     __syncwarp();
     uint16_t* obase = p.out + t * p.out_token_stride + int64_t(hg * 64 + warp * 16) * p.out_head_stride +
                       kC * 256 + lane * 8;
+    // out is written once: evict-first so the stream does not displace gathered kv rows in L2.
+    const uint64_t pol = p.l2_hints ? selkv::sm90::l2_policy_evict_first() : selkv::sm90::l2_policy_evict_normal();
     CUTE_UNROLL
     for (int rl = 0; rl < 16; ++rl) {
       const uint4 v = *reinterpret_cast<const uint4*>(stage + rl * 128 + (lane ^ (rl & 7)) * 4);
-      *reinterpret_cast<uint4*>(obase + int64_t(rl) * p.out_head_stride) = v;
+      selkv::sm90::st_global_16_hint(obase + int64_t(rl) * p.out_head_stride, v, pol);
     }
   }
   if (kA && (lane & 3) == 0) {
