@@ -1,8 +1,7 @@
-// C4 launcher: validate, pick the mode from the shapes (host, no sync), size a one-wave
-// grid-stride grid from an occupancy query (cached per kernel and device; plain queries, legal
-// during stream capture).
+// C4 launcher: validate, pick the mode from the shapes (host, no sync), size the grid-stride grid
+// (selected: up to 8 CTAs per SM; full pool: one resident wave from an occupancy query, cached per
+// kernel and device). Plain attribute/occupancy queries only: legal during stream capture.
 #include <cstdint>
-#include <cstdlib>
 #include <mutex>
 
 #include "cache/dequant_selected.cuh"
@@ -65,48 +64,27 @@ Status launch_tasks(Kernel kernel, cache::DequantSelectedKernelParams k, cudaStr
   return Status::Ok();
 }
 
-template <bool kRope>
-Kernel selected_kernel(int r, bool pipe, bool ef) {
-  if (ef) return cache::dequant_selected_rows_kernel<kRope, 4, false, true>;
-  if (r == 8) {
-    return pipe ? cache::dequant_selected_rows_kernel<kRope, 8, true, false>
-                : cache::dequant_selected_rows_kernel<kRope, 8, false, false>;
-  }
-  return pipe ? cache::dequant_selected_rows_kernel<kRope, 4, true, false>
-              : cache::dequant_selected_rows_kernel<kRope, 4, false, false>;
-}
-
-template <bool kRope>
-Kernel full_pool_kernel(int r, bool vec, bool ef) {
-  if (ef) return vec ? cache::dequant_full_pool_kernel<kRope, 4, 4, true> : cache::dequant_full_pool_kernel<kRope, 4, 1, true>;
-  if (r == 8) {
-    return vec ? cache::dequant_full_pool_kernel<kRope, 8, 4, false> : cache::dequant_full_pool_kernel<kRope, 8, 1, false>;
-  }
-  return vec ? cache::dequant_full_pool_kernel<kRope, 4, 4, false> : cache::dequant_full_pool_kernel<kRope, 4, 1, false>;
-}
-
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
-// Temporary A/B switch (bench only): 0 = previous kernel, 1 = R4, 2 = R8, 3 = R4 pipelined
-// (selected; full pool as 1), 4 = R8 pipelined (selected; full pool as 2), 5 = R4 with
-// evict-first record loads, 6 = R4 with CTA-minor warp numbering.
-int variant() {
-  static const int v = [] {
-    const char* e = std::getenv("SELKV_C4_VARIANT");
-    return e != nullptr ? std::atoi(e) : 1;
-  }();
-  return v;
+template <bool kRope>
+Kernel full_pool_kernel(bool vec) {
+  return vec ? cache::dequant_full_pool_kernel<kRope, 4> : cache::dequant_full_pool_kernel<kRope, 1>;
 }
 
-template <bool kRope, bool kSelected>
-void launch_v1(const cache::DequantSelectedKernelParams& k, unsigned grid, cudaStream_t stream) {
-  cache::dequant_selected_kernel_v1<kRope, kSelected><<<grid, cache::kDequantThreads, 0, stream>>>(k);
-}
-
+// SM count of the current device, cached per device (attribute queries are capture-safe).
 Status device_sms(int* sms) {
+  constexpr int kMaxDevices = 64;
+  static int cached[kMaxDevices] = {};
   int dev = 0;
   SELKV_CUDA_RETURN(cudaGetDevice(&dev), kOp);
-  SELKV_CUDA_RETURN(cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, dev), kOp);
+  if (dev < kMaxDevices && cached[dev] > 0) {
+    *sms = cached[dev];
+    return Status::Ok();
+  }
+  int n = 0;
+  SELKV_CUDA_RETURN(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev), kOp);
+  if (dev < kMaxDevices) cached[dev] = n;
+  *sms = n;
   return Status::Ok();
 }
 
@@ -139,45 +117,29 @@ Status dequant_selected_kv(const DequantSelectedParams& p, cudaStream_t stream) 
   k.out_stride = p.out_indices_row_stride;
   const bool rope = fmt::has_rope(p.cache.format);
 
-  const int var = variant();
-  if (var == 0) {
+  if (selected) {
+    // Grid-stride over 32-row CTA steps, at most 8 CTAs per SM (4 resident: two waves).
     int sms = 0;
     SELKV_RETURN_IF_ERROR(device_sms(&sms));
-    int64_t want = (rows + cache::kDequantRowsPerStep - 1) / cache::kDequantRowsPerStep;
-    if (!selected) {
-      const int64_t idx_ctas = (N + 4 * cache::kDequantThreads - 1) / (4 * cache::kDequantThreads);
-      if (idx_ctas > want) want = idx_ctas;
-    }
+    const int64_t want = (rows + cache::kDequantRowsPerStep - 1) / cache::kDequantRowsPerStep;
     const int64_t cap = int64_t(sms) * 8;
-    const unsigned grid = unsigned(want < cap ? (want > 0 ? want : 1) : cap);
+    const unsigned grid = unsigned(want < cap ? want : cap);  // rows >= 1 here
     if (rope) {
-      selected ? launch_v1<true, true>(k, grid, stream) : launch_v1<true, false>(k, grid, stream);
+      cache::dequant_selected_kernel<true><<<grid, cache::kDequantThreads, 0, stream>>>(k);
     } else {
-      selected ? launch_v1<false, true>(k, grid, stream) : launch_v1<false, false>(k, grid, stream);
+      cache::dequant_selected_kernel<false><<<grid, cache::kDequantThreads, 0, stream>>>(k);
     }
-    return detail::launch_status(kOp);
-  }
-  const int r = (var == 2 || var == 4) ? 8 : 4;
-  const bool pipe = var == 3 || var == 4;
-  const bool ef = var == 5;
-  k.cta_minor = var == 6 ? 1 : 0;
-
-  if (selected) {
-    k.tasks = (rows + r - 1) / r;  // batches of r rows
-    SELKV_RETURN_IF_ERROR(launch_tasks(rope ? selected_kernel<true>(r, pipe, ef) : selected_kernel<false>(r, pipe, ef), k,
-                                       stream));
   } else {
     // 16-byte index units when every unit stays inside one row and is 16-byte aligned.
     const bool vec = p.topk % 4 == 0 && p.indices_row_stride % 4 == 0 && p.out_indices_row_stride % 4 == 0 &&
                      aligned16(p.indices) && aligned16(p.out_indices);
-    const int v = vec ? 4 : 1;
-    const int64_t units_per_task = int64_t(32) * (r / 2);
+    const int64_t v = vec ? 4 : 1;
+    const int64_t units_per_task = int64_t(32) * cache::kFullPoolUnits;
     k.idx_units = N / v;
-    const int64_t row_tasks = (rows + r - 1) / r;
+    const int64_t row_tasks = (rows + cache::kFullPoolRows - 1) / cache::kFullPoolRows;
     const int64_t idx_tasks = (k.idx_units + units_per_task - 1) / units_per_task;
     k.tasks = row_tasks > idx_tasks ? row_tasks : idx_tasks;
-    SELKV_RETURN_IF_ERROR(launch_tasks(rope ? full_pool_kernel<true>(r, vec, ef) : full_pool_kernel<false>(r, vec, ef), k,
-                                       stream));
+    SELKV_RETURN_IF_ERROR(launch_tasks(rope ? full_pool_kernel<true>(vec) : full_pool_kernel<false>(vec), k, stream));
   }
   return detail::launch_status(kOp);
 }

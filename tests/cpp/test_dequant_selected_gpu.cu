@@ -184,9 +184,8 @@ TEST(DequantSelectedGpu, GraphReplayMatchesOracle) {
 }
 
 // Dense strides (K % 4 == 0): the full-pool kernel copies the indices as 16-byte vectors; with
-// topk_length the window cuts inside a vector. Sizes large enough that warps run several tasks
-// (more work than one resident wave holds in one round), so the selected kernel's next-group index prefetch
-// and the grid-stride loops are exercised.
+// topk_length the window cuts inside a vector. The last two cases are large enough that both
+// kernels' grid-stride loops run several rounds (more work than one grid step covers).
 TEST(DequantSelectedGpu, DenseStridesAndMultiTaskWarps) {
   SELKV_REQUIRE_GPU();
   uint64_t salt = 400;
