@@ -131,7 +131,9 @@ __device__ __forceinline__ void run_producer(const PrefillKernelParams& p, typen
 }
 
 // ---- consumers ------------------------------------------------------------------------------
-template <int kD, int kC>
+// kEarlyP0: A rebases and publishes its P for B (separate words) while its own RS P V still runs,
+// instead of after waiting for it; B's SS P V and the refill of slot0.R start earlier.
+template <int kD, int kC, bool kEarlyP0>
 __device__ __forceinline__ void run_consumer(const PrefillKernelParams& p, typename Config<kD>::SharedStorage& ss,
                                              int64_t t, int hg, int32_t len, int32_t nblk) {
   using C = Config<kD>;
@@ -243,10 +245,12 @@ __device__ __forceinline__ void run_consumer(const PrefillKernelParams& p, typen
       CUTE_UNROLL
       for (int kb = 0; kb < 4; ++kb) cute::gemm(mma_rs, tOrP(_, _, kb), tOrVown(_, _, kb), tOrO);
       warpgroup_commit_batch();
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(tOrO);
-      warpgroup_fence_operand(tOrP);
-      cutlass::arch::ClusterBarrier::arrive(&ss.empty[0][0]);
+      if constexpr (!kEarlyP0) {
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tOrO);
+        warpgroup_fence_operand(tOrP);
+        cutlass::arch::ClusterBarrier::arrive(&ss.empty[0][0]);
+      }
 
       // B's max -> rebase P_A for B, rescale O_A.
       nb_sync(Bar::kMaxB);
@@ -254,10 +258,23 @@ __device__ __forceinline__ void run_consumer(const PrefillKernelParams& p, typen
       const float mub0 = mb0 == kNegInf ? 0.f : mb0, mub1 = mb1 == kNegInf ? 0.f : mb1;
       const float f0 = mn0 == kNegInf ? 0.f : exp2f((mn0 - mub0) * sl2);
       const float f1 = mn1 == kNegInf ? 0.f : exp2f((mn1 - mub1) * sl2);
-      selkv::sm90::pack_bf16_pairs64_scaled(tSrS, f0, f1, tOrPw);
-      selkv::sm90::store_p_tile64(p_mine_words, tOrPw, r0, lane);
+      if constexpr (kEarlyP0) {
+        // tOrP is still an operand of the running RS wgmma: rebase into separate words.
+        Tensor tPw2 = make_tensor<uint32_t>(Int<16>{});
+        selkv::sm90::pack_bf16_pairs64_scaled(tSrS, f0, f1, tPw2);
+        selkv::sm90::store_p_tile64(p_mine_words, tPw2, r0, lane);
+      } else {
+        selkv::sm90::pack_bf16_pairs64_scaled(tSrS, f0, f1, tOrPw);
+        selkv::sm90::store_p_tile64(p_mine_words, tOrPw, r0, lane);
+      }
       cutlass::arch::fence_view_async_shared();
       nb_arrive(Bar::kP0);
+      if constexpr (kEarlyP0) {
+        warpgroup_wait<0>();  // O_A += P_A V_A[L] done: O may be rescaled, slot0.L freed
+        warpgroup_fence_operand(tOrO);
+        warpgroup_fence_operand(tOrP);
+        cutlass::arch::ClusterBarrier::arrive(&ss.empty[0][0]);
+      }
       CUTE_UNROLL
       for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= ((i >> 1) & 1) ? f1 : f0;
       l0 *= f0;
@@ -294,10 +311,12 @@ __device__ __forceinline__ void run_consumer(const PrefillKernelParams& p, typen
     } else {
       // ---- B: S on the odd block ----
       if (has1) {
-        vmask = selkv::sm90::row_valid_mask64(idx_row, (2 * pr + 1) * 64, len, p.num_kv, lane);
+        if constexpr (!kEarlyP0) vmask = selkv::sm90::row_valid_mask64(idx_row, (2 * pr + 1) * 64, len, p.num_kv, lane);
         issue_s_half(1, par, true);
         issue_s_half(0, par, false);
         warpgroup_commit_batch();
+        // v3b: index loads + ballot while the S wgmmas run (v3 does them before issuing S)
+        if constexpr (kEarlyP0) vmask = selkv::sm90::row_valid_mask64(idx_row, (2 * pr + 1) * 64, len, p.num_kv, lane);
         warpgroup_wait<0>();
         warpgroup_fence_operand(tSrS);
       } else {
@@ -413,7 +432,7 @@ __device__ __forceinline__ void run_consumer(const PrefillKernelParams& p, typen
 }
 
 // ---- kernel ---------------------------------------------------------------------------------
-template <int kD>
+template <int kD, bool kEarlyP0>
 __global__ void __launch_bounds__(kNumThreads, 1)
 sparse_prefill_sm90_v3_kernel(const __grid_constant__ PrefillKernelParams p) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -446,19 +465,19 @@ sparse_prefill_sm90_v3_kernel(const __grid_constant__ PrefillKernelParams p) {
     if (nblk > 0) run_producer<kD>(p, ss, t, hg, len, nblk);
   } else if (wg == 1) {
     cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
-    run_consumer<kD, 0>(p, ss, t, hg, len, nblk);
+    run_consumer<kD, 0, kEarlyP0>(p, ss, t, hg, len, nblk);
   } else {
     cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
-    run_consumer<kD, 1>(p, ss, t, hg, len, nblk);
+    run_consumer<kD, 1, kEarlyP0>(p, ss, t, hg, len, nblk);
   }
 #else
   if (threadIdx.x == 0 && blockIdx.x == 0) __trap();  // built without sm_90a
 #endif
 }
 
-template <int kD>
+template <int kD, bool kEarlyP0>
 cudaError_t launch_sparse_prefill_sm90_v3(const PrefillKernelParams& p, cudaStream_t stream) {
-  auto kernel = &sparse_prefill_sm90_v3_kernel<kD>;
+  auto kernel = &sparse_prefill_sm90_v3_kernel<kD, kEarlyP0>;
   constexpr int kSmem = int(sizeof(typename Config<kD>::SharedStorage));
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (err != cudaSuccess) return err;
