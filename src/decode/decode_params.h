@@ -16,7 +16,7 @@ namespace selkv::decode {
 
 inline constexpr int kBlockTokens = 64;      // selected tokens per KV block (TOPK_BLOCK_SIZE)
 inline constexpr int kHeadsPerCta = 64;      // query heads per CTA (one wgmma M tile)
-inline constexpr int kMinBlocksPerPart = 2;  // scheduler: do not split finer than this
+inline constexpr int kMinBlocksPerPart = 1;  // scheduler: do not split finer than this (1: small batches spread over more SMs)
 
 // Metadata buffer (int32, device):
 //   [0] T = total blocks   [1] NP = effective number of parts   [2] rows   [3] magic

@@ -47,6 +47,16 @@ __device__ __forceinline__ unsigned long long probe_clk() {
   asm volatile("mov.u64 %0, %%clock64;" : "=l"(t)::"memory");
   return t;
 }
+__device__ int g_decode_probe_small_prints[4];
+__device__ __forceinline__ unsigned long long probe_gtimer() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
+  return t;
+}
+// Small-batch timeline (rows <= 4): a few CTAs print globaltimer stamps (ns).
+__device__ __forceinline__ bool probe_small(const DecodeKernelParams& p, int role) {
+  return p.metadata[2] <= 4 && blockIdx.x == 0 && blockIdx.y == 0 && atomicAdd(&g_decode_probe_small_prints[role], 1) < 2;
+}
 #define SELKV_PROBE(...) __VA_ARGS__
 #else
 #define SELKV_PROBE(...)
@@ -580,10 +590,16 @@ __device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, Shar
     clear(tOrO);
     float m0 = kNegInf, m1 = kNegInf, l0 = 0.f, l1 = 0.f;
 
+    SELKV_PROBE(const unsigned long long gq = probe_gtimer();)
     for (int32_t blk = w.blk_begin; blk < w.blk_end; ++blk) {
       SELKV_PROBE(const unsigned long long c0 = probe_clk();)
       wait_kv_tile<kNumHeads>(ss, buf, phase);
       SELKV_PROBE(const unsigned long long c1 = probe_clk(); pc[0] += c1 - c0;)
+#if SELKV_DECODE_PROBE
+      if (blk == w.blk_begin && tid_wg == 0 && probe_small(p, 1))
+        printf("PROBE small softmaxWG row=%d blocks=%d q_ready=%llu first_full=%llu\n", int(w.row),
+               int(w.blk_end - w.blk_begin), gq, probe_gtimer());
+#endif
 
       // S = Q K^T over 576 dims for the block's 64 tokens.
       Tensor sK = make_tensor(make_smem_ptr(ss.k[buf]), SmemLayoutK{});
@@ -702,6 +718,9 @@ __device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, Shar
     // WG2 reads row_sum / row_max right after kRowSum; WG1 rewrites them only after the next
     // row's kQReady barrier, which WG2 reaches after that read.
     store_row<kNumHeads>(p, w, 0, lane, r0, r1, RowStats{m0, m1, l0, l1}, tOrO);
+#if SELKV_DECODE_PROBE
+    if (tid_wg == 0 && probe_small(p, 2)) printf("PROBE small softmaxWG row_stored=%llu\n", probe_gtimer());
+#endif
   }
 #if SELKV_DECODE_PROBE
   if (tid_wg == 0 && blockIdx.x == 0 && probe_should_print<kNumHeads>(p, 1)) {
@@ -777,6 +796,7 @@ template <int kNumHeads, bool kDynamic>
 __global__ void __launch_bounds__(kNumThreads, 1)
 sparse_decode_sm90_kernel(const __grid_constant__ DecodeKernelParams p) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  SELKV_PROBE(const unsigned long long g_entry = probe_gtimer();)
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   if ((cute::cast_smem_ptr_to_uint(smem_raw) & 1023u) != 0) __trap();  // swizzle needs 1 KB alignment
   SharedStorage& ss = *reinterpret_cast<SharedStorage*>(smem_raw);
@@ -807,6 +827,10 @@ sparse_decode_sm90_kernel(const __grid_constant__ DecodeKernelParams p) {
   // Programmatic dependent launch: the combine kernel may be scheduled now; it waits
   // (griddepcontrol.wait) for this grid's completion and memory flush before reading partials.
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#if SELKV_DECODE_PROBE
+  if (threadIdx.x == 0 && probe_small(p, 0))
+    printf("PROBE small kernel entry=%llu after_init_sync=%llu\n", g_entry, probe_gtimer());
+#endif
 
   const int wg = int(threadIdx.x) / 128;
   if (wg == 0) {
