@@ -1,6 +1,7 @@
 #include <cuda_bf16.h>
 
 #include <cmath>
+#include <cstdio>
 
 #include "decode/combine.h"
 
