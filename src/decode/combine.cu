@@ -1,7 +1,6 @@
 #include <cuda_bf16.h>
 
 #include <cmath>
-#include <cstdio>
 
 #include "decode/combine.h"
 
@@ -24,20 +23,7 @@ decode_combine_kernel(const DecodeKernelParams p) {
   // Launched as a programmatic dependent of the decode kernel: wait for its completion (and the
   // visibility of its partials) before reading them. The metadata above was written by an earlier
   // kernel that had completed before the decode kernel started.
-#ifdef SELKV_DECODE_PROBE
-#if SELKV_DECODE_PROBE
-  unsigned long long g0, g1;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g0)::"memory");
-#endif
-#endif
   asm volatile("griddepcontrol.wait;" ::: "memory");
-#ifdef SELKV_DECODE_PROBE
-#if SELKV_DECODE_PROBE
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g1)::"memory");
-  if (p.num_rows <= 4 && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0)
-    printf("PROBE small combine start=%llu after_wait=%llu\n", g0, g1);
-#endif
-#endif
 
   const int h = blockIdx.y * kHeadsPerCombineCta + threadIdx.x / 128;
   const int d = (threadIdx.x % 128) * 4;

@@ -77,6 +77,7 @@ Status make_decode_metadata(const DecodeShape& shape, void* buffer, size_t buffe
   }
   SELKV_CUDA_RETURN(decode::launch_decode_scheduler(shape.batch, shape.seq_q, shape.topk,
                                                     shape.topk_length, parts,
+                                                    decode::min_blocks_per_part(shape.num_heads),
                                                     static_cast<int32_t*>(buffer), stream),
                     kOp);
   metadata->data = static_cast<int32_t*>(buffer);

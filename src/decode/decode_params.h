@@ -16,12 +16,11 @@ namespace selkv::decode {
 
 inline constexpr int kBlockTokens = 64;      // selected tokens per KV block (TOPK_BLOCK_SIZE)
 inline constexpr int kHeadsPerCta = 64;      // query heads per CTA (one wgmma M tile)
-// Scheduler: do not split finer than this many 64-token blocks per part. Each part costs a Q load,
-// a partial write and a combine read; 1 measured slower than 2 at B = 1 (H=64: 36.2 vs 29.0 us).
-#ifndef SELKV_DECODE_MIN_BLOCKS_PER_PART
-#define SELKV_DECODE_MIN_BLOCKS_PER_PART 2
-#endif
-inline constexpr int kMinBlocksPerPart = SELKV_DECODE_MIN_BLOCKS_PER_PART;
+// Scheduler: do not split finer than this many 64-token blocks per part. Each part costs a Q
+// load, a partial write and a combine read. Measured at 2a59009+ (H200, quick grid): H = 64 B = 1
+// 1 / 2 / 4 blocks: 36.2 / 28.7 / 30.5 us; H = 128 B = 2 S_q = 2 (2-CTA clusters): 2 / 4 blocks:
+// 37.4 / 30.0 us. Large batches are capped by the SM count and do not see it.
+SELKV_DEC_HD constexpr int min_blocks_per_part(int num_heads) { return num_heads == 128 ? 4 : 2; }
 
 // Metadata buffer (int32, device):
 //   [0] T = total blocks   [1] NP = effective number of parts   [2] rows   [3] magic

@@ -11,7 +11,7 @@ constexpr int kSchedThreads = 512;
 
 __global__ void __launch_bounds__(kSchedThreads)
 decode_scheduler_kernel(int32_t batch, int32_t seq_q, int32_t topk, const int32_t* topk_length,
-                        int32_t num_sm_parts, int32_t* md) {
+                        int32_t num_sm_parts, int32_t min_blocks, int32_t* md) {
   using Scan = cub::BlockScan<int32_t, kSchedThreads>;
   __shared__ typename Scan::TempStorage tmp;
   const int32_t rows = batch * seq_q;
@@ -39,7 +39,7 @@ decode_scheduler_kernel(int32_t batch, int32_t seq_q, int32_t topk, const int32_
   if (threadIdx.x == 0) {
     prefix[0] = 0;
     const int32_t T = carry;
-    int32_t np = (T + kMinBlocksPerPart - 1) / kMinBlocksPerPart;
+    int32_t np = (T + min_blocks - 1) / min_blocks;
     if (np > num_sm_parts) np = num_sm_parts;
     if (np < 1) np = 1;
     md[0] = T;
@@ -54,9 +54,9 @@ decode_scheduler_kernel(int32_t batch, int32_t seq_q, int32_t topk, const int32_
 
 cudaError_t launch_decode_scheduler(int32_t batch, int32_t seq_q, int32_t topk,
                                     const int32_t* topk_length, int32_t num_sm_parts,
-                                    int32_t* metadata, cudaStream_t stream) {
+                                    int32_t min_blocks_per_part, int32_t* metadata, cudaStream_t stream) {
   decode_scheduler_kernel<<<1, kSchedThreads, 0, stream>>>(batch, seq_q, topk, topk_length,
-                                                           num_sm_parts, metadata);
+                                                           num_sm_parts, min_blocks_per_part, metadata);
   return cudaGetLastError();
 }
 

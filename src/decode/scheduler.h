@@ -11,6 +11,7 @@ namespace selkv::decode {
 // topk_length (device [batch]) selects dynamic block counts. One CTA on `stream`.
 cudaError_t launch_decode_scheduler(int32_t batch, int32_t seq_q, int32_t topk,
                                     const int32_t* topk_length, int32_t num_sm_parts,
+                                    int32_t min_blocks_per_part,
                                     int32_t* metadata, cudaStream_t stream);
 
 }  // namespace selkv::decode

@@ -1,6 +1,6 @@
 // Warpgroup primitives for SM90 attention consumers that hold a wgmma m64nNk16 f32 accumulator
-// of S = Q K^T and run the online softmax on it (used by the C7 prefill v3; the C5 decode has its
-// own copy of the same arithmetic, docs/decode-design.md §4).
+// of S = Q K^T and run the online softmax on it (used by the C7 prefill v3 and the C5 decode's
+// softmax warpgroup: one copy of the masking / row-max / exp2 arithmetic).
 //
 //   Accumulator fragment (common.cuh): value i of thread (warp w, lane l) of the warpgroup is
 //   row 16 w + l / 4 + 8 * ((i >> 1) & 1), column 8 * (i >> 2) + 2 * (l % 4) + (i & 1).

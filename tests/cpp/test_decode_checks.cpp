@@ -157,6 +157,7 @@ TEST(DecodeChecks, SmemLayoutsAgreeWithCute) {
 // combine's slot choice matches the kernel's.
 TEST(DecodeChecks, SchedulerPartitionArithmetic) {
   using namespace selkv::decode;
+  for (int min_blocks : {min_blocks_per_part(64), min_blocks_per_part(128)})
   for (int np : {1, 2, 3, 7, 66, 132}) {
     for (const std::vector<int>& blocks :
          {std::vector<int>{1}, std::vector<int>{32}, std::vector<int>(74, 1),
@@ -165,7 +166,7 @@ TEST(DecodeChecks, SchedulerPartitionArithmetic) {
       std::vector<int> P(rows + 1, 0);
       for (int r = 0; r < rows; ++r) P[r + 1] = P[r] + blocks[r];
       const int T = P[rows];
-      int npe = std::min(np, std::max(1, (T + kMinBlocksPerPart - 1) / kMinBlocksPerPart));
+      int npe = std::min(np, std::max(1, (T + min_blocks - 1) / min_blocks));
       std::vector<int> owner(T, -1);
       std::set<std::pair<int, int>> kernel_slots;  // (row, slot) written by the kernel
       for (int p = 0; p < npe; ++p) {

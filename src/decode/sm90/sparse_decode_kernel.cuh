@@ -14,6 +14,7 @@
 
 #include "decode/sm90/config.h"
 #include "sm90/common.cuh"
+#include "sm90/wg_softmax.cuh"
 
 // H = 128 crossover transport (A/B switch, default 1): 1 = the producer writes its 32 tokens into
 // its own tile and one thread copies that contiguous 36 KB half into the peer CTA with one
@@ -46,16 +47,6 @@ __device__ __forceinline__ unsigned long long probe_clk() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %%clock64;" : "=l"(t)::"memory");
   return t;
-}
-__device__ int g_decode_probe_small_prints[4];
-__device__ __forceinline__ unsigned long long probe_gtimer() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
-  return t;
-}
-// Small-batch timeline (rows <= 4): a few CTAs print globaltimer stamps (ns).
-__device__ __forceinline__ bool probe_small(const DecodeKernelParams& p, int role) {
-  return p.metadata[2] <= 4 && blockIdx.x == 0 && blockIdx.y == 0 && atomicAdd(&g_decode_probe_small_prints[role], 1) < 2;
 }
 #define SELKV_PROBE(...) __VA_ARGS__
 #else
@@ -590,16 +581,10 @@ __device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, Shar
     clear(tOrO);
     float m0 = kNegInf, m1 = kNegInf, l0 = 0.f, l1 = 0.f;
 
-    SELKV_PROBE(const unsigned long long gq = probe_gtimer();)
     for (int32_t blk = w.blk_begin; blk < w.blk_end; ++blk) {
       SELKV_PROBE(const unsigned long long c0 = probe_clk();)
       wait_kv_tile<kNumHeads>(ss, buf, phase);
       SELKV_PROBE(const unsigned long long c1 = probe_clk(); pc[0] += c1 - c0;)
-#if SELKV_DECODE_PROBE
-      if (blk == w.blk_begin && tid_wg == 0 && probe_small(p, 1))
-        printf("PROBE small softmaxWG row=%d blocks=%d q_ready=%llu first_full=%llu\n", int(w.row),
-               int(w.blk_end - w.blk_begin), gq, probe_gtimer());
-#endif
 
       // S = Q K^T over 576 dims for the block's 64 tokens.
       Tensor sK = make_tensor(make_smem_ptr(ss.k[buf]), SmemLayoutK{});
@@ -618,25 +603,9 @@ __device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, Shar
       warpgroup_fence_operand(tSrS);
       SELKV_PROBE(const unsigned long long c2 = probe_clk(); pc[1] += c2 - c1;)
 
-      // Mask invalid tokens, row maxima (a row lives in one quad of lanes). Token of value i:
-      // 8 (i >> 2) + 2 (lane % 4) + (i & 1).
-      // A block with every token valid (the common case) skips the masking (uniform branch).
-      const uint64_t vall = *reinterpret_cast<const uint64_t*>(ss.kv_valid_bits[buf]);
-      if (vall != ~uint64_t(0)) {
-        const uint64_t vbits = vall >> (2 * (lane & 3));
-        CUTE_UNROLL
-        for (int i = 0; i < size(tSrS); ++i)
-          if (!((vbits >> (8 * (i >> 2) + (i & 1))) & 1u)) tSrS(i) = kNegInf;
-      }
-      float mx0 = kNegInf, mx1 = kNegInf;
-      CUTE_UNROLL
-      for (int i = 0; i < size(tSrS); ++i) {
-        if ((i >> 1) & 1) mx1 = fmaxf(mx1, tSrS(i)); else mx0 = fmaxf(mx0, tSrS(i));
-      }
-      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+      // Mask invalid tokens (bit t of the block's mask = token t), row maxima over the quad.
+      float mx0, mx1;
+      selkv::sm90::wg_mask_rowmax64(tSrS, *reinterpret_cast<const uint64_t*>(ss.kv_valid_bits[buf]), lane, mx0, mx1);
       const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
       const float mu0 = mn0 == kNegInf ? 0.f : mn0;  // nothing valid yet: keep exp2 finite
       const float mu1 = mn1 == kNegInf ? 0.f : mn1;
@@ -646,14 +615,8 @@ __device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, Shar
       m1 = mn1;
 
       // P = exp2(s * scale_log2 - m * scale_log2): row sums in fp32, P in bf16 registers.
-      float ps0 = 0.f, ps1 = 0.f;
-      CUTE_UNROLL
-      for (int i = 0; i < size(tSrS); ++i) {
-        const bool hi = (i >> 1) & 1;
-        const float pv = exp2f(fmaf(tSrS(i), sl2, hi ? -base1 : -base0));
-        tSrS(i) = pv;
-        if (hi) ps1 += pv; else ps0 += pv;
-      }
+      float ps0, ps1;
+      selkv::sm90::wg_exp2_rows64(tSrS, sl2, base0, base1, ps0, ps1);
       l0 = l0 * sc0 + ps0;
       l1 = l1 * sc1 + ps1;
       CUTE_UNROLL
@@ -718,9 +681,6 @@ __device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, Shar
     // WG2 reads row_sum / row_max right after kRowSum; WG1 rewrites them only after the next
     // row's kQReady barrier, which WG2 reaches after that read.
     store_row<kNumHeads>(p, w, 0, lane, r0, r1, RowStats{m0, m1, l0, l1}, tOrO);
-#if SELKV_DECODE_PROBE
-    if (tid_wg == 0 && probe_small(p, 2)) printf("PROBE small softmaxWG row_stored=%llu\n", probe_gtimer());
-#endif
   }
 #if SELKV_DECODE_PROBE
   if (tid_wg == 0 && blockIdx.x == 0 && probe_should_print<kNumHeads>(p, 1)) {
@@ -796,7 +756,6 @@ template <int kNumHeads, bool kDynamic>
 __global__ void __launch_bounds__(kNumThreads, 1)
 sparse_decode_sm90_kernel(const __grid_constant__ DecodeKernelParams p) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  SELKV_PROBE(const unsigned long long g_entry = probe_gtimer();)
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   if ((cute::cast_smem_ptr_to_uint(smem_raw) & 1023u) != 0) __trap();  // swizzle needs 1 KB alignment
   SharedStorage& ss = *reinterpret_cast<SharedStorage*>(smem_raw);
@@ -827,10 +786,6 @@ sparse_decode_sm90_kernel(const __grid_constant__ DecodeKernelParams p) {
   // Programmatic dependent launch: the combine kernel may be scheduled now; it waits
   // (griddepcontrol.wait) for this grid's completion and memory flush before reading partials.
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#if SELKV_DECODE_PROBE
-  if (threadIdx.x == 0 && probe_small(p, 0))
-    printf("PROBE small kernel entry=%llu after_init_sync=%llu\n", g_entry, probe_gtimer());
-#endif
 
   const int wg = int(threadIdx.x) / 128;
   if (wg == 0) {
