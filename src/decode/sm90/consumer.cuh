@@ -1,0 +1,327 @@
+// Consumer warpgroups of the SM90 decode: the softmax WG (S, online softmax, P, O[:, 0:256]) and
+// the PV WG (O[:, 256:512]); row epilogue (docs/decode-design.md §2).
+#pragma once
+
+#include <cutlass/arch/barrier.h>
+
+#include "decode/sm90/config.h"
+#include "decode/sm90/part_iter.cuh"
+#include "decode/sm90/primitives.cuh"
+#include "decode/sm90/probe.cuh"
+#include "sm90/common.cuh"
+#include "sm90/wg_softmax.cuh"
+
+namespace selkv::decode::sm90 {
+
+// ---- consumer warpgroups --------------------------------------------------------------------
+// v4 split (FlashMLA's public SM90 design, written our own way): WG1 ("softmax WG") computes
+// S = Q K^T for all 64 tokens of a block (wgmma m64n64k16: Q is read from smem once per block,
+// not once per consumer), owns the whole online softmax (no row-max exchange), keeps P in
+// registers as the A operand of its O_0 += P V_0 (RS wgmma, d_v [0, 256)) and publishes P (bf16
+// tile) and the per-row rescale factor to WG2 ("PV WG"), which only does O_1 = O_1 * scale +
+// P V_1 (SS wgmma, d_v [256, 512)). WG2's PV of block i overlaps WG1's S of block i + 1.
+//
+// Accumulator fragment of wgmma m64nNk16 (f32), value i of thread (warp w, lane l):
+//   row = 16 w + l / 4 + 8 * ((i >> 1) & 1), col = 8 * (i >> 2) + 2 * (l % 4) + (i & 1).
+// The A-operand register fragment of m64n256k16 (RS) for k-block kb holds, in the same order,
+// accumulator values [8 kb, 8 kb + 8) of S, so P goes to registers with a flat copy.
+
+// Shared per-row state of the epilogue (both consumer warpgroups of one row).
+struct RowStats {
+  float m0, m1, l0, l1;
+};
+
+// Epilogue of one row for consumer `cw` (owns d_v [256 cw, 256 cw + 256)): normalize, then bf16
+// out + lse (unsplit) or fp32 partial + partial lse (split).
+template <int kNumHeads, typename TensorO>
+__device__ __forceinline__ void store_row(const DecodeKernelParams& p, const RowWork& w, int cw, int lane,
+                                          int r0, int r1, const RowStats& st, TensorO& tOrO) {
+  constexpr float kNegInf = -INFINITY;
+  const int32_t b = w.row / p.seq_q, s = w.row - (w.row / p.seq_q) * p.seq_q;
+  const int head_base = int(blockIdx.x) * kBlockM;
+  const bool any0 = st.l0 > 0.f, any1 = st.l1 > 0.f;
+  const float lse0 = any0 ? st.m0 * p.sm_scale + logf(st.l0) : kNegInf;
+  const float lse1 = any1 ? st.m1 * p.sm_scale + logf(st.l1) : kNegInf;
+  float f0 = any0 ? 1.f / st.l0 : 0.f, f1 = any1 ? 1.f / st.l1 : 0.f;
+  const int h0 = head_base + r0, h1 = head_base + r1;
+  const int col0 = cw * kDimVPerConsumer + 2 * (lane & 3);
+  if (w.split) {
+    float* acc0 = p.accum_out + (int64_t(w.slot) * kNumHeads + h0) * kDimV + col0;
+    float* acc1 = p.accum_out + (int64_t(w.slot) * kNumHeads + h1) * kDimV + col0;
+    CUTE_UNROLL
+    for (int i = 0; i < size(tOrO); i += 4) {
+      const int c = 8 * (i >> 2);
+      *reinterpret_cast<float2*>(acc0 + c) = make_float2(tOrO(i) * f0, tOrO(i + 1) * f0);
+      *reinterpret_cast<float2*>(acc1 + c) = make_float2(tOrO(i + 2) * f1, tOrO(i + 3) * f1);
+    }
+    if (cw == 0 && (lane & 3) == 0) {
+      p.accum_lse[int64_t(w.slot) * kNumHeads + h0] = lse0;
+      p.accum_lse[int64_t(w.slot) * kNumHeads + h1] = lse1;
+    }
+  } else {
+    if (p.attn_sink != nullptr) {
+      if (any0) f0 *= 1.f / (1.f + expf(p.attn_sink[h0] - lse0));
+      if (any1) f1 *= 1.f / (1.f + expf(p.attn_sink[h1] - lse1));
+    }
+    uint16_t* orow = p.out + b * p.out_batch_stride + s * p.out_seq_stride;
+    uint16_t* o0 = orow + int64_t(h0) * p.out_head_stride + col0;
+    uint16_t* o1 = orow + int64_t(h1) * p.out_head_stride + col0;
+    CUTE_UNROLL
+    for (int i = 0; i < size(tOrO); i += 4) {
+      const int c = 8 * (i >> 2);
+      *reinterpret_cast<uint32_t*>(o0 + c) = bf16x2_bits(tOrO(i) * f0, tOrO(i + 1) * f0);
+      *reinterpret_cast<uint32_t*>(o1 + c) = bf16x2_bits(tOrO(i + 2) * f1, tOrO(i + 3) * f1);
+    }
+    if (cw == 0 && (lane & 3) == 0) {
+      float* lrow = p.lse + b * p.lse_batch_stride + s * p.lse_seq_stride;
+      lrow[h0] = lse0;
+      lrow[h1] = lse1;
+    }
+  }
+}
+
+// Q [64 heads x 576] of row `w` -> smem, by both consumer warpgroups (256 threads): 18 cp.async
+// of 16 bytes per thread, all in flight at once (one DRAM latency per row, no registers). The
+// caller guarantees every wgmma of the previous row has completed (the row-end barrier).
+__device__ __forceinline__ void load_q_tile(const DecodeKernelParams& p, SharedStorage& ss, const RowWork& w) {
+  const int tid_c = int(threadIdx.x) - 128;  // 0..255 over both consumers
+  const int head_base = int(blockIdx.x) * kBlockM;
+  const int32_t b = w.row / p.seq_q, s = w.row - (w.row / p.seq_q) * p.seq_q;
+  const uint16_t* qrow = p.q + b * p.q_batch_stride + s * p.q_seq_stride;
+  const uint32_t sq = smem_u32(ss.q);
+  constexpr int kChunksPerHead = kDimQK / 8;  // 72 x 16 bytes
+  constexpr int kIters = kBlockM * kChunksPerHead / kNumConsumerThreads;  // 18
+  static_assert(kBlockM * kChunksPerHead % kNumConsumerThreads == 0);
+#pragma unroll 1  // asynchronous copies: a rolled loop still has all 18 in flight, in few registers
+  for (int u = 0; u < kIters; ++u) {
+    const int c = u * kNumConsumerThreads + tid_c;
+    const int h = c / kChunksPerHead, cc = c - (c / kChunksPerHead) * kChunksPerHead;
+    selkv::sm90::cp_async_16(sq + 2u * uint32_t(k_tile_offset(h, cc * 8)),
+                             qrow + int64_t(head_base + h) * p.q_head_stride + cc * 8, true);
+  }
+  selkv::sm90::cp_async_wait_all();
+  cutlass::arch::fence_view_async_shared();  // cp.async writes are generic proxy; wgmma reads async
+  cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(NamedBar::kQReady));
+}
+
+// Wait until block `buf` (phase) is complete in this CTA: the local producer's part (bar_full),
+// and for H = 128 the peer's part (bar_remote).
+template <int kNumHeads>
+__device__ __forceinline__ void wait_kv_tile(SharedStorage& ss, int buf, uint32_t phase) {
+  cutlass::arch::ClusterBarrier::wait(&ss.bar_full[buf], phase);
+  if constexpr (kNumHeads == 128) cutlass::arch::ClusterBarrier::wait(&ss.bar_remote[buf], phase);
+}
+
+// Return buffer `buf` to the producer(s): one arrival per consumer warp, on this CTA's and
+// (H = 128) the peer's empty barrier (the peer's producer writes half of this tile).
+template <int kNumHeads>
+__device__ __forceinline__ void release_kv_tile(SharedStorage& ss, int buf, int lane) {
+  __syncwarp();
+  if constexpr (kNumHeads == 128) {
+    cutlass::arch::ClusterBarrier::arrive(&ss.bar_empty[buf], 0u, uint32_t(lane == 0));
+    cutlass::arch::ClusterBarrier::arrive(&ss.bar_empty[buf], 1u, uint32_t(lane == 0));
+  } else {
+    if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&ss.bar_empty[buf]);
+  }
+}
+
+// WG1: S, softmax, P, O_0 += P V_0.
+template <int kNumHeads>
+__device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, SharedStorage& ss, PartIter it) {
+  const int tid_wg = int(threadIdx.x) - 128;
+  const int warp_wg = tid_wg / 32, lane = tid_wg % 32;
+  const int r0 = warp_wg * 16 + lane / 4, r1 = r0 + 8;
+  const float sl2 = p.sm_scale_log2;
+  constexpr float kNegInf = -INFINITY;
+
+  TiledMmaQK mma_qk;
+  TiledMmaPVrs mma_pv;
+  auto thr_qk = mma_qk.get_thread_slice(tid_wg);
+  auto thr_pv = mma_pv.get_thread_slice(tid_wg);
+  Tensor sQ = make_tensor(make_smem_ptr(ss.q), SmemLayoutQ{});
+  Tensor tSrQ = thr_qk.partition_fragment_A(sQ);  // (MMA, 1, 36) descriptors
+  Tensor tOrO = partition_fragment_C(mma_pv, Shape<Int<kBlockM>, Int<kDimVPerConsumer>>{});
+  Tensor tOrP = make_tensor<bf16_t>(partition_shape_A(mma_pv, Shape<Int<kBlockM>, Int<kBlockN>>{}));
+  static_assert(decltype(size(tOrO))::value == 128);
+  static_assert(decltype(size(tOrP))::value == 32);
+
+  int buf = 0;
+  uint32_t phase = 0;
+  RowWork w;
+  SELKV_PROBE(unsigned long long pc[8] = {0, 0, 0, 0, 0, 0, 0, 0}; const unsigned long long ct0 = probe_clk();)
+  while (it.next(w)) {
+    load_q_tile(p, ss, w);
+    clear(tOrO);
+    float m0 = kNegInf, m1 = kNegInf, l0 = 0.f, l1 = 0.f;
+
+    for (int32_t blk = w.blk_begin; blk < w.blk_end; ++blk) {
+      SELKV_PROBE(const unsigned long long c0 = probe_clk();)
+      wait_kv_tile<kNumHeads>(ss, buf, phase);
+      SELKV_PROBE(const unsigned long long c1 = probe_clk(); pc[0] += c1 - c0;)
+
+      // S = Q K^T over 576 dims for the block's 64 tokens.
+      Tensor sK = make_tensor(make_smem_ptr(ss.k[buf]), SmemLayoutK{});
+      Tensor tSrK = thr_qk.partition_fragment_B(sK);  // (MMA, 1, 36)
+      Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});
+      warpgroup_fence_operand(tSrS);
+      warpgroup_arrive();
+      mma_qk.accumulate_ = GMMA::ScaleOut::Zero;
+      CUTE_UNROLL
+      for (int kb = 0; kb < size<2>(tSrQ); ++kb) {
+        cute::gemm(mma_qk, tSrQ(_, _, kb), tSrK(_, _, kb), tSrS);
+        mma_qk.accumulate_ = GMMA::ScaleOut::One;
+      }
+      warpgroup_commit_batch();
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tSrS);
+      SELKV_PROBE(const unsigned long long c2 = probe_clk(); pc[1] += c2 - c1;)
+
+      // Mask invalid tokens (bit t of the block's mask = token t), row maxima over the quad.
+      float mx0, mx1;
+      selkv::sm90::wg_mask_rowmax64(tSrS, *reinterpret_cast<const uint64_t*>(ss.kv_valid_bits[buf]), lane, mx0, mx1);
+      const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+      const float mu0 = mn0 == kNegInf ? 0.f : mn0;  // nothing valid yet: keep exp2 finite
+      const float mu1 = mn1 == kNegInf ? 0.f : mn1;
+      const float sc0 = exp2f((m0 - mu0) * sl2), sc1 = exp2f((m1 - mu1) * sl2);
+      const float base0 = mu0 * sl2, base1 = mu1 * sl2;
+      m0 = mn0;
+      m1 = mn1;
+
+      // P = exp2(s * scale_log2 - m * scale_log2): row sums in fp32, P in bf16 registers.
+      float ps0, ps1;
+      selkv::sm90::wg_exp2_rows64(tSrS, sl2, base0, base1, ps0, ps1);
+      l0 = l0 * sc0 + ps0;
+      l1 = l1 * sc1 + ps1;
+      CUTE_UNROLL
+      for (int i = 0; i < size(tSrS); i += 2) {
+        const uint32_t v = bf16x2_bits(tSrS(i), tSrS(i + 1));
+        *reinterpret_cast<uint32_t*>(&tOrP(i)) = v;
+      }
+      SELKV_PROBE(const unsigned long long c3 = probe_clk(); pc[2] += c3 - c2;)
+
+      // Publish P and the rescale factors to WG2 (after it has finished with the previous ones).
+      if (blk != w.blk_begin) cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(NamedBar::kPFree));
+      CUTE_UNROLL
+      for (int i = 0; i < size(tOrP); i += 2) {
+        const int row = ((i >> 1) & 1) ? r1 : r0;
+        const int col = 8 * (i >> 2) + 2 * (lane & 3);
+        *reinterpret_cast<uint32_t*>(ss.p + p_tile_offset(row, col)) = *reinterpret_cast<const uint32_t*>(&tOrP(i));
+      }
+      if ((lane & 3) == 0) {
+        ss.row_scale[r0] = sc0;
+        ss.row_scale[r1] = sc1;
+      }
+      cutlass::arch::fence_view_async_shared();  // P tile: generic stores -> WG2's wgmma
+      cutlass::arch::NamedBarrier::arrive(kNumConsumerThreads, uint32_t(NamedBar::kPReady));
+      // Once the running maxima settle the factors are exactly 1: skip the 128 multiplies
+      // (warp-uniform test; multiplying by 1 would give the same bits).
+      if (__any_sync(0xffffffffu, sc0 != 1.f || sc1 != 1.f)) {
+        CUTE_UNROLL
+        for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= ((i >> 1) & 1) ? sc1 : sc0;
+      }
+      SELKV_PROBE(const unsigned long long c4 = probe_clk(); pc[3] += c4 - c3;)
+
+      // O_0 += P V_0 (V = first 512 dims of the same KV tile, read MN-major).
+      Tensor sV = make_tensor(make_smem_ptr(ss.k[buf]), SmemLayoutVHalf{});
+      Tensor tOrV = thr_pv.partition_fragment_B(sV);  // (MMA, 1, 4)
+      warpgroup_fence_operand(tOrO);
+      warpgroup_arrive();
+      CUTE_UNROLL
+      for (int kb = 0; kb < size<2>(tOrP); ++kb) cute::gemm(mma_pv, tOrP(_, _, kb), tOrV(_, _, kb), tOrO);
+      warpgroup_commit_batch();
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tOrO);
+      SELKV_PROBE(const unsigned long long c5 = probe_clk(); pc[4] += c5 - c4;)
+
+      release_kv_tile<kNumHeads>(ss, buf, lane);
+      if (++buf == kNumKBufs) { buf = 0; phase ^= 1u; }
+      SELKV_PROBE(pc[5] += probe_clk() - c5; pc[6] += 1;)
+    }
+
+    // Row end: total row sums and maxima -> smem for WG2; the barrier also orders every wgmma of
+    // this row before the next row's Q load.
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    if ((lane & 3) == 0) {
+      ss.row_sum[r0] = l0;
+      ss.row_sum[r1] = l1;
+      ss.row_max[r0] = m0;
+      ss.row_max[r1] = m1;
+    }
+    cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(NamedBar::kRowSum));
+    // WG2 reads row_sum / row_max right after kRowSum; WG1 rewrites them only after the next
+    // row's kQReady barrier, which WG2 reaches after that read.
+    store_row<kNumHeads>(p, w, 0, lane, r0, r1, RowStats{m0, m1, l0, l1}, tOrO);
+  }
+#if SELKV_DECODE_PROBE
+  if (tid_wg == 0 && blockIdx.x == 0 && probe_should_print<kNumHeads>(p, 1)) {
+    printf("PROBE H%d softmaxWG part=%d blocks=%llu total=%llu wait_full=%llu S=%llu softmax=%llu publishP=%llu PV=%llu release=%llu\n",
+           kNumHeads, int(blockIdx.y), pc[6], probe_clk() - ct0, pc[0], pc[1], pc[2], pc[3], pc[4], pc[5]);
+  }
+#endif
+}
+
+// WG2: O_1 = O_1 * scale + P V_1.
+template <int kNumHeads>
+__device__ __forceinline__ void run_pv_wg(const DecodeKernelParams& p, SharedStorage& ss, PartIter it) {
+  const int tid_wg = int(threadIdx.x) - 256;
+  const int warp_wg = tid_wg / 32, lane = tid_wg % 32;
+  const int r0 = warp_wg * 16 + lane / 4, r1 = r0 + 8;
+
+  TiledMmaPV mma_pv;
+  auto thr_pv = mma_pv.get_thread_slice(tid_wg);
+  Tensor sP = make_tensor(make_smem_ptr(ss.p), SmemLayoutP{});
+  Tensor tOrP = thr_pv.partition_fragment_A(sP);  // (MMA, 1, 4) descriptors
+  Tensor tOrO = partition_fragment_C(mma_pv, Shape<Int<kBlockM>, Int<kDimVPerConsumer>>{});
+  static_assert(decltype(size(tOrO))::value == 128);
+
+  int buf = 0;
+  uint32_t phase = 0;
+  RowWork w;
+  SELKV_PROBE(unsigned long long pc[4] = {0, 0, 0, 0}; const unsigned long long ct0 = probe_clk();)
+  while (it.next(w)) {
+    load_q_tile(p, ss, w);
+    clear(tOrO);
+    for (int32_t blk = w.blk_begin; blk < w.blk_end; ++blk) {
+      SELKV_PROBE(const unsigned long long c0 = probe_clk();)
+      cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(NamedBar::kPReady));
+      // WG1 waited for this tile before publishing P; waiting here too is free and keeps the
+      // async-proxy visibility chain explicit (producer fence -> mbarrier -> this thread).
+      wait_kv_tile<kNumHeads>(ss, buf, phase);
+      SELKV_PROBE(const unsigned long long c1 = probe_clk(); pc[0] += c1 - c0;)
+      const float sc0 = ss.row_scale[r0], sc1 = ss.row_scale[r1];
+      if (__any_sync(0xffffffffu, sc0 != 1.f || sc1 != 1.f)) {
+        CUTE_UNROLL
+        for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= ((i >> 1) & 1) ? sc1 : sc0;
+      }
+
+      Tensor sV = make_tensor(make_smem_ptr(ss.k[buf] + kVHalfDimOffset), SmemLayoutVHalf{});
+      Tensor tOrV = thr_pv.partition_fragment_B(sV);  // (MMA, 1, 4)
+      warpgroup_fence_operand(tOrO);
+      warpgroup_arrive();
+      CUTE_UNROLL
+      for (int kb = 0; kb < size<2>(tOrP); ++kb) cute::gemm(mma_pv, tOrP(_, _, kb), tOrV(_, _, kb), tOrO);
+      warpgroup_commit_batch();
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tOrO);
+      SELKV_PROBE(pc[1] += probe_clk() - c1; pc[2] += 1;)
+
+      release_kv_tile<kNumHeads>(ss, buf, lane);
+      if (blk + 1 != w.blk_end) cutlass::arch::NamedBarrier::arrive(kNumConsumerThreads, uint32_t(NamedBar::kPFree));
+      if (++buf == kNumKBufs) { buf = 0; phase ^= 1u; }
+    }
+    cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(NamedBar::kRowSum));
+    const RowStats st{ss.row_max[r0], ss.row_max[r1], ss.row_sum[r0], ss.row_sum[r1]};
+    store_row<kNumHeads>(p, w, 1, lane, r0, r1, st, tOrO);
+  }
+#if SELKV_DECODE_PROBE
+  if (tid_wg == 0 && blockIdx.x == 0 && probe_should_print<kNumHeads>(p, 2)) {
+    printf("PROBE H%d pvWG part=%d blocks=%llu total=%llu wait_P=%llu PV=%llu\n", kNumHeads, int(blockIdx.y), pc[2],
+           probe_clk() - ct0, pc[0], pc[1]);
+  }
+#endif
+}
+
+}  // namespace selkv::decode::sm90

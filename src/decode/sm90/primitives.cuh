@@ -1,0 +1,81 @@
+// Thread-level device primitives of the SM90 decode: FP8 dequant of 4 values, predicated 16-byte
+// record loads, and the cluster (shared::cluster) stores / bulk copies of the H = 128 crossover.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <cute/tensor.hpp>
+
+#include "sm90/common.cuh"
+
+namespace selkv::decode::sm90 {
+
+// ---- small device helpers -------------------------------------------------------------------
+using selkv::sm90::bf16x2_bits;  // src/sm90/common.cuh (shared with the C7 prefill)
+
+// 4 FP8 E4M3 values (byte i = element i) -> 4 bf16 = bf16(float(e4m3) * scale), bit-exact with
+// codec::dequant_e4m3 (e4m3 -> f16 is exact, f16 -> f32 is exact, one fp32 multiply, one RNE).
+__device__ __forceinline__ uint2 dequant4(uint32_t w, float scale) {
+  const __half2_raw h01 = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(w & 0xffffu), __NV_E4M3);
+  const __half2_raw h23 = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(w >> 16), __NV_E4M3);
+  const float2 f01 = __half22float2(__half2(h01));
+  const float2 f23 = __half22float2(__half2(h23));
+  return make_uint2(bf16x2_bits(f01.x * scale, f01.y * scale),
+                    bf16x2_bits(f23.x * scale, f23.y * scale));
+}
+
+// ---- cluster helpers (H = 128: a 2-CTA cluster shares the dequantized KV tile) --------------
+__device__ __forceinline__ uint32_t smem_u32(const void* ptr) { return cute::cast_smem_ptr_to_uint(ptr); }
+
+// Address of the same shared-memory offset in CTA `rank` of the cluster (shared::cluster window).
+__device__ __forceinline__ uint32_t map_smem_to_rank(uint32_t addr, uint32_t rank) {
+  uint32_t out;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(out) : "r"(addr), "r"(rank));
+  return out;
+}
+
+// 16-byte store into the peer CTA's shared memory that completes 16 transaction bytes on the
+// peer's mbarrier (both addresses in the shared::cluster window of the peer).
+__device__ __forceinline__ void st_async_16(uint32_t remote_addr, uint4 v, uint32_t remote_bar) {
+  asm volatile(
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];\n" ::"r"(
+          remote_addr),
+      "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(remote_bar)
+      : "memory");
+}
+
+// Bulk copy of `bytes` (multiple of 16) from this CTA's smem to a peer CTA's smem (shared::cluster
+// addresses), completing `bytes` transaction bytes on the peer's mbarrier. Async proxy: the
+// source's generic-proxy writes must be fenced (fence.proxy.async) by their writers before.
+__device__ __forceinline__ void bulk_copy_to_peer(uint32_t remote_dst, uint32_t local_src, uint32_t bytes,
+                                                  uint32_t remote_bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(remote_dst),
+      "r"(local_src), "r"(bytes), "r"(remote_bar)
+      : "memory");
+}
+
+// 16-byte load of the global record bytes at `gptr` when `valid`, else zeros with no memory
+// access (an invalid index is never dereferenced). Deliberately a *generic* ld (LD.E.128, not
+// LDG.E.128.CONSTANT): ptxas cannot prove it does not alias the producer's shared stores and
+// st.async, so it keeps each load where the software pipeline puts it, right after the chunk whose
+// registers it reuses. With ld.global.nc ptxas regroups the 11 loads of a round (all at the end
+// of the previous round's conversion, or all before it), which costs either the loads' lead time
+// or two rounds of records in registers (spills at the producer's 120 registers). Volatile asm
+// with a memory clobber fixes the order in the PTX as well. Same bytes, same arithmetic.
+__device__ __forceinline__ uint4 ld_16_pred(const void* gptr, int32_t valid) {
+  uint4 v;
+  asm volatile(
+      "{\n\t.reg .pred p;\n\t"
+      "setp.ne.b32 p, %5, 0;\n\t"
+      "mov.b32 %0, 0;\n\tmov.b32 %1, 0;\n\tmov.b32 %2, 0;\n\tmov.b32 %3, 0;\n\t"
+      "@p ld.v4.u32 {%0, %1, %2, %3}, [%4];\n\t}\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(gptr), "r"(valid)
+      : "memory");
+  return v;
+}
+
+}  // namespace selkv::decode::sm90

@@ -1,0 +1,296 @@
+// Producer warpgroup of the SM90 decode: indices -> validity -> FP8 records -> bf16 K tile ring
+// (docs/decode-design.md §2).
+#pragma once
+
+#include <cutlass/arch/barrier.h>
+
+#include "decode/sm90/config.h"
+#include "decode/sm90/part_iter.cuh"
+#include "decode/sm90/primitives.cuh"
+#include "decode/sm90/probe.cuh"
+
+// H = 128 crossover transport (A/B switch, default 1): 1 = the producer writes its 32 tokens into
+// its own tile and one thread copies that contiguous 36 KB half into the peer CTA with one
+// cp.async.bulk shared::cta -> shared::cluster (completing tx bytes on the peer's bar_remote);
+// 0 = v2/v3: every producer thread also st.async's its 16-byte chunks to the peer (STAS measured at
+// ~15 B/clk per SM: ~2,500 clk of producer time per 32-token round).
+#ifndef SELKV_DECODE_XOVER_BULK
+#define SELKV_DECODE_XOVER_BULK 1
+#endif
+
+namespace selkv::decode::sm90 {
+
+inline constexpr bool kXoverBulk = SELKV_DECODE_XOVER_BULK != 0;
+
+// ---- producer warpgroup ---------------------------------------------------------------------
+// The producer walks the part's blocks in rounds of 32 tokens (H = 64: two rounds per block, the
+// CTA dequantizes all 64 tokens; H = 128: one round per block, CTA rank c of the cluster
+// dequantizes tokens [32c, 32c + 32) and writes them into both CTAs' tiles). Thread mapping of a
+// round: token tl = 8 * warp + lane % 8, quarter q = lane / 8. A thread loads, of its token's
+// record, the 16-byte NoPE chunks at bytes 64 d + 16 q (d = 0..7: 8 independent 16-byte loads),
+// the 4 scales (one 16-byte load) and the RoPE chunks q and q + 4 (2 x 16 bytes): 11 loads in
+// flight per thread, each issued one round ahead of its conversion (software pipeline: indices
+// two rounds ahead, records one round ahead, convert + store the current round; the loads of
+// round n + 1 are interleaved with the conversion of round n, chunk by chunk, so that about one
+// round of records, not two, is live in registers: no spills at 120 registers).
+struct RoundRaw {
+  uint4 nope[8];
+  float4 sc;
+  uint4 rope[2];
+  int valid;
+};
+
+// Walks (row, block) of the part in block order; identical in every CTA of a cluster.
+struct BlockCursor {
+  const int32_t* prefix;
+  int32_t g, g1, row, row_begin, row_end;
+
+  __device__ __forceinline__ void init(const PartIter& it) {
+    prefix = it.prefix;
+    g = it.g0;
+    g1 = it.g1;
+    row = it.r;
+    row_begin = prefix[row];
+    row_end = prefix[row + 1];
+  }
+  __device__ __forceinline__ void advance() {
+    ++g;
+    while (g < g1 && g >= row_end) {
+      ++row;
+      row_begin = row_end;
+      row_end = prefix[row + 1];
+    }
+  }
+};
+
+template <int kNumHeads, bool kDynamic>
+__device__ __forceinline__ void run_producer(const DecodeKernelParams& p, SharedStorage& ss,
+                                             const PartIter& it, uint32_t rank) {
+  constexpr int kCluster = kNumHeads == 128 ? 2 : 1;
+  constexpr int kRounds = 2 / kCluster;  // rounds of 32 tokens per block in this CTA
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  const int q = lane >> 3, l7 = lane & 7;
+  const int tl = warp * 8 + l7;  // token of the round (0..31)
+  const int32_t max_blocks = p.topk / kBlockN;
+  const int32_t total_rounds = (it.g1 - it.g0) * kRounds;
+
+  // smem element offsets within a K tile (k_tile_offset, loop invariant): token row base of
+  // token tl (+ 4 row groups per 32-token half), the two swizzled 16-byte chunks of NoPE quarter q
+  // in each 64-dim atom, and the two RoPE chunks q, q + 4.
+  const int row_base = warp * kKRowGroupStride + l7 * 64;
+  const int c0 = ((2 * q) ^ l7) << 3, c1 = ((2 * q + 1) ^ l7) << 3;
+  const int r0 = (kDimNope / 64) * 512 + ((q ^ l7) << 3), r1 = (kDimNope / 64) * 512 + (((q + 4) ^ l7) << 3);
+  constexpr int kHalfOff = (32 / 8) * kKRowGroupStride;  // tokens [32, 64)
+  uint32_t peer_smem = 0;
+  if constexpr (kCluster == 2) peer_smem = map_smem_to_rank(smem_u32(&ss), rank ^ 1u);
+
+  BlockCursor cur;
+  cur.init(it);
+  int stage_round = 0;  // round (within its block) of the cursor's next index load
+
+  // Index stage: the index of this thread's token in the cursor's round (and, H = 128, the
+  // index of the same position in the peer's half, for the validity flags). A position past
+  // the row's top-k length (dynamic) or a clamped block is not loaded and reads as -1, which the
+  // validity test (idx >= 0 && idx < num_slots) rejects exactly as the explicit length test did.
+  auto load_index = [&](int32_t& idx, int32_t& idx2) {
+    idx = -1; idx2 = -1;
+    if (cur.g >= cur.g1) return;
+    const int32_t row = cur.row, blk = cur.g - cur.row_begin;
+    const int32_t b = row / p.seq_q, s = row - b * p.seq_q;
+    const int tok = 32 * (kCluster == 2 ? int(rank) : stage_round) + tl;
+    if (blk < max_blocks) {  // clamped: never past K / 64, whatever the metadata
+      const int32_t* idx_row = p.indices + b * p.indices_batch_stride + s * p.indices_seq_stride + blk * kBlockN;
+      int32_t len = p.topk;
+      if constexpr (kDynamic) {
+        len = __ldg(p.topk_length + b);
+        len = len < 0 ? 0 : (len > p.topk ? p.topk : len);
+      }
+      // blk < K / 64, so the fixed kernel's positions are all < K = len: no tail predicate there.
+      if (!kDynamic || blk * kBlockN + tok < len) idx = __ldg(idx_row + tok);
+      if constexpr (kCluster == 2) {
+        if (q == 1) {
+          const int tok2 = 32 * int(rank ^ 1u) + tl;
+          if (!kDynamic || blk * kBlockN + tok2 < len) idx2 = __ldg(idx_row + tok2);
+        }
+      }
+    }
+    if (++stage_round == kRounds) {
+      stage_round = 0;
+      cur.advance();
+    }
+  };
+
+  // Data stage, address half: validity and record address of a round (the address is only formed
+  // for a valid token; an invalid token is never dereferenced, its data stays zero).
+  auto record_of = [&](int32_t idx, int32_t& valid) -> const uint8_t* {
+    valid = idx >= 0 && int64_t(idx) < p.num_slots;
+    const uint8_t* rec = p.cache;
+    if (valid) {
+      const uint32_t blk_id = uint32_t(idx) / uint32_t(p.page_size);
+      const uint32_t in_page = uint32_t(idx) - blk_id * uint32_t(p.page_size);
+      rec += int64_t(blk_id) * p.block_stride_bytes + int64_t(in_page) * fmt::kDsMlaRecordBytes;
+    }
+    return rec;
+  };
+  // Data stage, load half: one 16-byte load (zeros for an invalid token: never loaded).
+  auto load16 = [&](const uint8_t* rec, int32_t valid, int byte_off) -> uint4 {
+    return ld_16_pred(rec + byte_off, valid);
+  };
+  auto load_scales = [&](const uint8_t* rec, int32_t valid) -> float4 {
+    const uint4 v = ld_16_pred(rec + fmt::kScaleOffset, valid);
+    return make_float4(__uint_as_float(v.x), __uint_as_float(v.y), __uint_as_float(v.z), __uint_as_float(v.w));
+  };
+  // All loads of one round at once (prologue: round 0).
+  auto issue_loads = [&](int32_t idx, RoundRaw& r) {
+    const uint8_t* rec = record_of(idx, r.valid);
+    CUTE_UNROLL
+    for (int d = 0; d < 8; ++d) r.nope[d] = load16(rec, r.valid, fmt::kNopeOffset + 64 * d + 16 * q);
+    r.sc = load_scales(rec, r.valid);
+    r.rope[0] = load16(rec, r.valid, fmt::kRopeOffset + 16 * q);
+    r.rope[1] = load16(rec, r.valid, fmt::kRopeOffset + 16 * (q + 4));
+  };
+
+  // Convert stage: dequantize round n from `r` into the K tile (both CTAs' tiles for H = 128),
+  // and issue the loads of round n + 1 into `nx` (record `nrec`, validity nx.valid, set by the
+  // caller) interleaved with it: NoPE chunk d of round n + 1 is loaded right after chunk d of
+  // round n has been converted, into the registers that just died, so only about one round of
+  // raw records is live at a time (v2 issued all 11 loads of round n + 1 before converting round
+  // n: two rounds, ~90 registers, live at once -> spills at 120 registers). Every load still
+  // has a full round of lead before its use. The arithmetic is unchanged.
+  SELKV_PROBE(unsigned long long pr_empty = 0;)
+  auto convert = [&](int32_t n, const RoundRaw& r, int32_t idx2v, RoundRaw& nx, const uint8_t* nrec) {
+    const int32_t blkn = n / kRounds, rin = n - (n / kRounds) * kRounds;
+    const int buf = blkn & 1;
+    const uint32_t phase = uint32_t(blkn >> 1) & 1u;
+    if (rin == 0) {
+      SELKV_PROBE(const unsigned long long pe0 = probe_clk();)
+      cutlass::arch::ClusterBarrier::wait(&ss.bar_empty[buf], phase ^ 1u);
+      SELKV_PROBE(pr_empty += probe_clk() - pe0;)
+      // The wait asm has no memory clobber: keep every smem store of this round below it.
+      asm volatile("" ::: "memory");
+      if constexpr (kCluster == 2) {
+        // This CTA's half of the tile arrives from the peer: expect its bytes (after the empty
+        // wait, so the previous phase of bar_remote has completed).
+        constexpr uint32_t kTxBytes = uint32_t(kTokensPerConsumer * kDimQK * sizeof(bf16_t));
+        if (threadIdx.x == 0)
+          cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&ss.bar_remote[buf], kTxBytes);
+      }
+    }
+    nx.sc = load_scales(nrec, nx.valid);  // needed first in round n + 1 (after the wait: fewer live registers there)
+    const int half = kCluster == 2 ? int(rank) : int(rin);
+    const int base = half * kHalfOff + row_base;
+    bf16_t* sk = ss.k[buf];
+    uint32_t peer_k = 0, peer_bar = 0;
+    if constexpr (kCluster == 2) {
+      peer_k = peer_smem + uint32_t(reinterpret_cast<uint8_t*>(sk) - reinterpret_cast<uint8_t*>(&ss));
+      peer_bar = peer_smem + uint32_t(reinterpret_cast<uint8_t*>(&ss.bar_remote[buf]) - reinterpret_cast<uint8_t*>(&ss));
+    }
+    constexpr bool kStAsyncToPeer = kCluster == 2 && !kXoverBulk;
+    auto store_local = [&](int off, uint4 v) { *reinterpret_cast<uint4*>(sk + off) = v; };
+    CUTE_UNROLL
+    for (int d = 0; d < 8; ++d) {
+      const float s = (d >> 1) == 0 ? r.sc.x : (d >> 1) == 1 ? r.sc.y : (d >> 1) == 2 ? r.sc.z : r.sc.w;
+      const uint2 a = dequant4(r.nope[d].x, s);
+      const uint2 bq = dequant4(r.nope[d].y, s);
+      const uint2 c = dequant4(r.nope[d].z, s);
+      const uint2 e = dequant4(r.nope[d].w, s);
+      const uint4 lo = make_uint4(a.x, a.y, bq.x, bq.y), hi = make_uint4(c.x, c.y, e.x, e.y);
+      const int o0 = base + d * 512 + c0, o1 = base + d * 512 + c1;
+      store_local(o0, lo);
+      store_local(o1, hi);
+      if constexpr (kStAsyncToPeer) {
+        st_async_16(peer_k + 2u * uint32_t(o0), lo, peer_bar);
+        st_async_16(peer_k + 2u * uint32_t(o1), hi, peer_bar);
+      }
+      nx.nope[d] = load16(nrec, nx.valid, fmt::kNopeOffset + 64 * d + 16 * q);
+    }
+    store_local(base + r0, r.rope[0]);
+    store_local(base + r1, r.rope[1]);
+    if constexpr (kStAsyncToPeer) {
+      st_async_16(peer_k + 2u * uint32_t(base + r0), r.rope[0], peer_bar);
+      st_async_16(peer_k + 2u * uint32_t(base + r1), r.rope[1], peer_bar);
+    }
+    nx.rope[0] = load16(nrec, nx.valid, fmt::kRopeOffset + 16 * q);
+    nx.rope[1] = load16(nrec, nx.valid, fmt::kRopeOffset + 16 * (q + 4));
+    // Validity bits of the block (bit t = token t): lanes 0-7 (q == 0) hold this CTA's tokens of
+    // the warp, lanes 8-15 (q == 1) the peer half's (H = 128); one byte per 8 tokens.
+    {
+      const uint32_t own = __ballot_sync(0xffffffffu, q == 0 && r.valid);
+      if (lane == 0) ss.kv_valid_bits[buf][4 * half + warp] = uint8_t(own);
+      if constexpr (kCluster == 2) {
+        const uint32_t peer = __ballot_sync(0xffffffffu, q == 1 && idx2v);
+        if (lane == 0) ss.kv_valid_bits[buf][4 * int(rank ^ 1u) + warp] = uint8_t(peer >> 8);
+      }
+    }
+    if (rin == kRounds - 1) {
+      // Generic-proxy smem writes -> visible to wgmma and the bulk copy (async proxy), then publish.
+      cutlass::arch::fence_view_async_shared();
+      cutlass::arch::ClusterBarrier::arrive(&ss.bar_full[buf]);
+      if constexpr (kCluster == 2 && kXoverBulk) {
+        // Every producer thread's half-tile stores are fenced: one thread ships the half.
+        cutlass::arch::NamedBarrier::sync(128, uint32_t(NamedBar::kProducerHalfDone));
+        if (threadIdx.x == 0) {
+          const uint32_t off = uint32_t(half * kHalfOff) * uint32_t(sizeof(bf16_t));
+          bulk_copy_to_peer(peer_k + off, smem_u32(sk) + off, uint32_t(kHalfOff * sizeof(bf16_t)), peer_bar);
+        }
+      }
+    }
+  };
+
+  auto valid2 = [&](int32_t idx2) -> int32_t { return idx2 >= 0 && int64_t(idx2) < p.num_slots; };
+
+  SELKV_PROBE(const unsigned long long pt0 = probe_clk();)
+  // Prologue: indices of rounds 0 and 1, records of round 0.
+  int32_t ia, ia2;  // round n + 1 (index arrived or in flight)
+  int32_t ib, ib2;  // round n + 2
+  RoundRaw x0, x1;
+  int32_t v2_0 = 0, v2_1 = 0;
+  load_index(ia, ia2);
+  load_index(ib, ib2);
+  issue_loads(ia, x0);
+  v2_0 = valid2(ia2);
+  ia = ib; ia2 = ib2;
+  load_index(ib, ib2);
+
+  // L2 prefetch of a round's record (index known two rounds ahead, registers not needed): the
+  // register loads issued one round later then hit L2 instead of waiting a full DRAM latency.
+  // Thread quarter q touches the record's 128-byte lines q and q + 4 (656 bytes span <= 7 lines:
+  // q == 0 also touches the last byte's line).
+  auto prefetch_record = [&](int32_t idx) {
+    int32_t valid;
+    const uint8_t* rec = record_of(idx, valid);
+    if (valid) {
+      const uintptr_t line0 = reinterpret_cast<uintptr_t>(rec) & ~uintptr_t(127);
+      const uintptr_t last = (reinterpret_cast<uintptr_t>(rec) + fmt::kDsMlaRecordBytes - 1) & ~uintptr_t(127);
+      const uintptr_t a = line0 + 128u * uintptr_t(q), b = line0 + 128u * uintptr_t(q + 4);
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+      if (b <= last) asm volatile("prefetch.global.L2 [%0];" ::"l"(b));
+    }
+  };
+
+  // One step: convert round n from `cx` while loading the records of round n + 1 into `nx`
+  // (prefetching round n + 2's into L2), then the index of round n + 3.
+  auto step = [&](int32_t n, RoundRaw& cx, int32_t& v2c, RoundRaw& nx, int32_t& v2n) {
+    const bool more = n + 1 < total_rounds;
+    const uint8_t* nrec = record_of(more ? ia : -1, nx.valid);  // !more: nothing loaded
+    if (more) v2n = valid2(ia2);
+    prefetch_record(ib);
+    convert(n, cx, v2c, nx, nrec);
+    ia = ib; ia2 = ib2;
+    load_index(ib, ib2);
+  };
+#pragma unroll 1
+  for (int32_t n = 0; n < total_rounds; n += 2) {
+    step(n, x0, v2_0, x1, v2_1);
+    if (n + 1 < total_rounds) step(n + 1, x1, v2_1, x0, v2_0);
+  }
+#if SELKV_DECODE_PROBE
+  if (threadIdx.x == 0 && blockIdx.x == 0 && probe_should_print<kNumHeads>(p, 0)) {
+    const unsigned long long tot = probe_clk() - pt0;
+    printf("PROBE H%d producer part=%d rounds=%d total=%llu empty_wait=%llu per_round_busy=%llu\n", kNumHeads, int(blockIdx.y),
+           int(total_rounds), tot, pr_empty, (tot - pr_empty) / (total_rounds > 0 ? total_rounds : 1));
+  }
+#endif
+}
+
+}  // namespace selkv::decode::sm90
