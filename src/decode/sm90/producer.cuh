@@ -18,9 +18,20 @@
 #define SELKV_DECODE_XOVER_BULK 1
 #endif
 
+// Index lookahead of the producer (A/B switch, default 2, UNMEASURED alternative 3): 2 = indices
+// of round n + 2 are loaded at the end of step n - 1, so the L2 prefetch of round n + 2 at the start
+// of step n waits for that load (ncu: the producer's long-scoreboard stalls sit on index values);
+// 3 = one more round of indices in flight (2 registers), the prefetch uses an index loaded two
+// steps earlier. To measure next (docs/decode-design.md §4 item 1).
+#ifndef SELKV_DECODE_INDEX_AHEAD
+#define SELKV_DECODE_INDEX_AHEAD 2
+#endif
+
 namespace selkv::decode::sm90 {
 
 inline constexpr bool kXoverBulk = SELKV_DECODE_XOVER_BULK != 0;
+inline constexpr int kIndexAhead = SELKV_DECODE_INDEX_AHEAD;
+static_assert(kIndexAhead == 2 || kIndexAhead == 3, "SELKV_DECODE_INDEX_AHEAD must be 2 or 3");
 
 // ---- producer warpgroup ---------------------------------------------------------------------
 // The producer walks the part's blocks in rounds of 32 tokens (H = 64: two rounds per block, the
@@ -241,16 +252,27 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
 
   SELKV_PROBE(const unsigned long long pt0 = probe_clk();)
   // Prologue: indices of rounds 0 and 1, records of round 0.
-  int32_t ia, ia2;  // round n + 1 (index arrived or in flight)
-  int32_t ib, ib2;  // round n + 2
+  int32_t ia, ia2;          // round n + 1 (index arrived or in flight)
+  int32_t ib, ib2;          // round n + 2
+  int32_t ic = -1, ic2 = -1;  // round n + 3 (kIndexAhead == 3 only)
   RoundRaw x0, x1;
   int32_t v2_0 = 0, v2_1 = 0;
   load_index(ia, ia2);
   load_index(ib, ib2);
+  if constexpr (kIndexAhead == 3) load_index(ic, ic2);
   issue_loads(ia, x0);
   v2_0 = valid2(ia2);
-  ia = ib; ia2 = ib2;
-  load_index(ib, ib2);
+  // Shift the index queue by one round and load the next index into its tail.
+  auto advance_indices = [&]() {
+    ia = ib; ia2 = ib2;
+    if constexpr (kIndexAhead == 3) {
+      ib = ic; ib2 = ic2;
+      load_index(ic, ic2);
+    } else {
+      load_index(ib, ib2);
+    }
+  };
+  advance_indices();
 
   // L2 prefetch of a round's record (index known two rounds ahead, registers not needed): the
   // register loads issued one round later then hit L2 instead of waiting a full DRAM latency.
@@ -276,8 +298,7 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
     if (more) v2n = valid2(ia2);
     prefetch_record(ib);
     convert(n, cx, v2c, nx, nrec);
-    ia = ib; ia2 = ib2;
-    load_index(ib, ib2);
+    advance_indices();
   };
 #pragma unroll 1
   for (int32_t n = 0; n < total_rounds; n += 2) {
