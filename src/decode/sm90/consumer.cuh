@@ -11,7 +11,35 @@
 #include "sm90/common.cuh"
 #include "sm90/wg_softmax.cuh"
 
+// Index-line L2 prefetch by the PV WG at kernel start (A/B switch, default 0 = the measured kernel;
+// 1 = UNMEASURED): the producer's index loads are DRAM misses (one new 128-byte line per 32-token
+// round) and ncu puts most of its long-scoreboard stalls on them. The PV WG is idle until the first
+// P arrives, so it walks the part's rows once and prefetches every index line the producer will
+// read. To measure next (docs/decode-design.md §4 item 1).
+#ifndef SELKV_DECODE_INDEX_PREFETCH
+#define SELKV_DECODE_INDEX_PREFETCH 0
+#endif
+
 namespace selkv::decode::sm90 {
+
+inline constexpr bool kIndexPrefetch = SELKV_DECODE_INDEX_PREFETCH != 0;
+
+// Prefetch into L2 the index lines of every (row, block) of the part (blocks clamped to K / 64,
+// as the producer clamps them): 256 bytes per block, one 128-byte line per thread and step.
+__device__ __forceinline__ void prefetch_part_indices(const DecodeKernelParams& p, PartIter it, int tid_wg) {
+  const int32_t max_blocks = p.topk / kBlockN;
+  RowWork w;
+  while (it.next(w)) {
+    const int32_t b = w.row / p.seq_q, s = w.row - (w.row / p.seq_q) * p.seq_q;
+    const int32_t* idx_row = p.indices + b * p.indices_batch_stride + s * p.indices_seq_stride;
+    const int32_t end = w.blk_end < max_blocks ? w.blk_end : max_blocks;
+    const int32_t lines = 2 * (end - w.blk_begin);  // 64 indices = 2 lines per block
+    for (int32_t l = tid_wg; l < lines; l += 128) {
+      const int32_t* a = idx_row + int64_t(w.blk_begin) * kBlockN + 32 * l;
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+    }
+  }
+}
 
 // ---- consumer warpgroups --------------------------------------------------------------------
 // v4 split (FlashMLA's public SM90 design, written our own way): WG1 ("softmax WG") computes
@@ -281,6 +309,7 @@ __device__ __forceinline__ void run_pv_wg(const DecodeKernelParams& p, SharedSto
   uint32_t phase = 0;
   RowWork w;
   SELKV_PROBE(unsigned long long pc[4] = {0, 0, 0, 0}; const unsigned long long ct0 = probe_clk();)
+  if constexpr (kIndexPrefetch) prefetch_part_indices(p, it, tid_wg);
   while (it.next(w)) {
     load_q_tile(p, ss, w);
     clear(tOrO);
