@@ -1,6 +1,7 @@
 #include <cuda_bf16.h>
 
 #include <cmath>
+#include <cstdio>
 
 #include "decode/combine.h"
 
@@ -10,20 +11,61 @@ namespace {
 constexpr int kHeadsPerCombineCta = 4;
 constexpr int kCombineThreads = 128 * kHeadsPerCombineCta;  // 128 threads x 4 floats = 512 dims
 
+#ifndef SELKV_DECODE_TIMELINE
+#define SELKV_DECODE_TIMELINE 0
+#endif
+#if SELKV_DECODE_TIMELINE
+// Launch timeline (probe builds only, see sm90/probe.cuh): absolute globaltimer ns of the first
+// CTA entry, the first return from griddepcontrol.wait and the last CTA end, printed by the last
+// CTA for small launches.
+__device__ unsigned long long g_ctl[3] = {~0ull, ~0ull, 0ull};
+__device__ unsigned int g_ctl_done, g_ctl_prints;
+__device__ __forceinline__ unsigned long long ctl_now() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
+  return t;
+}
+// Called by every CTA when done; the last one prints and resets.
+__device__ __forceinline__ void ctl_finish(const DecodeKernelParams& p) {
+  if (threadIdx.x != 0) return;
+  atomicMax(&g_ctl[2], ctl_now());
+  __threadfence();
+  if (atomicAdd(&g_ctl_done, 1u) != gridDim.x * gridDim.y - 1) return;
+  if (p.num_rows <= 4 && atomicAdd(&g_ctl_prints, 1u) < 6)
+    printf("TIMELINE combine first_entry=%llu first_after_wait=%llu last_end=%llu ns\n", g_ctl[0], g_ctl[1], g_ctl[2]);
+  g_ctl[0] = ~0ull;
+  g_ctl[1] = ~0ull;
+  g_ctl[2] = 0;
+  g_ctl_done = 0;
+}
+#define SELKV_CTL(...) __VA_ARGS__
+#else
+#define SELKV_CTL(...)
+#endif
+
 __global__ void __launch_bounds__(kCombineThreads)
 decode_combine_kernel(const DecodeKernelParams p) {
+#if SELKV_DECODE_TIMELINE
+  if (threadIdx.x == 0) atomicMin(&g_ctl[0], ctl_now());
+#endif
   const int32_t* md = p.metadata;
   const int32_t T = md[0], np = md[1];
   const int32_t* prefix = md + kMdHeaderInts;
   const int32_t r = blockIdx.x;
   const int32_t first_part = part_of(prefix[r], T, np);
   const int32_t last_part = part_of(prefix[r + 1] - 1, T, np);
-  if (first_part == last_part) return;  // not split: written by the decode kernel
+  if (first_part == last_part) {  // not split: written by the decode kernel
+    SELKV_CTL(ctl_finish(p);)
+    return;
+  }
   const int32_t n_splits = last_part - first_part + 1;
   // Launched as a programmatic dependent of the decode kernel: wait for its completion (and the
   // visibility of its partials) before reading them. The metadata above was written by an earlier
   // kernel that had completed before the decode kernel started.
   asm volatile("griddepcontrol.wait;" ::: "memory");
+#if SELKV_DECODE_TIMELINE
+  if (threadIdx.x == 0) atomicMin(&g_ctl[1], ctl_now());
+#endif
 
   const int h = blockIdx.y * kHeadsPerCombineCta + threadIdx.x / 128;
   const int d = (threadIdx.x % 128) * 4;
@@ -65,6 +107,7 @@ decode_combine_kernel(const DecodeKernelParams p) {
   uint16_t* out = p.out + b * p.out_batch_stride + s * p.out_seq_stride + h * p.out_head_stride + d;
   *reinterpret_cast<uint2*>(out) = packed;
   if (d == 0) p.lse[b * p.lse_batch_stride + s * p.lse_seq_stride + h] = lse;
+  SELKV_CTL(ctl_finish(p);)
 }
 
 }  // namespace

@@ -177,8 +177,10 @@ __device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, Shar
   uint32_t phase = 0;
   RowWork w;
   SELKV_PROBE(unsigned long long pc[8] = {0, 0, 0, 0, 0, 0, 0, 0}; const unsigned long long ct0 = probe_clk();)
+  SELKV_TL(bool tl_first = true;)
   while (it.next(w)) {
     load_q_tile(p, ss, w);
+    SELKV_TL(if (tid_wg == 0 && tl_first) tl_stamp(3);)
     clear(tOrO);
     float m0 = kNegInf, m1 = kNegInf, l0 = 0.f, l1 = 0.f;
 
@@ -202,6 +204,7 @@ __device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, Shar
       warpgroup_commit_batch();
       warpgroup_wait<0>();
       warpgroup_fence_operand(tSrS);
+      SELKV_TL(if (tid_wg == 0 && tl_first) { tl_stamp(4); tl_first = false; })
       SELKV_PROBE(const unsigned long long c2 = probe_clk(); pc[1] += c2 - c1;)
 
       // Mask invalid tokens (bit t of the block's mask = token t), row maxima over the quad.
@@ -283,6 +286,7 @@ __device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, Shar
     // row's kQReady barrier, which WG2 reaches after that read.
     store_row<kNumHeads>(p, w, 0, lane, r0, r1, RowStats{m0, m1, l0, l1}, tOrO);
   }
+  SELKV_TL(if (tid_wg == 0) { tl_stamp(5); tl_finish(p); })
 #if SELKV_DECODE_PROBE
   if (tid_wg == 0 && blockIdx.x == 0 && probe_should_print<kNumHeads>(p, 1)) {
     printf("PROBE H%d softmaxWG part=%d blocks=%llu total=%llu wait_full=%llu S=%llu softmax=%llu publishP=%llu PV=%llu release=%llu\n",

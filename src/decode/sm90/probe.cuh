@@ -32,4 +32,58 @@ __device__ __forceinline__ unsigned long long probe_clk() {
 #define SELKV_PROBE(...)
 #endif
 
+// Launch timeline (SELKV_DECODE_TIMELINE=1 builds only): globaltimer stamps per CTA, no printf on
+// the critical path; the last CTA to finish prints min / median / max of every stamp relative to
+// the first CTA's entry, for small launches (rows <= 4), a few launches per process. Stamps:
+// 0 entry, 1 producer's first publish, 2 producer end, 3 softmax WG's first Q ready, 4 its first S
+// done, 5 its end. The combine kernel adds entry / after griddepcontrol.wait / end (combine.cu).
+#ifndef SELKV_DECODE_TIMELINE
+#define SELKV_DECODE_TIMELINE 0
+#endif
+#if SELKV_DECODE_TIMELINE
+inline constexpr int kTlStamps = 6;
+__device__ unsigned long long g_tl[2 * 132][kTlStamps];
+__device__ unsigned int g_tl_done;
+__device__ unsigned int g_tl_prints;
+__device__ unsigned long long g_tl_t0;  // first entry of the last printed launch (for the combine)
+__device__ __forceinline__ unsigned long long tl_now() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
+  return t;
+}
+__device__ __forceinline__ int tl_cta() { return int(blockIdx.y * gridDim.x + blockIdx.x); }
+__device__ __forceinline__ void tl_stamp(int k) {
+  if (tl_cta() < 2 * 132) g_tl[tl_cta()][k] = tl_now();
+}
+// Called once per CTA when it is done (empty CTAs too); the last one prints and resets.
+__device__ __forceinline__ void tl_finish(const DecodeKernelParams& p) {
+  __threadfence();
+  const unsigned total = gridDim.x * gridDim.y;
+  if (atomicAdd(&g_tl_done, 1u) != total - 1) return;
+  g_tl_done = 0;
+  const int n = int(total < 2 * 132 ? total : 2 * 132);
+  if (p.metadata[2] > 4 || atomicAdd(&g_tl_prints, 1u) >= 6) return;
+  unsigned long long t0 = ~0ull;
+  for (int c = 0; c < n; ++c)
+    if (g_tl[c][0] != 0 && g_tl[c][0] < t0) t0 = g_tl[c][0];
+  g_tl_t0 = t0;
+  printf("TIMELINE decode rows=%d ctas=%d t0=%llu ns (us from t0: min / median / max)\n", p.metadata[2], n, t0);
+  const char* names[kTlStamps] = {"entry", "producer_first_publish", "producer_end", "q_ready", "first_S", "end"};
+  for (int k = 0; k < kTlStamps; ++k) {
+    unsigned long long v[2 * 132];
+    int m = 0;
+    for (int c = 0; c < n; ++c)
+      if (g_tl[c][0] != 0 && g_tl[c][k] >= t0) v[m++] = g_tl[c][k] - t0;
+    for (int i = 1; i < m; ++i)  // insertion sort: probe builds only
+      for (int j = i; j > 0 && v[j - 1] > v[j]; --j) { const unsigned long long x = v[j]; v[j] = v[j - 1]; v[j - 1] = x; }
+    if (m > 0)
+      printf("TIMELINE   %-24s %8.2f %8.2f %8.2f  (%d CTAs)\n", names[k], v[0] * 1e-3, v[m / 2] * 1e-3, v[m - 1] * 1e-3, m);
+  }
+  for (int c = 0; c < n; ++c) g_tl[c][0] = 0;
+}
+#define SELKV_TL(...) __VA_ARGS__
+#else
+#define SELKV_TL(...)
+#endif
+
 }  // namespace selkv::decode::sm90

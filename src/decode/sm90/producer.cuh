@@ -237,6 +237,7 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
       // Generic-proxy smem writes -> visible to wgmma and the bulk copy (async proxy), then publish.
       cutlass::arch::fence_view_async_shared();
       cutlass::arch::ClusterBarrier::arrive(&ss.bar_full[buf]);
+      SELKV_TL(if (threadIdx.x == 0 && n == kRounds - 1) tl_stamp(1);)
       if constexpr (kCluster == 2 && kXoverBulk) {
         // Every producer thread's half-tile stores are fenced: one thread ships the half.
         cutlass::arch::NamedBarrier::sync(128, uint32_t(NamedBar::kProducerHalfDone));
@@ -305,6 +306,7 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
     step(n, x0, v2_0, x1, v2_1);
     if (n + 1 < total_rounds) step(n + 1, x1, v2_1, x0, v2_0);
   }
+  SELKV_TL(if (threadIdx.x == 0) tl_stamp(2);)
 #if SELKV_DECODE_PROBE
   if (threadIdx.x == 0 && blockIdx.x == 0 && probe_should_print<kNumHeads>(p, 0)) {
     const unsigned long long tot = probe_clk() - pt0;

@@ -26,11 +26,15 @@ sparse_decode_sm90_kernel(const __grid_constant__ DecodeKernelParams p) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   if ((cute::cast_smem_ptr_to_uint(smem_raw) & 1023u) != 0) __trap();  // swizzle needs 1 KB alignment
   SharedStorage& ss = *reinterpret_cast<SharedStorage*>(smem_raw);
+  SELKV_TL(if (threadIdx.x == 0) tl_stamp(0);)
 
   PartIter it;
   // grid (H / 64, parts); H = 128 runs as clusters of the two head groups of one part (cluster
   // rank == blockIdx.x). An empty part exits in both CTAs of its cluster, before any cluster sync.
-  if (!it.init(p.metadata, int32_t(blockIdx.y), p.topk / kBlockN)) return;  // uniform
+  if (!it.init(p.metadata, int32_t(blockIdx.y), p.topk / kBlockN)) {  // uniform
+    SELKV_TL(if (threadIdx.x == 0) { if (tl_cta() < 2 * 132) g_tl[tl_cta()][0] = 0; tl_finish(p); })
+    return;
+  }
   constexpr int kCluster = kNumHeads == 128 ? 2 : 1;
   const uint32_t rank = kCluster == 2 ? uint32_t(blockIdx.x) : 0u;
 
