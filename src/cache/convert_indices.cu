@@ -6,6 +6,7 @@
 #include "cache/cache_checks.h"
 #include "cache/convert_indices.cuh"
 #include "common/cuda_check.h"
+#include "common/resident_ctas.h"
 #include "selkv/cache_ops.h"
 
 namespace selkv {
@@ -15,20 +16,9 @@ namespace {
 template <bool kCount, bool kCompact>
 Status launch_rows(const cache::ConvertKernelParams& k, int64_t rows, cudaStream_t stream) {
   constexpr const char* kOp = "selkv::convert_req_indices_to_slots";
-  constexpr int kMaxDevices = 64;
-  static int cached[kMaxDevices] = {};  // resident CTAs per device (plain attribute queries)
-  int dev = 0;
-  SELKV_CUDA_RETURN(cudaGetDevice(&dev), kOp);
-  int wave = dev < kMaxDevices ? cached[dev] : 0;
-  if (wave == 0) {
-    int sms = 0, per_sm = 0;
-    SELKV_CUDA_RETURN(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), kOp);
-    SELKV_CUDA_RETURN(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                          &per_sm, cache::convert_rows_kernel<kCount, kCompact>, cache::kConvThreads, 0),
-                      kOp);
-    wave = sms * (per_sm > 0 ? per_sm : 1);
-    if (dev < kMaxDevices) cached[dev] = wave;
-  }
+  int64_t wave = 0;
+  SELKV_RETURN_IF_ERROR((detail::resident_ctas<cache::convert_rows_kernel<kCount, kCompact>>(
+      cache::kConvThreads, 0, kOp, &wave)));
   const dim3 grid(static_cast<unsigned>(rows < wave ? rows : wave));
   cache::convert_rows_kernel<kCount, kCompact><<<grid, cache::kConvThreads, 0, stream>>>(k, rows);
   return detail::launch_status(kOp);

@@ -2,91 +2,40 @@
 // (selected: up to 8 CTAs per SM; full pool: one resident wave from an occupancy query, cached per
 // kernel and device). Plain attribute/occupancy queries only: legal during stream capture.
 #include <cstdint>
-#include <mutex>
 
 #include "cache/dequant_selected.cuh"
 #include "common/cuda_check.h"
+#include "common/resident_ctas.h"
 #include "selkv/dequant.h"
 
 namespace selkv {
 namespace {
 
 constexpr const char* kOp = "selkv::dequant_selected_kv";
-using Kernel = void (*)(cache::DequantSelectedKernelParams);
-
-// SM count x resident CTAs of `kernel` on the current device.
-Status wave_ctas(Kernel kernel, int64_t* ctas) {
-  constexpr int kMaxDevices = 64, kMaxKernels = 32;
-  static std::mutex mu;
-  static Kernel keys[kMaxKernels] = {};
-  static int cached[kMaxKernels][kMaxDevices] = {};
-  int dev = 0;
-  SELKV_CUDA_RETURN(cudaGetDevice(&dev), kOp);
-  int slot = -1;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    for (int i = 0; i < kMaxKernels; ++i) {
-      if (keys[i] == kernel || keys[i] == nullptr) {
-        keys[i] = kernel;
-        slot = i;
-        break;
-      }
-    }
-    if (slot >= 0 && dev < kMaxDevices && cached[slot][dev] > 0) {
-      *ctas = cached[slot][dev];
-      return Status::Ok();
-    }
-  }
-  int sms = 0, per_sm = 0;
-  SELKV_CUDA_RETURN(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), kOp);
-  SELKV_CUDA_RETURN(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, cache::kDequantThreads, 0),
-                    kOp);
-  const int v = sms * (per_sm > 0 ? per_sm : 1);
-  if (slot >= 0 && dev < kMaxDevices) {
-    std::lock_guard<std::mutex> lock(mu);
-    cached[slot][dev] = v;
-  }
-  *ctas = v;
-  return Status::Ok();
-}
 
 // One resident wave at most, `tasks` spread evenly: every warp runs ceil(tasks / warps) or one
 // task fewer, where warps <= the resident warps.
-Status launch_tasks(Kernel kernel, cache::DequantSelectedKernelParams k, cudaStream_t stream) {
+template <auto kKernel>
+Status launch_tasks(cache::DequantSelectedKernelParams k, cudaStream_t stream) {
   int64_t ctas = 0;
-  SELKV_RETURN_IF_ERROR(wave_ctas(kernel, &ctas));
+  SELKV_RETURN_IF_ERROR(detail::resident_ctas<kKernel>(cache::kDequantThreads, 0, kOp, &ctas));
   const int64_t wave_warps = ctas * cache::kDequantWarps;
   const int64_t tasks = k.tasks > 0 ? k.tasks : 1;
   const int64_t rounds = (tasks + wave_warps - 1) / wave_warps;
   const int64_t warps = (tasks + rounds - 1) / rounds;
   const unsigned grid = unsigned((warps + cache::kDequantWarps - 1) / cache::kDequantWarps);
-  kernel<<<grid, cache::kDequantThreads, 0, stream>>>(k);
+  kKernel<<<grid, cache::kDequantThreads, 0, stream>>>(k);
   return Status::Ok();
+}
+
+// Full-pool kernel for the format (RoPE or not) and index-unit width (16-byte or single entries).
+template <bool kRope>
+Status launch_full_pool(bool vec, const cache::DequantSelectedKernelParams& k, cudaStream_t stream) {
+  return vec ? launch_tasks<cache::dequant_full_pool_kernel<kRope, 4>>(k, stream)
+             : launch_tasks<cache::dequant_full_pool_kernel<kRope, 1>>(k, stream);
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
-
-template <bool kRope>
-Kernel full_pool_kernel(bool vec) {
-  return vec ? cache::dequant_full_pool_kernel<kRope, 4> : cache::dequant_full_pool_kernel<kRope, 1>;
-}
-
-// SM count of the current device, cached per device (attribute queries are capture-safe).
-Status device_sms(int* sms) {
-  constexpr int kMaxDevices = 64;
-  static int cached[kMaxDevices] = {};
-  int dev = 0;
-  SELKV_CUDA_RETURN(cudaGetDevice(&dev), kOp);
-  if (dev < kMaxDevices && cached[dev] > 0) {
-    *sms = cached[dev];
-    return Status::Ok();
-  }
-  int n = 0;
-  SELKV_CUDA_RETURN(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev), kOp);
-  if (dev < kMaxDevices) cached[dev] = n;
-  *sms = n;
-  return Status::Ok();
-}
 
 }  // namespace
 
@@ -120,7 +69,7 @@ Status dequant_selected_kv(const DequantSelectedParams& p, cudaStream_t stream) 
   if (selected) {
     // Grid-stride over 32-row CTA steps, at most 8 CTAs per SM (4 resident: two waves).
     int sms = 0;
-    SELKV_RETURN_IF_ERROR(device_sms(&sms));
+    SELKV_RETURN_IF_ERROR(detail::device_sm_count(kOp, &sms));
     const int64_t want = (rows + cache::kDequantRowsPerStep - 1) / cache::kDequantRowsPerStep;
     const int64_t cap = int64_t(sms) * 8;
     const unsigned grid = unsigned(want < cap ? want : cap);  // rows >= 1 here
@@ -139,7 +88,7 @@ Status dequant_selected_kv(const DequantSelectedParams& p, cudaStream_t stream) 
     const int64_t row_tasks = (rows + cache::kFullPoolRows - 1) / cache::kFullPoolRows;
     const int64_t idx_tasks = (k.idx_units + units_per_task - 1) / units_per_task;
     k.tasks = row_tasks > idx_tasks ? row_tasks : idx_tasks;
-    SELKV_RETURN_IF_ERROR(launch_tasks(rope ? full_pool_kernel<true>(vec) : full_pool_kernel<false>(vec), k, stream));
+    SELKV_RETURN_IF_ERROR(rope ? launch_full_pool<true>(vec, k, stream) : launch_full_pool<false>(vec, k, stream));
   }
   return detail::launch_status(kOp);
 }

@@ -6,42 +6,18 @@
 #include "cache/cache_checks.h"
 #include "cache/gather_kv.cuh"
 #include "common/cuda_check.h"
+#include "common/resident_ctas.h"
 #include "selkv/cache_ops.h"
 
 namespace selkv {
 namespace {
 
-// Resident CTAs of the gather kernel on the current device (computed once per device/format;
-// plain attribute queries, legal during stream capture).
+// Resident CTAs of the gather kernel on the current device, at the worst-case smem size.
 Status gather_wave_ctas(bool rope, int64_t* ctas) {
   constexpr const char* kOp = "selkv::gather_kv_bf16";
-  constexpr int kMaxDevices = 64;
-  static int cached[kMaxDevices][2] = {};
-  int dev = 0;
-  SELKV_CUDA_RETURN(cudaGetDevice(&dev), kOp);
-  int& c = cached[dev < kMaxDevices ? dev : 0][rope ? 1 : 0];
-  if (c == 0 || dev >= kMaxDevices) {
-    int sms = 0, per_sm = 0;
-    SELKV_CUDA_RETURN(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), kOp);
-    const size_t smem = cache::gather_smem_bytes(cache::kMaxGatherReqs);  // worst case
-    if (rope) {
-      SELKV_CUDA_RETURN(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                            &per_sm, cache::gather_kv_kernel<true>, cache::kGatherThreads, smem),
-                        kOp);
-    } else {
-      SELKV_CUDA_RETURN(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                            &per_sm, cache::gather_kv_kernel<false>, cache::kGatherThreads, smem),
-                        kOp);
-    }
-    const int v = sms * (per_sm > 0 ? per_sm : 1);
-    if (dev >= kMaxDevices) {
-      *ctas = v;
-      return Status::Ok();
-    }
-    c = v;
-  }
-  *ctas = c;
-  return Status::Ok();
+  const size_t smem = cache::gather_smem_bytes(cache::kMaxGatherReqs);
+  return rope ? detail::resident_ctas<cache::gather_kv_kernel<true>>(cache::kGatherThreads, smem, kOp, ctas)
+              : detail::resident_ctas<cache::gather_kv_kernel<false>>(cache::kGatherThreads, smem, kOp, ctas);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include "cache/cache_checks.h"
 #include "cache/write_kv_cache.cuh"
 #include "common/cuda_check.h"
+#include "common/resident_ctas.h"
 #include "selkv/cache_ops.h"
 
 namespace selkv {
@@ -11,20 +12,9 @@ namespace {
 template <bool kRope, ScaleMode kMode>
 Status launch_write(const cache::WriteKvKernelParams& k, cudaStream_t stream) {
   constexpr const char* kOp = "selkv::write_kv_cache";
-  constexpr int kMaxDevices = 64;
-  static int cached[kMaxDevices] = {};  // resident CTAs per device (plain attribute queries)
-  int dev = 0;
-  SELKV_CUDA_RETURN(cudaGetDevice(&dev), kOp);
-  int wave = dev < kMaxDevices ? cached[dev] : 0;
-  if (wave == 0) {
-    int sms = 0, per_sm = 0;
-    SELKV_CUDA_RETURN(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), kOp);
-    SELKV_CUDA_RETURN(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                          &per_sm, cache::write_kv_cache_kernel<kRope, kMode>, cache::kWriteWarps * 32, 0),
-                      kOp);
-    wave = sms * (per_sm > 0 ? per_sm : 1);
-    if (dev < kMaxDevices) cached[dev] = wave;
-  }
+  int64_t wave = 0;
+  SELKV_RETURN_IF_ERROR((detail::resident_ctas<cache::write_kv_cache_kernel<kRope, kMode>>(
+      cache::kWriteWarps * 32, 0, kOp, &wave)));
   constexpr int64_t kTokensPerCta = int64_t(cache::kWriteWarps) * cache::kWriteTokensPerWarp;
   const int64_t want = (k.num_tokens + kTokensPerCta - 1) / kTokensPerCta;
   const dim3 grid(unsigned(want < wave ? want : wave));
