@@ -1,5 +1,5 @@
 // Thread-level device primitives of the SM90 decode: FP8 dequant of 4 values, predicated 16-byte
-// record loads, and the cluster (shared::cluster) stores / bulk copies of the H = 128 crossover.
+// record loads, and the cluster (shared::cluster) bulk copy of the H = 128 crossover.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -34,16 +34,6 @@ __device__ __forceinline__ uint32_t map_smem_to_rank(uint32_t addr, uint32_t ran
   uint32_t out;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(out) : "r"(addr), "r"(rank));
   return out;
-}
-
-// 16-byte store into the peer CTA's shared memory that completes 16 transaction bytes on the
-// peer's mbarrier (both addresses in the shared::cluster window of the peer).
-__device__ __forceinline__ void st_async_16(uint32_t remote_addr, uint4 v, uint32_t remote_bar) {
-  asm volatile(
-      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];\n" ::"r"(
-          remote_addr),
-      "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(remote_bar)
-      : "memory");
 }
 
 // Bulk copy of `bytes` (multiple of 16) from this CTA's smem to a peer CTA's smem (shared::cluster

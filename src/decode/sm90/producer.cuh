@@ -9,15 +9,6 @@
 #include "decode/sm90/primitives.cuh"
 #include "decode/sm90/probe.cuh"
 
-// H = 128 crossover transport (A/B switch, default 1): 1 = the producer writes its 32 tokens into
-// its own tile and one thread copies that contiguous 36 KB half into the peer CTA with one
-// cp.async.bulk shared::cta -> shared::cluster (completing tx bytes on the peer's bar_remote);
-// 0 = v2/v3: every producer thread also st.async's its 16-byte chunks to the peer (STAS measured at
-// ~15 B/clk per SM: ~2,500 clk of producer time per 32-token round).
-#ifndef SELKV_DECODE_XOVER_BULK
-#define SELKV_DECODE_XOVER_BULK 1
-#endif
-
 // Index lookahead of the producer (A/B switch, default 2, UNMEASURED alternative 3): 2 = indices
 // of round n + 2 are loaded at the end of step n - 1, so the L2 prefetch of round n + 2 at the start
 // of step n waits for that load (ncu: the producer's long-scoreboard stalls sit on index values);
@@ -29,7 +20,6 @@
 
 namespace selkv::decode::sm90 {
 
-inline constexpr bool kXoverBulk = SELKV_DECODE_XOVER_BULK != 0;
 inline constexpr int kIndexAhead = SELKV_DECODE_INDEX_AHEAD;
 static_assert(kIndexAhead == 2 || kIndexAhead == 3, "SELKV_DECODE_INDEX_AHEAD must be 2 or 3");
 
@@ -191,13 +181,12 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
     const int half = kCluster == 2 ? int(rank) : int(rin);
     const int base = half * kHalfOff + row_base;
     bf16_t* sk = ss.k[buf];
+    auto store_local = [&](int off, uint4 v) { *reinterpret_cast<uint4*>(sk + off) = v; };  // 16-byte chunk -> tile
     uint32_t peer_k = 0, peer_bar = 0;
     if constexpr (kCluster == 2) {
       peer_k = peer_smem + uint32_t(reinterpret_cast<uint8_t*>(sk) - reinterpret_cast<uint8_t*>(&ss));
       peer_bar = peer_smem + uint32_t(reinterpret_cast<uint8_t*>(&ss.bar_remote[buf]) - reinterpret_cast<uint8_t*>(&ss));
     }
-    constexpr bool kStAsyncToPeer = kCluster == 2 && !kXoverBulk;
-    auto store_local = [&](int off, uint4 v) { *reinterpret_cast<uint4*>(sk + off) = v; };
     CUTE_UNROLL
     for (int d = 0; d < 8; ++d) {
       const float s = (d >> 1) == 0 ? r.sc.x : (d >> 1) == 1 ? r.sc.y : (d >> 1) == 2 ? r.sc.z : r.sc.w;
@@ -209,18 +198,10 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
       const int o0 = base + d * 512 + c0, o1 = base + d * 512 + c1;
       store_local(o0, lo);
       store_local(o1, hi);
-      if constexpr (kStAsyncToPeer) {
-        st_async_16(peer_k + 2u * uint32_t(o0), lo, peer_bar);
-        st_async_16(peer_k + 2u * uint32_t(o1), hi, peer_bar);
-      }
       nx.nope[d] = load16(nrec, nx.valid, fmt::kNopeOffset + 64 * d + 16 * q);
     }
     store_local(base + r0, r.rope[0]);
     store_local(base + r1, r.rope[1]);
-    if constexpr (kStAsyncToPeer) {
-      st_async_16(peer_k + 2u * uint32_t(base + r0), r.rope[0], peer_bar);
-      st_async_16(peer_k + 2u * uint32_t(base + r1), r.rope[1], peer_bar);
-    }
     nx.rope[0] = load16(nrec, nx.valid, fmt::kRopeOffset + 16 * q);
     nx.rope[1] = load16(nrec, nx.valid, fmt::kRopeOffset + 16 * (q + 4));
     // Validity bits of the block (bit t = token t): lanes 0-7 (q == 0) hold this CTA's tokens of
@@ -238,7 +219,7 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
       cutlass::arch::fence_view_async_shared();
       cutlass::arch::ClusterBarrier::arrive(&ss.bar_full[buf]);
       SELKV_TL(if (threadIdx.x == 0 && n == kRounds - 1) tl_stamp(1);)
-      if constexpr (kCluster == 2 && kXoverBulk) {
+      if constexpr (kCluster == 2) {
         // Every producer thread's half-tile stores are fenced: one thread ships the half.
         cutlass::arch::NamedBarrier::sync(128, uint32_t(NamedBar::kProducerHalfDone));
         if (threadIdx.x == 0) {
