@@ -132,6 +132,22 @@ __device__ __forceinline__ void load_q_tile(const DecodeKernelParams& p, SharedS
   cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(NamedBar::kQReady));
 }
 
+// O += P V_half for one block and wait for it: `v_half` is the V half's first element in the K
+// tile (read MN-major); P is a register fragment (RS, softmax WG) or smem descriptors (SS, PV WG).
+template <class TiledMma, class ThrMma, class FragP, class FragO>
+__device__ __forceinline__ void pv_gemm_wait(TiledMma& mma, const ThrMma& thr, const FragP& tOrP, bf16_t* v_half,
+                                             FragO& tOrO) {
+  Tensor sV = make_tensor(make_smem_ptr(v_half), SmemLayoutVHalf{});
+  Tensor tOrV = thr.partition_fragment_B(sV);  // (MMA, 1, 4)
+  warpgroup_fence_operand(tOrO);
+  warpgroup_arrive();
+  CUTE_UNROLL
+  for (int kb = 0; kb < size<2>(tOrP); ++kb) cute::gemm(mma, tOrP(_, _, kb), tOrV(_, _, kb), tOrO);
+  warpgroup_commit_batch();
+  warpgroup_wait<0>();
+  warpgroup_fence_operand(tOrO);
+}
+
 // Wait until block `buf` (phase) is complete in this CTA: the local producer's part (bar_full),
 // and for H = 128 the peer's part (bar_remote).
 template <int kNumHeads>
@@ -253,15 +269,7 @@ __device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, Shar
       SELKV_PROBE(const unsigned long long c4 = probe_clk(); pc[3] += c4 - c3;)
 
       // O_0 += P V_0 (V = first 512 dims of the same KV tile, read MN-major).
-      Tensor sV = make_tensor(make_smem_ptr(ss.k[buf]), SmemLayoutVHalf{});
-      Tensor tOrV = thr_pv.partition_fragment_B(sV);  // (MMA, 1, 4)
-      warpgroup_fence_operand(tOrO);
-      warpgroup_arrive();
-      CUTE_UNROLL
-      for (int kb = 0; kb < size<2>(tOrP); ++kb) cute::gemm(mma_pv, tOrP(_, _, kb), tOrV(_, _, kb), tOrO);
-      warpgroup_commit_batch();
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(tOrO);
+      pv_gemm_wait(mma_pv, thr_pv, tOrP, ss.k[buf], tOrO);
       SELKV_PROBE(const unsigned long long c5 = probe_clk(); pc[4] += c5 - c4;)
 
       release_kv_tile<kNumHeads>(ss, buf, lane);
@@ -330,15 +338,7 @@ __device__ __forceinline__ void run_pv_wg(const DecodeKernelParams& p, SharedSto
         for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= ((i >> 1) & 1) ? sc1 : sc0;
       }
 
-      Tensor sV = make_tensor(make_smem_ptr(ss.k[buf] + kVHalfDimOffset), SmemLayoutVHalf{});
-      Tensor tOrV = thr_pv.partition_fragment_B(sV);  // (MMA, 1, 4)
-      warpgroup_fence_operand(tOrO);
-      warpgroup_arrive();
-      CUTE_UNROLL
-      for (int kb = 0; kb < size<2>(tOrP); ++kb) cute::gemm(mma_pv, tOrP(_, _, kb), tOrV(_, _, kb), tOrO);
-      warpgroup_commit_batch();
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(tOrO);
+      pv_gemm_wait(mma_pv, thr_pv, tOrP, ss.k[buf] + kVHalfDimOffset, tOrO);
       SELKV_PROBE(pc[1] += probe_clk() - c1; pc[2] += 1;)
 
       release_kv_tile<kNumHeads>(ss, buf, lane);
