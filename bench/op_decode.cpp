@@ -15,6 +15,7 @@
 #include <climits>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -31,6 +32,13 @@
 namespace selkv::bench {
 namespace {
 
+// Split-KV granularity of every decode case (A/B of the scheduler without a rebuild):
+// SELKV_BENCH_MIN_BLOCKS, else 0 = the library's default for H.
+int32_t default_min_blocks() {
+  const char* env = std::getenv("SELKV_BENCH_MIN_BLOCKS");
+  return env != nullptr && *env ? int32_t(std::atoi(env)) : 0;
+}
+
 struct DecodeSpec {
   int32_t B = 64, S = 2, H = 128, K = 2048;
   int64_t s_kv = 32768;
@@ -39,6 +47,7 @@ struct DecodeSpec {
   bool dynamic = false;    // pass topk_length = eff_k (or K); suffix poisoned with INT_MAX
   bool varlen = true;      // KV length per batch row uniform in [s_kv/2, s_kv]
   int check_rows = 4;      // query rows compared with the fp64 oracle
+  int32_t min_blocks = default_min_blocks();  // DecodeShape::min_blocks_per_part (0 = library default)
   uint64_t seed = 1;
   AnchorInfo anchor;
 
@@ -119,6 +128,7 @@ class DecodeWorkload final : public Workload, public Anchored {
   std::string variant() const override {
     std::string v = s_.dynamic ? "dynamic topk_length" : "fixed";
     if (s_.eff_k > 0 && s_.eff_k < s_.K) v += s_.dynamic ? " INT_MAX suffix" : " -1 suffix";
+    if (s_.min_blocks > 0) v += " min_blocks=" + std::to_string(s_.min_blocks);
     return v;
   }
   double flops() const override { return 2.0 * s_.H * double(valid_total_) * (fmt::kQkDim + fmt::kVDim); }
@@ -325,7 +335,8 @@ class DecodeWorkload final : public Workload, public Anchored {
 
     // Metadata once, outside the timed region.
     md_buf_ = DeviceBuffer(decode_metadata_size(B, S));
-    const DecodeShape shape{B, S, H, K, params_.topk_length, 0};
+    DecodeShape shape{B, S, H, K, params_.topk_length, 0};
+    shape.min_blocks_per_part = s_.min_blocks;
     throw_if_error(make_decode_metadata(shape, md_buf_.get(), md_buf_.bytes(), &md_, st));
     ws_ = DeviceBuffer(std::max<size_t>(decode_workspace_size(md_), 16));
   }
@@ -351,6 +362,7 @@ DecodeSpec spec_from(const Params& p, bool cpu) {
   s.eff_k = int32_t(p.get_int("topk-length", 0));
   s.dynamic = s.eff_k > 0;
   s.check_rows = int(std::max<int64_t>(1, p.get_int("check-rows", 4)));
+  s.min_blocks = int32_t(p.get_int("min-blocks", s.min_blocks));
   s.seed = p.seed() ^ 0x5005;
   return s;
 }
@@ -454,6 +466,8 @@ SELKV_BENCH_REGISTER(register_decode) {
                {"s-kv", "max KV length per batch row; lengths in [s_kv/2, s_kv] (32768)"},
                {"topk-length", "dynamic top-k: valid entries per row via topk_length (0 = fixed)"},
                {"check-rows", "query rows compared with the fp64 oracle (4)"},
+               {"min-blocks", "split-KV granularity, fewest 64-token blocks per part (0 = library default; "
+                              "env SELKV_BENCH_MIN_BLOCKS sets it for the --bench grid too)"},
                {"page-size", "tokens per cache page (64)"}};
   op.make = [](const Params& p) -> std::unique_ptr<Workload> {
     return std::make_unique<DecodeWorkload>(spec_from(p, false));

@@ -32,6 +32,10 @@ struct DecodeShape {
   int32_t topk = 0;        // K, a multiple of 64
   const int32_t* topk_length = nullptr;  // device [B] or null (fixed top-k)
   int32_t num_sms = 0;     // 0: read from the current device
+  // Split-KV granularity: no part gets fewer 64-token blocks than this (fewer, longer parts cost
+  // fewer partial writes and combine reads; more, shorter parts spread a small batch over more
+  // SMs). 0: the measured default for H (docs/decode-design.md §3).
+  int32_t min_blocks_per_part = 0;
 };
 
 // Host-side description of a metadata buffer (the buffer itself lives on the device).
@@ -40,6 +44,7 @@ struct DecodeMetadata {
   size_t bytes = 0;
   DecodeShape shape;                 // what it was made for
   int32_t num_sm_parts = 0;          // CTAs (per 64-head group) of the decode grid
+  int32_t min_blocks_per_part = 0;   // the granularity the plan was made with (resolved, >= 1)
   bool valid = false;                // set by a successful make_decode_metadata
 };
 

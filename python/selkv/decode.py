@@ -40,6 +40,7 @@ __all__ = [
 # Field positions in the plan list returned by torch.ops.selkv.get_decode_metadata.
 _PLAN_BATCH, _PLAN_SEQ_Q, _PLAN_HEADS, _PLAN_TOPK = 0, 1, 2, 3
 _PLAN_TOPK_LENGTH, _PLAN_NUM_SMS, _PLAN_PARTS, _PLAN_WORKSPACE = 4, 5, 6, 7
+_PLAN_MIN_BLOCKS = 8
 
 
 @dataclasses.dataclass
@@ -51,7 +52,7 @@ class DecodeMetadata:
         workspace: uint8 device buffer for the split accumulators (sized by the plan).
         plan: the host-side description the C++ API checks every call against:
             ``[batch, seq_q, num_heads, topk, topk_length address (0 = none), num_sms,
-            num_sm_parts, workspace_bytes]``.
+            num_sm_parts, workspace_bytes, min_blocks_per_part]``.
         topk_length: the ``topk_length`` tensor the plan was made with (kept alive here; the
             decode must be called with this same tensor), or ``None``.
     """
@@ -81,6 +82,10 @@ class DecodeMetadata:
     def num_sm_parts(self) -> int:
         return self.plan[_PLAN_PARTS]
 
+    @property
+    def min_blocks_per_part(self) -> int:
+        return self.plan[_PLAN_MIN_BLOCKS]
+
 
 def decode_metadata_size(batch: int, seq_q: int) -> int:
     """Number of int32 values of the metadata buffer for ``batch * seq_q`` query rows."""
@@ -95,6 +100,7 @@ def get_decode_metadata(
     topk_length: torch.Tensor | None = None,
     *,
     num_sms: int = 0,
+    min_blocks_per_part: int = 0,
     device: torch.device | str | None = None,
     out: DecodeMetadata | None = None,
 ) -> DecodeMetadata:
@@ -110,6 +116,8 @@ def get_decode_metadata(
             ``topk_length[b]`` entries of row ``b`` are read. The plan depends on the values;
             remake it when they change, and pass this same tensor to the decode.
         num_sms: SMs to schedule for; 0 = all SMs of the device.
+        min_blocks_per_part: split-KV granularity, the fewest 64-token blocks a part gets
+            (0 = the measured default for ``num_heads``).
         device: where to allocate the buffers when ``out`` is not given (default: the device
             of ``topk_length``, else the current CUDA device). A CPU device plans for the
             CPU reference.
@@ -138,7 +146,7 @@ def get_decode_metadata(
     plan = [
         int(v)
         for v in _ops.get_decode_metadata(
-            batch, seq_q, num_heads, topk, topk_length, num_sms, metadata
+            batch, seq_q, num_heads, topk, topk_length, num_sms, metadata, min_blocks_per_part
         )
     ]
     ws_bytes = max(plan[_PLAN_WORKSPACE], 16)

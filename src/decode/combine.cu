@@ -10,6 +10,7 @@ namespace {
 
 constexpr int kHeadsPerCombineCta = 4;
 constexpr int kCombineThreads = 128 * kHeadsPerCombineCta;  // 128 threads x 4 floats = 512 dims
+constexpr int kCombineBatch = 8;  // partial rows in flight per thread (64 registers at 2 CTAs / SM)
 
 #ifndef SELKV_DECODE_TIMELINE
 #define SELKV_DECODE_TIMELINE 0
@@ -43,54 +44,69 @@ __device__ __forceinline__ void ctl_finish(const DecodeKernelParams& p) {
 #define SELKV_CTL(...)
 #endif
 
-__global__ void __launch_bounds__(kCombineThreads)
+// One CTA per (part q, 4 heads): it merges the row split by the boundary at the end of part q
+// when q is that row's first part (split_row_of_part), else exits at once, so the grid is
+// parts x H / 4 whatever the batch (at most one split row per part boundary). Every load a CTA
+// needs is issued at once: the partial lse of all splits (one float4 = 4 heads per split) into
+// shared memory, and the partial rows kCombineBatch splits at a time, so a row split n ways costs
+// ~ceil(n / kCombineBatch) L2 round trips instead of ~n. The merge arithmetic and its order (max,
+// then w_i = exp(lse_i - max), sum and accumulation in split order) are fixed: deterministic.
+template <bool kDynamic>
+__global__ void __launch_bounds__(kCombineThreads, 2)
 decode_combine_kernel(const DecodeKernelParams p) {
 #if SELKV_DECODE_TIMELINE
   if (threadIdx.x == 0) atomicMin(&g_ctl[0], ctl_now());
 #endif
-  const int32_t* md = p.metadata;
-  const int32_t T = md[0], np = md[1];
-  const int32_t* prefix = md + kMdHeaderInts;
-  const int32_t r = blockIdx.x;
-  const int32_t first_part = part_of(prefix[r], T, np);
-  const int32_t last_part = part_of(prefix[r + 1] - 1, T, np);
-  if (first_part == last_part) {  // not split: written by the decode kernel
+  extern __shared__ float4 s_lse[];  // [splits]: partial lse of the CTA's 4 heads
+  // The schedule (fixed: closed form; dynamic: metadata written by an earlier kernel that had
+  // completed before the decode kernel started) can be read before the dependency wait.
+  const SplitRow sr = split_row_of_part(make_schedule<kDynamic>(p), int32_t(blockIdx.x));
+  if (sr.num_parts == 0) {
     SELKV_CTL(ctl_finish(p);)
     return;
   }
-  const int32_t n_splits = last_part - first_part + 1;
+  const int32_t n = sr.num_parts;
+  const int h0 = int(blockIdx.y) * kHeadsPerCombineCta;
+  const int hl = int(threadIdx.x) / 128, h = h0 + hl;
+  const int d = (int(threadIdx.x) % 128) * 4;
+  const int64_t split_stride = int64_t(p.num_heads) * 512;  // floats per accumulator slot
+  auto slot = [&](int32_t i) -> int64_t { return i == 0 ? sr.first_slot : 2 * (sr.first_part + i); };
+  const float* po = p.accum_out + int64_t(h) * 512 + d;
+
   // Launched as a programmatic dependent of the decode kernel: wait for its completion (and the
-  // visibility of its partials) before reading them. The metadata above was written by an earlier
-  // kernel that had completed before the decode kernel started.
+  // visibility of its partials) before reading them.
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #if SELKV_DECODE_TIMELINE
   if (threadIdx.x == 0) atomicMin(&g_ctl[1], ctl_now());
 #endif
 
-  const int h = blockIdx.y * kHeadsPerCombineCta + threadIdx.x / 128;
-  const int d = (threadIdx.x % 128) * 4;
-  const int32_t b = r / p.seq_q, s = r % p.seq_q;
-
-  // slot of part q for row r: 2q if q starts inside row r, else 2q+1 (its last row).
-  auto slot_of = [&](int32_t q) {
-    return 2 * q + (part_begin(q, T, np) >= prefix[r] ? 0 : 1);
+  for (int32_t i = int32_t(threadIdx.x); i < n; i += kCombineThreads)
+    s_lse[i] = *reinterpret_cast<const float4*>(p.accum_lse + slot(i) * p.num_heads + h0);
+  float4 o[kCombineBatch];
+  auto load_batch = [&](int32_t base) {
+    #pragma unroll
+    for (int j = 0; j < kCombineBatch; ++j)
+      if (base + j < n) o[j] = *reinterpret_cast<const float4*>(po + slot(base + j) * split_stride);
   };
+  load_batch(0);  // in flight with the lse loads
+  __syncthreads();
+  const float* lse_of = reinterpret_cast<const float*>(s_lse) + hl;  // split i: lse_of[4 * i]
+
   float max_lse = -INFINITY;
-  for (int32_t i = 0; i < n_splits; ++i) {
-    const float l = p.accum_lse[int64_t(slot_of(first_part + i)) * p.num_heads + h];
-    max_lse = fmaxf(max_lse, l);
-  }
+  for (int32_t i = 0; i < n; ++i) max_lse = fmaxf(max_lse, lse_of[4 * i]);
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
   float sum_w = 0.f;
   if (max_lse != -INFINITY) {
-    for (int32_t i = 0; i < n_splits; ++i) {
-      const int64_t slot = slot_of(first_part + i);
-      const float l = p.accum_lse[slot * p.num_heads + h];
-      const float w = expf(l - max_lse);  // 0 for an empty split (lse = -inf)
-      sum_w += w;
-      const float4 o = *reinterpret_cast<const float4*>(
-          p.accum_out + (slot * p.num_heads + h) * 512 + d);
-      acc.x += w * o.x; acc.y += w * o.y; acc.z += w * o.z; acc.w += w * o.w;
+    for (int32_t base = 0; base < n; base += kCombineBatch) {
+      if (base != 0) load_batch(base);
+      #pragma unroll
+      for (int j = 0; j < kCombineBatch; ++j) {
+        if (base + j < n) {
+          const float w = expf(lse_of[4 * (base + j)] - max_lse);  // 0 for an empty split (lse = -inf)
+          sum_w += w;
+          acc.x += w * o[j].x; acc.y += w * o[j].y; acc.z += w * o[j].z; acc.w += w * o[j].w;
+        }
+      }
     }
   }
   float lse = -INFINITY, f = 0.f;
@@ -104,6 +120,7 @@ decode_combine_kernel(const DecodeKernelParams p) {
   uint2 packed;
   packed.x = *reinterpret_cast<uint32_t*>(&lo);
   packed.y = *reinterpret_cast<uint32_t*>(&hi);
+  const int32_t b = sr.row / p.seq_q, s = sr.row - b * p.seq_q;
   uint16_t* out = p.out + b * p.out_batch_stride + s * p.out_seq_stride + h * p.out_head_stride + d;
   *reinterpret_cast<uint2*>(out) = packed;
   if (d == 0) p.lse[b * p.lse_batch_stride + s * p.lse_seq_stride + h] = lse;
@@ -114,9 +131,9 @@ decode_combine_kernel(const DecodeKernelParams p) {
 
 cudaError_t launch_decode_combine(const DecodeKernelParams& p, cudaStream_t stream) {
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(p.num_rows, p.num_heads / kHeadsPerCombineCta, 1);
+  cfg.gridDim = dim3(p.num_sm_parts, p.num_heads / kHeadsPerCombineCta, 1);
   cfg.blockDim = dim3(kCombineThreads, 1, 1);
-  cfg.dynamicSmemBytes = 0;
+  cfg.dynamicSmemBytes = size_t(p.num_sm_parts) * sizeof(float4);  // a row has <= parts splits
   cfg.stream = stream;
   // Programmatic dependent launch: the launch overlaps the decode kernel's tail (small batches
   // are latency-bound); correctness comes from griddepcontrol.wait in the kernel.
@@ -125,7 +142,8 @@ cudaError_t launch_decode_combine(const DecodeKernelParams& p, cudaStream_t stre
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  const cudaError_t err = cudaLaunchKernelEx(&cfg, decode_combine_kernel, p);
+  const cudaError_t err = p.topk_length != nullptr ? cudaLaunchKernelEx(&cfg, decode_combine_kernel<true>, p)
+                                                   : cudaLaunchKernelEx(&cfg, decode_combine_kernel<false>, p);
   if (err != cudaSuccess) return err;
   return cudaGetLastError();
 }

@@ -28,6 +28,8 @@ Status check_shape(const char* kOp, const DecodeShape& s) {
                   "batch", "batch * seq_q * topk / 64 must fit in int32, got ",
                   rows * (s.topk / decode::kBlockTokens));
   SELKV_CHECK_ARG(s.num_sms >= 0, "num_sms", "must be >= 0 (0 = current device), got ", s.num_sms);
+  SELKV_CHECK_ARG(s.min_blocks_per_part >= 0, "min_blocks_per_part",
+                  "must be >= 0 (0 = default), got ", s.min_blocks_per_part);
   return Status::Ok();
 }
 
@@ -35,7 +37,7 @@ Status check_shape(const char* kOp, const DecodeShape& s) {
 
 size_t decode_metadata_size(int64_t batch, int64_t seq_q) {
   const int64_t rows = batch > 0 && seq_q > 0 ? batch * seq_q : 0;
-  const size_t bytes = size_t(decode::kMdHeaderInts + rows + 1) * sizeof(int32_t);
+  const size_t bytes = size_t(decode::kMdPrefix + rows + 1) * sizeof(int32_t);
   return (bytes + 15) & ~size_t(15);
 }
 
@@ -65,6 +67,7 @@ Status make_decode_metadata(const DecodeShape& shape, void* buffer, size_t buffe
   }
   const int groups = shape.num_heads / decode::kHeadsPerCta;
   int parts = num_sms / groups > 0 ? num_sms / groups : 1;
+  if (parts > decode::kMaxDecodeParts) parts = decode::kMaxDecodeParts;
   if (shape.num_sms == 0) {
     // H = 128 runs as 2-CTA clusters: no more parts than clusters that fit at once (a GPC with an
     // odd SM count leaves one SM out), else a second wave doubles the time.
@@ -75,9 +78,10 @@ Status make_decode_metadata(const DecodeShape& shape, void* buffer, size_t buffe
     if (e == cudaSuccess && resident >= 1 && resident < parts) parts = resident;
     (void)cudaGetLastError();
   }
+  const int32_t min_blocks =
+      shape.min_blocks_per_part > 0 ? shape.min_blocks_per_part : decode::min_blocks_per_part(shape.num_heads);
   SELKV_CUDA_RETURN(decode::launch_decode_scheduler(shape.batch, shape.seq_q, shape.topk,
-                                                    shape.topk_length, parts,
-                                                    decode::min_blocks_per_part(shape.num_heads),
+                                                    shape.topk_length, parts, min_blocks,
                                                     static_cast<int32_t*>(buffer), stream),
                     kOp);
   metadata->data = static_cast<int32_t*>(buffer);
@@ -85,6 +89,7 @@ Status make_decode_metadata(const DecodeShape& shape, void* buffer, size_t buffe
   metadata->shape = shape;
   metadata->shape.num_sms = num_sms;
   metadata->num_sm_parts = parts;
+  metadata->min_blocks_per_part = min_blocks;
   metadata->valid = true;
   return Status::Ok();
 }
@@ -155,8 +160,9 @@ Status check_sparse_mla_decode(const SparseDecodeParams& p, const DecodeMetadata
   SELKV_CHECK_ARG(m.topk_length == p.topk_length, "metadata",
                   "made with a different topk_length (", m.topk_length == nullptr ? "none" : "a pointer",
                   ") than passed (", p.topk_length == nullptr ? "none" : "a pointer", ")");
-  SELKV_CHECK_ARG(md.bytes >= decode_metadata_size(p.batch, p.seq_q) && md.num_sm_parts >= 1,
-                  "metadata", "buffer too small for this shape");
+  SELKV_CHECK_ARG(md.bytes >= decode_metadata_size(p.batch, p.seq_q) && md.num_sm_parts >= 1 &&
+                      md.num_sm_parts <= decode::kMaxDecodeParts && md.min_blocks_per_part >= 1,
+                  "metadata", "buffer too small for this shape, or not made by make_decode_metadata");
   // workspace
   const size_t need = decode_workspace_size(md);
   if (workspace_bytes < need)
@@ -208,6 +214,7 @@ Status sparse_mla_decode(const SparseDecodeParams& p, const DecodeMetadata& md, 
   k.lse_seq_stride = p.lse_seq_stride;
   k.metadata = md.data;
   k.num_sm_parts = md.num_sm_parts;
+  k.min_blocks_per_part = md.min_blocks_per_part;
   k.accum_out = static_cast<float*>(workspace);
   k.accum_lse = k.accum_out + size_t(2) * md.num_sm_parts * p.num_heads * fmt::kVDim;
 

@@ -16,17 +16,26 @@ namespace selkv::decode {
 
 inline constexpr int kBlockTokens = 64;      // selected tokens per KV block (TOPK_BLOCK_SIZE)
 inline constexpr int kHeadsPerCta = 64;      // query heads per CTA (one wgmma M tile)
-// Scheduler: do not split finer than this many 64-token blocks per part. Each part costs a Q
-// load, a partial write and a combine read. Measured at 2a59009+ (H200, quick grid): H = 64 B = 1
-// 1 / 2 / 4 blocks: 36.2 / 28.7 / 30.5 us; H = 128 B = 2 S_q = 2 (2-CTA clusters): 2 / 4 blocks:
-// 37.4 / 30.0 us. Large batches are capped by the SM count and do not see it.
+// Scheduler: do not split finer than this many 64-token blocks per part (the default of
+// DecodeShape::min_blocks_per_part). Each part costs a Q load, a partial write and a combine read.
+// Measured at 2a59009+ (H200, quick grid, the combine of that time): H = 64 B = 1 1 / 2 / 4 blocks:
+// 36.2 / 28.7 / 30.5 us; H = 128 B = 2 S_q = 2 (2-CTA clusters): 2 / 4 blocks: 37.4 / 30.0 us.
+// Large batches are capped by the SM count and do not see it.
 SELKV_DEC_HD constexpr int min_blocks_per_part(int num_heads) { return num_heads == 128 ? 4 : 2; }
 
-// Metadata buffer (int32, device):
+// Most parts a plan may have (the capacity of the metadata's part table; SM90 parts are <= SMs).
+inline constexpr int32_t kMaxDecodeParts = 1024;
+
+// Metadata buffer (int32, device), written by the scheduler kernel:
 //   [0] T = total blocks   [1] NP = effective number of parts   [2] rows   [3] magic
-//   [4..7] reserved        [8 .. 8+rows] P = prefix sums of blocks per row (P[0] = 0)
+//   [4] min blocks per part   [5..7] reserved
+//   [kMdPartRow + q], q < NP: the row holding part q's first block (replaces a search per CTA)
+//   [kMdPrefix + r], r <= rows: P = prefix sums of blocks per row (P[0] = 0)
+// The fixed top-k kernels never read it: their schedule is closed form (FixedSchedule).
 inline constexpr int kMdHeaderInts = 8;
-inline constexpr int32_t kMdMagic = 0x5e1c0de5;
+inline constexpr int kMdPartRow = kMdHeaderInts;
+inline constexpr int kMdPrefix = kMdPartRow + kMaxDecodeParts;
+inline constexpr int32_t kMdMagic = 0x5e1c0de6;
 
 // Part p of NP owns global blocks [part_begin(p), part_begin(p+1)).
 SELKV_DEC_HD int32_t part_begin(int32_t p, int32_t total, int32_t np) {
@@ -35,6 +44,71 @@ SELKV_DEC_HD int32_t part_begin(int32_t p, int32_t total, int32_t np) {
 // The part that owns global block g (0 <= g < total).
 SELKV_DEC_HD int32_t part_of(int32_t g, int32_t total, int32_t np) {
   return int32_t((int64_t(g + 1) * np + total - 1) / total) - 1;
+}
+// Effective part count: as many parts of >= min_blocks blocks as fit, within [1, num_sm_parts].
+SELKV_DEC_HD int32_t effective_parts(int32_t total, int32_t min_blocks, int32_t num_sm_parts) {
+  int32_t np = (total + min_blocks - 1) / min_blocks;
+  if (np > num_sm_parts) np = num_sm_parts;
+  return np < 1 ? 1 : np;
+}
+// The row holding global block g: the last r < rows with prefix[r] <= g (prefix strictly
+// increasing: every row has at least one block).
+SELKV_DEC_HD int32_t row_containing(const int32_t* prefix, int32_t rows, int32_t g) {
+  int32_t lo = 0, hi = rows - 1;
+  while (lo < hi) {
+    const int32_t mid = (lo + hi + 1) >> 1;
+    if (prefix[mid] <= g) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+
+// Two views of one schedule, with the same interface for the decode and combine kernels.
+// Fixed top-k: every row has K / 64 blocks, so the schedule is closed form (no metadata read on
+// the hot path; the host validated the shape the plan was made for).
+struct FixedSchedule {
+  int32_t rows, blocks_per_row, total, np;
+  SELKV_DEC_HD FixedSchedule(int32_t rows_, int32_t topk, int32_t min_blocks, int32_t num_sm_parts)
+      : rows(rows_), blocks_per_row(topk / kBlockTokens), total(rows_ * (topk / kBlockTokens)),
+        np(effective_parts(rows_ * (topk / kBlockTokens), min_blocks, num_sm_parts)) {}
+  SELKV_DEC_HD int32_t prefix(int32_t r) const { return r * blocks_per_row; }
+  SELKV_DEC_HD int32_t row_of_part(int32_t q) const { return part_begin(q, total, np) / blocks_per_row; }
+};
+// Dynamic top-k: the scheduler's prefix sums and part table. Reads are clamped to the tables of
+// `rows` rows (the host-validated shape), so even a corrupt buffer is never read out of bounds.
+struct DynamicSchedule {
+  const int32_t* md;
+  int32_t rows, total, np;
+  SELKV_DEC_HD DynamicSchedule(const int32_t* md_, int32_t rows_)
+      : md(md_), rows(rows_), total(md_[0]), np(md_[1] < 1 ? 1 : md_[1]) {}
+  SELKV_DEC_HD int32_t prefix(int32_t r) const { return md[kMdPrefix + (r < rows ? r : rows)]; }
+  SELKV_DEC_HD int32_t row_of_part(int32_t q) const {
+    const int32_t r = md[kMdPartRow + (q < kMaxDecodeParts ? q : kMaxDecodeParts - 1)];
+    return r < 0 ? 0 : (r < rows ? r : rows - 1);
+  }
+};
+
+// The row whose partials the combine CTA of part q merges: the row split by the boundary at the
+// end of part q, when part q is that row's first part (each split row has exactly one such part).
+// num_parts == 0: nothing to merge for q.
+struct SplitRow {
+  int32_t row = 0, first_part = 0, num_parts = 0, first_slot = 0;
+};
+template <class Schedule>
+SELKV_DEC_HD SplitRow split_row_of_part(const Schedule& s, int32_t q) {
+  SplitRow sr;
+  if (q + 1 >= s.np) return sr;  // no boundary after the last part
+  const int32_t boundary = part_begin(q + 1, s.total, s.np);
+  const int32_t r = s.row_of_part(q + 1);  // the row holding block `boundary`
+  const int32_t rb = s.prefix(r);
+  if (rb == boundary) return sr;                      // the boundary is a row start
+  if (part_of(rb, s.total, s.np) != q) return sr;     // an earlier part starts this row
+  sr.row = r;
+  sr.first_part = q;
+  sr.num_parts = part_of(s.prefix(r + 1) - 1, s.total, s.np) - q + 1;
+  // Slots as the decode kernel writes them (PartIter::next): 2p for a part's first row, 2p + 1 for
+  // its last row; only part q can have row r as its last row, the later parts start inside it.
+  sr.first_slot = 2 * q + (rb == part_begin(q, s.total, s.np) ? 0 : 1);
+  return sr;
 }
 
 struct DecodeKernelParams {
@@ -61,10 +135,21 @@ struct DecodeKernelParams {
   float* lse;
   int64_t lse_batch_stride, lse_seq_stride;
 
-  const int32_t* metadata;  // see layout above
-  int32_t num_sm_parts;     // gridDim.x; parts >= NP exit at once
+  const int32_t* metadata;  // see layout above (read by the dynamic top-k kernels only)
+  int32_t num_sm_parts;     // grid parts; parts >= NP exit at once
+  int32_t min_blocks_per_part;  // the plan's (FixedSchedule recomputes NP from it)
   float* accum_out;         // [2 * num_sm_parts, H, 512] fp32 (normalized partial out)
   float* accum_lse;         // [2 * num_sm_parts, H]
 };
+
+// The schedule view of an instantiation: closed form for fixed top-k, the metadata for dynamic.
+template <bool kDynamic>
+SELKV_DEC_HD auto make_schedule(const DecodeKernelParams& p) {
+  if constexpr (kDynamic) {
+    return DynamicSchedule(p.metadata, p.num_rows);
+  } else {
+    return FixedSchedule(p.num_rows, p.topk, p.min_blocks_per_part, p.num_sm_parts);
+  }
+}
 
 }  // namespace selkv::decode

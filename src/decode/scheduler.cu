@@ -1,4 +1,4 @@
-// Split-KV scheduler: per-row block counts -> prefix sums + effective part count.
+// Split-KV scheduler: per-row block counts -> prefix sums, effective part count and part table.
 #include <cub/block/block_scan.cuh>
 
 #include "decode/decode_params.h"
@@ -16,8 +16,8 @@ decode_scheduler_kernel(int32_t batch, int32_t seq_q, int32_t topk, const int32_
   __shared__ typename Scan::TempStorage tmp;
   const int32_t rows = batch * seq_q;
   const int32_t max_blocks = topk / kBlockTokens;
-  int32_t* prefix = md + kMdHeaderInts;
-  int32_t carry = 0;
+  int32_t* prefix = md + kMdPrefix;
+  int32_t carry = 0;  // the same in every thread (the scan's total)
   for (int32_t base = 0; base < rows; base += kSchedThreads) {
     const int32_t r = base + int32_t(threadIdx.x);
     int32_t n = 0;
@@ -36,18 +36,21 @@ decode_scheduler_kernel(int32_t batch, int32_t seq_q, int32_t topk, const int32_
     carry += total;
     __syncthreads();  // tmp reuse
   }
+  const int32_t T = carry;
+  const int32_t np = effective_parts(T, min_blocks, num_sm_parts);
   if (threadIdx.x == 0) {
     prefix[0] = 0;
-    const int32_t T = carry;
-    int32_t np = (T + min_blocks - 1) / min_blocks;
-    if (np > num_sm_parts) np = num_sm_parts;
-    if (np < 1) np = 1;
     md[0] = T;
     md[1] = np;
     md[2] = rows;
     md[3] = kMdMagic;
-    md[4] = md[5] = md[6] = md[7] = 0;
+    md[4] = min_blocks;
+    md[5] = md[6] = md[7] = 0;
   }
+  __syncthreads();  // prefix complete and visible to the whole CTA
+  // Part table: the row of each part's first block, so that a decode CTA starts without a search.
+  for (int32_t q = int32_t(threadIdx.x); q < np; q += kSchedThreads)
+    md[kMdPartRow + q] = row_containing(prefix, rows, part_begin(q, T, np));
 }
 
 }  // namespace

@@ -44,6 +44,7 @@ struct Base {
     md.bytes = decode_metadata_size(B, S);
     md.shape = DecodeShape{B, S, H, K, nullptr, 132};
     md.num_sm_parts = 132 / (H / 64);
+    md.min_blocks_per_part = selkv::decode::min_blocks_per_part(H);
     md.valid = true;
     ws = decode_workspace_size(md);
   }
@@ -105,6 +106,8 @@ TEST(DecodeChecks, RejectsMetadataMismatch) {
   { Base b; b.p.topk = 192; expect_arg_error(b.check(), "metadata"); }
   { Base b; b.p.num_heads = 128; expect_arg_error(b.check(), "metadata"); }
   { Base b; b.p.topk_length = fake<int32_t>(0x70000); expect_arg_error(b.check(), "metadata"); }
+  { Base b; b.md.min_blocks_per_part = 0; expect_arg_error(b.check(), "metadata"); }
+  { Base b; b.md.num_sm_parts = selkv::decode::kMaxDecodeParts + 1; expect_arg_error(b.check(), "metadata"); }
   {
     Base b;
     b.md.shape.topk_length = fake<int32_t>(0x70000);
@@ -138,6 +141,10 @@ TEST(DecodeChecks, MakeMetadataValidates) {
   expect_arg_error(st, "topk");
   st = make_decode_metadata(DecodeShape{2, 2, 64, 128, nullptr, 132}, nullptr, sizeof(buf), &md, nullptr);
   expect_arg_error(st, "buffer");
+  DecodeShape neg{2, 2, 64, 128, nullptr, 132};
+  neg.min_blocks_per_part = -1;
+  st = make_decode_metadata(neg, buf, sizeof(buf), &md, nullptr);
+  expect_arg_error(st, "min_blocks_per_part");
   st = make_decode_metadata(DecodeShape{100, 2, 64, 128, nullptr, 132}, buf, sizeof(buf), &md, nullptr);
   EXPECT_EQ(st.code(), StatusCode::kWorkspaceTooSmall);
   EXPECT_NE(st.message().find(std::to_string(decode_metadata_size(100, 2))), std::string::npos);
@@ -157,11 +164,11 @@ TEST(DecodeChecks, SmemLayoutsAgreeWithCute) {
 // combine's slot choice matches the kernel's.
 TEST(DecodeChecks, SchedulerPartitionArithmetic) {
   using namespace selkv::decode;
-  for (int min_blocks : {min_blocks_per_part(64), min_blocks_per_part(128)})
+  for (int min_blocks : {1, min_blocks_per_part(64), min_blocks_per_part(128), 7})
   for (int np : {1, 2, 3, 7, 66, 132}) {
     for (const std::vector<int>& blocks :
-         {std::vector<int>{1}, std::vector<int>{32}, std::vector<int>(74, 1),
-          std::vector<int>{1, 1, 2, 3, 32, 1, 16, 2}, std::vector<int>(256, 32)}) {
+         {std::vector<int>{1}, std::vector<int>{32}, std::vector<int>(74, 1), std::vector<int>(4, 32),
+          std::vector<int>{1, 1, 2, 3, 32, 1, 16, 2}, std::vector<int>(256, 32), std::vector<int>(300, 3)}) {
       const int rows = int(blocks.size());
       std::vector<int> P(rows + 1, 0);
       for (int r = 0; r < rows; ++r) P[r + 1] = P[r] + blocks[r];
@@ -191,6 +198,48 @@ TEST(DecodeChecks, SchedulerPartitionArithmetic) {
         }
       }
       for (int g = 0; g < T; ++g) ASSERT_NE(owner[g], -1);
+      ASSERT_EQ(effective_parts(T, min_blocks, np), npe);
+      // The schedule views the kernels read: the scheduler's tables (dynamic) and, when every row
+      // has the same block count, the closed form (fixed); both must give the same rows and the
+      // same split rows as the brute force above.
+      std::vector<int32_t> md(size_t(kMdPrefix + rows + 1), 0);
+      md[0] = T;
+      md[1] = npe;
+      for (int r = 0; r <= rows; ++r) md[size_t(kMdPrefix + r)] = P[r];
+      for (int q = 0; q < npe; ++q)
+        md[size_t(kMdPartRow + q)] = row_containing(md.data() + kMdPrefix, rows, part_begin(q, T, npe));
+      const DynamicSchedule dyn(md.data(), rows);
+      const bool uniform = std::all_of(blocks.begin(), blocks.end(), [&](int n) { return n == blocks[0]; });
+      auto check_schedule = [&](const auto& sched) {
+        ASSERT_EQ(sched.total, T);
+        ASSERT_EQ(sched.np, npe);
+        for (int r = 0; r <= rows; ++r) ASSERT_EQ(sched.prefix(r), P[r]);
+        for (int q = 0; q < npe; ++q) {
+          const int g0 = part_begin(q, T, npe);
+          const int r = sched.row_of_part(q);
+          ASSERT_TRUE(r >= 0 && r < rows && P[r] <= g0 && g0 < P[r + 1]) << "part " << q;
+        }
+        // Every split row is merged by exactly one combine CTA (the one of its first part), with
+        // the kernel's slots.
+        std::set<int> merged;
+        for (int q = 0; q < npe; ++q) {
+          const SplitRow sr = split_row_of_part(sched, q);
+          if (sr.num_parts == 0) continue;
+          const int r = sr.row;
+          const int first = part_of(P[r], T, npe), last = part_of(P[r + 1] - 1, T, npe);
+          ASSERT_NE(first, last) << "row " << r << " is not split";
+          ASSERT_EQ(sr.first_part, first);
+          ASSERT_EQ(sr.num_parts, last - first + 1);
+          ASSERT_TRUE(kernel_slots.count({r, sr.first_slot})) << "row " << r;
+          for (int i = 1; i < sr.num_parts; ++i) ASSERT_TRUE(kernel_slots.count({r, 2 * (first + i)}));
+          ASSERT_TRUE(merged.insert(r).second) << "row " << r << " merged twice";
+        }
+        size_t split_rows = 0;
+        for (int r = 0; r < rows; ++r) split_rows += part_of(P[r], T, npe) != part_of(P[r + 1] - 1, T, npe);
+        ASSERT_EQ(merged.size(), split_rows);
+      };
+      check_schedule(dyn);
+      if (uniform) check_schedule(FixedSchedule(rows, 64 * blocks[0], min_blocks, np));
       // The combine's view of each split row.
       size_t combine_slots = 0;
       std::set<int> used_slots;

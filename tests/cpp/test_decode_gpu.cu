@@ -129,8 +129,9 @@ void oracle(const Problem& p, std::vector<float>* out, std::vector<float>* lse) 
 }
 
 // Runs the GPU op. mode: 0 eager, 1 captured into a CUDA graph (metadata + decode) and replayed.
-// num_sms 0 = the device's.
-void run_gpu(const Problem& p, int num_sms, int mode, Result* res, bool use_topk_length = true) {
+// num_sms 0 = the device's; min_blocks 0 = the library's split granularity.
+void run_gpu(const Problem& p, int num_sms, int mode, Result* res, bool use_topk_length = true,
+             int min_blocks = 0) {
   DevBuf dq(p.q.size() * 2), dc(p.cache.size()), di(p.indices.size() * 4);
   DevBuf dl(std::max<size_t>(p.topk_length.size(), 1) * 4), ds(std::max<size_t>(p.sink.size(), 1) * 4);
   const size_t n_out = size_t(p.B) * p.S * p.H * fmt::kVDim, n_lse = size_t(p.B) * p.S * p.H;
@@ -143,6 +144,7 @@ void run_gpu(const Problem& p, int num_sms, int mode, Result* res, bool use_topk
   CUDA_OK(cudaMemset(dlse.ptr, 0x7F, n_lse * 4));
 
   DecodeShape shape{p.B, p.S, p.H, p.K, dyn ? dl.as<int32_t>() : nullptr, num_sms};
+  shape.min_blocks_per_part = min_blocks;
   DevBuf dmd(decode_metadata_size(p.B, p.S));
   SparseDecodeParams sp;
   sp.q = dq.ptr; sp.batch = p.B; sp.seq_q = p.S; sp.num_heads = p.H; sp.topk = p.K;
@@ -226,21 +228,22 @@ void compare(const Result& g, const std::vector<float>& ref_out, const std::vect
   EXPECT_EQ(bad_lse, 0u) << what;
 }
 
-std::string name(const CaseSpec& c, int num_sms) {
+std::string name(const CaseSpec& c, int num_sms, int min_blocks = 0) {
   return "B" + std::to_string(c.B) + " S" + std::to_string(c.S) + " H" + std::to_string(c.H) +
          " skv" + std::to_string(c.s_kv) + " K" + std::to_string(c.K) + " page" +
          std::to_string(c.page) + (c.dynamic ? " dyn" : "") + (c.sink ? " sink" : "") +
-         " sms" + std::to_string(num_sms) + " seed" + std::to_string(test::test_seed());
+         " sms" + std::to_string(num_sms) + " minblk" + std::to_string(min_blocks) +
+         " seed" + std::to_string(test::test_seed());
 }
 
-void check_case(const CaseSpec& c, int num_sms) {
+void check_case(const CaseSpec& c, int num_sms, int min_blocks = 0) {
   std::mt19937_64 rng(test::test_seed() ^ (uint64_t(c.B) << 40) ^ (uint64_t(c.K) << 20) ^ c.page ^ (c.H << 8));
   Problem p = make_problem(c, rng);
   std::vector<float> ro, rl;
   oracle(p, &ro, &rl);
   Result g;
-  run_gpu(p, num_sms, 0, &g);
-  compare(g, ro, rl, name(c, num_sms));
+  run_gpu(p, num_sms, 0, &g, true, min_blocks);
+  compare(g, ro, rl, name(c, num_sms, min_blocks));
 }
 
 TEST(DecodeGpu, FixedTopk) {
@@ -271,6 +274,22 @@ TEST(DecodeGpu, DynamicTopkTails) {
     check_case(c, 0);
     check_case(c, 5);
   }
+}
+
+// Split granularity: rows split up to 32 ways (the combine merges them 8 partials per load
+// batch), parts ending mid-row and spanning rows, fixed and dynamic schedules, with a sink.
+TEST(DecodeGpu, SplitGranularity) {
+  SELKV_REQUIRE_GPU();
+  const CaseSpec cases[] = {
+      {1, 1, 64, 2046, 2048, 64},
+      {1, 3, 128, 2046, 2048, 61, 0, true, true, false, /*sink=*/true},
+      {2, 2, 64, 1024, 576, 64},
+      {12, 1, 64, 2046, 2048, 69, 0, true, false, /*dynamic=*/true},
+      {9, 1, 128, 512, 512, 64, 0, true, false, true, true},
+  };
+  for (const auto& c : cases)
+    for (int min_blocks : {1, 3, 17}) check_case(c, 0, min_blocks);
+  check_case(cases[0], 9, 1);  // 9 parts: 9 splits of one row (one full batch + 1)
 }
 
 // Dynamic top-k == fixed top-k with the suffix set to -1, bit for bit. With one part (no split

@@ -257,7 +257,7 @@ def test_errors_name_argument(selkv, device):
         (dict(attn_sink=torch.zeros(32, device=device)), p + "attn_sink: expected size 64 in dim 0"),
         (dict(out=out[..., :256]), p + "out: expected size 512 in dim 3"),
         (dict(lse=lse.double()), p + "lse: expected dtype Float"),
-        (dict(plan=md.plan[:5]), p + "plan: expected the 8 values"),
+        (dict(plan=md.plan[:5]), p + "plan: expected the 9 values"),
         (dict(workspace=md.workspace[:16]), p + "workspace: needs"),
         (dict(metadata=md.metadata.long()), p + "metadata: expected dtype Int"),
         # the C++ API's plan checks

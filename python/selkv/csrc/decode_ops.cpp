@@ -8,7 +8,7 @@
 // sparse_mla_decode, which rebuilds the DecodeMetadata from it; all validation (shape match,
 // topk_length identity, workspace size) is the C++ API's own. Plan layout (kPlan*):
 //   [batch, seq_q, num_heads, topk, topk_length address (0 = none), num_sms, num_sm_parts,
-//    workspace_bytes]
+//    workspace_bytes, min_blocks_per_part]
 // CUDA kernels run the C++ API on torch's current stream (graph capturable, no host sync); CPU
 // kernels run the fp64 oracle (selkv::ref::sparse_decode, out rounded to bf16) behind the same
 // checks; the Meta kernel of sparse_mla_decode only checks tensors (torch.compile).
@@ -43,6 +43,7 @@ enum PlanField : int {
   kPlanNumSms,
   kPlanParts,
   kPlanWorkspaceBytes,
+  kPlanMinBlocks,
   kPlanSize
 };
 
@@ -56,6 +57,7 @@ std::vector<int64_t> plan_of(const DecodeMetadata& md) {
   plan[kPlanNumSms] = md.shape.num_sms;
   plan[kPlanParts] = md.num_sm_parts;
   plan[kPlanWorkspaceBytes] = int64_t(decode_workspace_size(md));
+  plan[kPlanMinBlocks] = md.min_blocks_per_part;
   return plan;
 }
 
@@ -74,6 +76,7 @@ DecodeMetadata metadata_of(const at::Tensor& metadata, c10::IntArrayRef plan) {
   md.shape.topk_length = reinterpret_cast<const int32_t*>(uintptr_t(plan[kPlanTopkLength]));
   md.shape.num_sms = to_int32(kDecodeOp, "plan[num_sms]", plan[kPlanNumSms]);
   md.num_sm_parts = to_int32(kDecodeOp, "plan[num_sm_parts]", plan[kPlanParts]);
+  md.min_blocks_per_part = to_int32(kDecodeOp, "plan[min_blocks_per_part]", plan[kPlanMinBlocks]);
   md.valid = md.data != nullptr;
   return md;
 }
@@ -87,7 +90,8 @@ int64_t decode_metadata_ints(int64_t batch, int64_t seq_q) {
 template <Backend B>
 std::vector<int64_t> get_decode_metadata(int64_t batch, int64_t seq_q, int64_t num_heads,
                                          int64_t topk, const std::optional<at::Tensor>& topk_length,
-                                         int64_t num_sms, const at::Tensor& metadata) {
+                                         int64_t num_sms, const at::Tensor& metadata,
+                                         int64_t min_blocks_per_part) {
   constexpr const char* kOp = kPlanOp;
   check_devices(kOp, device_type(B), {{"metadata", metadata}, {"topk_length", topk_length}});
   TensorArg(kOp, "metadata", metadata, "[decode_metadata_size(batch, seq_q)]")
@@ -103,6 +107,7 @@ std::vector<int64_t> get_decode_metadata(int64_t batch, int64_t seq_q, int64_t n
   shape.topk = to_int32(kOp, "topk", topk);
   shape.topk_length = static_cast<const int32_t*>(data_or_null(topk_length));
   shape.num_sms = to_int32(kOp, "num_sms", num_sms);
+  shape.min_blocks_per_part = to_int32(kOp, "min_blocks_per_part", min_blocks_per_part);
   DecodeMetadata md;
   if constexpr (B == Backend::kCuda) {
     const CudaScope scope(metadata);
@@ -122,6 +127,7 @@ std::vector<int64_t> get_decode_metadata(int64_t batch, int64_t seq_q, int64_t n
     md.shape = shape;
     md.shape.num_sms = 1;
     md.num_sm_parts = 1;
+    md.min_blocks_per_part = 1;
     md.valid = true;
   }
   return plan_of(md);
@@ -266,7 +272,7 @@ TORCH_LIBRARY_FRAGMENT(selkv, m) {
         &::selkv::torch_ext::decode_metadata_ints);
   m.def(
       "get_decode_metadata(int batch, int seq_q, int num_heads, int topk, Tensor? topk_length, "
-      "int num_sms, Tensor(a!) metadata) -> int[]");
+      "int num_sms, Tensor(a!) metadata, int min_blocks_per_part=0) -> int[]");
   m.def(
       "sparse_mla_decode(Tensor q, Tensor kv_cache, Tensor indices, Tensor? topk_length, "
       "Tensor? attn_sink, Tensor metadata, int[] plan, Tensor(a!) workspace, float sm_scale, "

@@ -26,7 +26,8 @@ inline constexpr bool kIndexPrefetch = SELKV_DECODE_INDEX_PREFETCH != 0;
 
 // Prefetch into L2 the index lines of every (row, block) of the part (blocks clamped to K / 64,
 // as the producer clamps them): 256 bytes per block, one 128-byte line per thread and step.
-__device__ __forceinline__ void prefetch_part_indices(const DecodeKernelParams& p, PartIter it, int tid_wg) {
+template <class Iter>
+__device__ __forceinline__ void prefetch_part_indices(const DecodeKernelParams& p, Iter it, int tid_wg) {
   const int32_t max_blocks = p.topk / kBlockN;
   RowWork w;
   while (it.next(w)) {
@@ -170,8 +171,8 @@ __device__ __forceinline__ void release_kv_tile(SharedStorage& ss, int buf, int 
 }
 
 // WG1: S, softmax, P, O_0 += P V_0.
-template <int kNumHeads>
-__device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, SharedStorage& ss, PartIter it) {
+template <int kNumHeads, class Iter>
+__device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, SharedStorage& ss, Iter it) {
   const int tid_wg = int(threadIdx.x) - 128;
   const int warp_wg = tid_wg / 32, lane = tid_wg % 32;
   const int r0 = warp_wg * 16 + lane / 4, r1 = r0 + 8;
@@ -304,8 +305,8 @@ __device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, Shar
 }
 
 // WG2: O_1 = O_1 * scale + P V_1.
-template <int kNumHeads>
-__device__ __forceinline__ void run_pv_wg(const DecodeKernelParams& p, SharedStorage& ss, PartIter it) {
+template <int kNumHeads, class Iter>
+__device__ __forceinline__ void run_pv_wg(const DecodeKernelParams& p, SharedStorage& ss, Iter it) {
   const int tid_wg = int(threadIdx.x) - 256;
   const int warp_wg = tid_wg / 32, lane = tid_wg % 32;
   const int r0 = warp_wg * 16 + lane / 4, r1 = r0 + 8;

@@ -17,35 +17,30 @@ struct RowWork {
   int32_t slot;       // accumulator slot when split
 };
 
+template <class Schedule>
 struct PartIter {
-  const int32_t* prefix;
-  int32_t g, g0, g1, r, part, max_blocks;
+  Schedule sched;
+  int32_t g, g0, g1, r, part;
+
+  __device__ __forceinline__ explicit PartIter(const Schedule& s) : sched(s) {}
 
   // false when this part has no work (uniform over the CTA).
-  __device__ __forceinline__ bool init(const int32_t* md, int32_t part_, int32_t max_blocks_) {
-    const int32_t T = md[0], np = md[1], rows = md[2];
+  __device__ __forceinline__ bool init(int32_t part_) {
     part = part_;
-    max_blocks = max_blocks_;
-    if (part >= np || T <= 0 || rows <= 0) return false;
-    prefix = md + kMdHeaderInts;
-    g0 = part_begin(part, T, np);
-    g1 = part_begin(part + 1, T, np);
+    if (part >= sched.np || sched.total <= 0) return false;
+    g0 = part_begin(part, sched.total, sched.np);
+    g1 = part_begin(part + 1, sched.total, sched.np);
     if (g0 >= g1) return false;
     g = g0;
-    int32_t lo = 0, hi = rows - 1;  // last row with prefix[row] <= g0
-    while (lo < hi) {
-      const int32_t mid = (lo + hi + 1) >> 1;
-      if (prefix[mid] <= g0) lo = mid; else hi = mid - 1;
-    }
-    r = lo;
+    r = sched.row_of_part(part);
     return true;
   }
 
   __device__ __forceinline__ bool next(RowWork& w) {
     if (g >= g1) return false;
-    const int32_t rb = prefix[r], re = prefix[r + 1];
+    const int32_t rb = sched.prefix(r), re = sched.prefix(r + 1);
     const int32_t end = re < g1 ? re : g1;
-    w.row = r;
+    w.row = r < sched.rows ? r : sched.rows - 1;  // in range even for a corrupt dynamic plan
     // Not clamped: the consumers only count blocks, and must count exactly the producer's
     // g1 - g0 blocks; the producer treats a block >= K / 64 (corrupt metadata) as fully invalid.
     w.blk_begin = g - rb;

@@ -19,7 +19,7 @@ __device__ int g_decode_probe_prints[2][3];  // [H / 64 - 1][producer, consumer 
 // Print for the large grid shapes only (H=128: 256 rows, H=64: 64 rows), 3 CTAs per role.
 template <int kNumHeads>
 __device__ __forceinline__ bool probe_should_print(const DecodeKernelParams& p, int role) {
-  return p.metadata[2] == (kNumHeads == 128 ? 256 : 64) &&
+  return p.num_rows == (kNumHeads == 128 ? 256 : 64) &&
          atomicAdd(&g_decode_probe_prints[kNumHeads / 64 - 1][role], 1) < 3;
 }
 __device__ __forceinline__ unsigned long long probe_clk() {

@@ -42,31 +42,29 @@ struct RoundRaw {
 };
 
 // Walks (row, block) of the part in block order; identical in every CTA of a cluster.
+template <class Schedule>
 struct BlockCursor {
-  const int32_t* prefix;
+  Schedule sched;
   int32_t g, g1, row, row_begin, row_end;
 
-  __device__ __forceinline__ void init(const PartIter& it) {
-    prefix = it.prefix;
-    g = it.g0;
-    g1 = it.g1;
-    row = it.r;
-    row_begin = prefix[row];
-    row_end = prefix[row + 1];
+  __device__ __forceinline__ explicit BlockCursor(const PartIter<Schedule>& it)
+      : sched(it.sched), g(it.g0), g1(it.g1), row(it.r) {
+    row_begin = sched.prefix(row);
+    row_end = sched.prefix(row + 1);
   }
   __device__ __forceinline__ void advance() {
     ++g;
     while (g < g1 && g >= row_end) {
       ++row;
       row_begin = row_end;
-      row_end = prefix[row + 1];
+      row_end = sched.prefix(row + 1);
     }
   }
 };
 
-template <int kNumHeads, bool kDynamic>
+template <int kNumHeads, bool kDynamic, class Schedule>
 __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, SharedStorage& ss,
-                                             const PartIter& it, uint32_t rank) {
+                                             const PartIter<Schedule>& it, uint32_t rank) {
   constexpr int kCluster = kNumHeads == 128 ? 2 : 1;
   constexpr int kRounds = 2 / kCluster;  // rounds of 32 tokens per block in this CTA
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
@@ -85,8 +83,7 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
   uint32_t peer_smem = 0;
   if constexpr (kCluster == 2) peer_smem = map_smem_to_rank(smem_u32(&ss), rank ^ 1u);
 
-  BlockCursor cur;
-  cur.init(it);
+  BlockCursor<Schedule> cur(it);
   int stage_round = 0;  // round (within its block) of the cursor's next index load
 
   // Index stage: the index of this thread's token in the cursor's round (and, H = 128, the
@@ -96,10 +93,12 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
   auto load_index = [&](int32_t& idx, int32_t& idx2) {
     idx = -1; idx2 = -1;
     if (cur.g >= cur.g1) return;
-    const int32_t row = cur.row, blk = cur.g - cur.row_begin;
+    // Row and block clamped to the call's shape whatever the (dynamic) metadata says: a corrupt
+    // plan gives wrong results, never an out-of-bounds index read.
+    const int32_t row = cur.row < p.num_rows ? cur.row : p.num_rows - 1, blk = cur.g - cur.row_begin;
     const int32_t b = row / p.seq_q, s = row - b * p.seq_q;
     const int tok = 32 * (kCluster == 2 ? int(rank) : stage_round) + tl;
-    if (blk < max_blocks) {  // clamped: never past K / 64, whatever the metadata
+    if (uint32_t(blk) < uint32_t(max_blocks)) {  // 0 <= blk < K / 64
       const int32_t* idx_row = p.indices + b * p.indices_batch_stride + s * p.indices_seq_stride + blk * kBlockN;
       int32_t len = p.topk;
       if constexpr (kDynamic) {

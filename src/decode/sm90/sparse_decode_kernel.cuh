@@ -28,10 +28,10 @@ sparse_decode_sm90_kernel(const __grid_constant__ DecodeKernelParams p) {
   SharedStorage& ss = *reinterpret_cast<SharedStorage*>(smem_raw);
   SELKV_TL(if (threadIdx.x == 0) tl_stamp(0);)
 
-  PartIter it;
+  PartIter it(make_schedule<kDynamic>(p));
   // grid (H / 64, parts); H = 128 runs as clusters of the two head groups of one part (cluster
   // rank == blockIdx.x). An empty part exits in both CTAs of its cluster, before any cluster sync.
-  if (!it.init(p.metadata, int32_t(blockIdx.y), p.topk / kBlockN)) {  // uniform
+  if (!it.init(int32_t(blockIdx.y))) {  // uniform
     SELKV_TL(if (threadIdx.x == 0) { if (tl_cta() < 2 * 132) g_tl[tl_cta()][0] = 0; tl_finish(p); })
     return;
   }
