@@ -1,0 +1,331 @@
+#!/usr/bin/env python3
+"""Side by side with FlashMLA (DESIGN §6): the same inputs through selkv and FlashMLA's Python API.
+
+    PYTHONPATH=python:<dir holding flash_mla> SELKV_OPS_LIBRARY=build/python/selkv/_selkv_ops.so \
+        python3 bench/compare_flash_mla.py [--quick] [--ops decode,prefill] [--csv out.csv]
+
+For every case of the C5 decode and C7 prefill targets (issues 3 and 4) it builds one set of
+inputs on the GPU, runs both libraries on exactly those tensors (selkv's uint8 ``ds_mla_fp8``
+cache is FlashMLA's FP8 cache viewed as ``float8_e4m3fn [blocks, page, 1, 656]``; the bf16 kv of
+the prefill is ``[N, D]`` for selkv and the same memory as ``[N, 1, D]`` for FlashMLA), checks
+that the two outputs agree, and times both the same way: a 512 MiB buffer is zeroed before every
+timed call (L2 flush, as the C++ harness does), CUDA events around the call, median of the reps;
+schedule metadata is made outside the timed region (FlashMLA's on its first, untimed call).
+``--graph`` times a CUDA-graph replay of the call instead of the eager call (both libraries are
+graph capturable); small decode shapes are dominated by launch latency either way, so say which.
+
+Nothing of FlashMLA is part of this project: the script only imports ``flash_mla`` when it is
+importable (built ad hoc by whoever runs it) and reports selkv alone otherwise.
+
+CSV columns: op, shape, variant, selkv_us, flash_mla_us, flash_mla/selkv (> 1: selkv faster),
+selkv_TFLOPS, flash_mla_TFLOPS, pct_of_matmul (selkv), out_cos_diff, out_max_abs_diff, timing,
+git_hash, gpu. The bf16 matmul ceiling of the same run is a row too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import importlib
+import os
+import statistics
+import subprocess
+import sys
+from typing import Callable
+
+import torch
+
+import selkv
+
+FLUSH_BYTES = 512 << 20
+D_QK, D_V, RECORD_BYTES, PAGE = 576, 512, 656, 64
+
+
+# ---- timing -------------------------------------------------------------------------------------
+class Timer:
+    """L2-flushed event timing shared by both libraries (median / min / max in microseconds)."""
+
+    def __init__(self, reps: int, warmup: int, graph: bool):
+        self.reps, self.warmup, self.graph = reps, warmup, graph
+        self.flush_buf = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+
+    def __call__(self, fn: Callable[[], object]) -> tuple[float, float, float]:
+        for _ in range(self.warmup):
+            fn()
+        call = fn
+        if self.graph:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                fn()  # a last eager call on the capture stream (lazy init, allocator pools)
+            torch.cuda.current_stream().wait_stream(side)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                fn()
+            call = g.replay
+            call()
+        torch.cuda.synchronize()
+        events = []
+        for _ in range(self.reps):
+            self.flush_buf.zero_()  # the host enqueues the call while the GPU runs the flush
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            call()
+            end.record()
+            events.append((start, end))
+        torch.cuda.synchronize()
+        us = [s.elapsed_time(e) * 1e3 for s, e in events]
+        return statistics.median(us), min(us), max(us)
+
+
+def matmul_ceiling(timer: Timer) -> float:
+    """bf16 8192^3 matmul TFLOP/s in this run (the tensor-core ceiling of the % column)."""
+    n = 8192
+    a = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
+    med, _, _ = Timer(max(5, timer.reps // 4), 2, False)(lambda: a @ b)
+    return 2.0 * n**3 / (med * 1e-6) / 1e12
+
+
+def agreement(x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+    """(cosine distance, max |x - y|) of two outputs, in fp64."""
+    x, y = x.double().flatten(), y.double().flatten()
+    denom = float((x * x).sum() + (y * y).sum())
+    cos = 1.0 - 2.0 * float((x * y).sum()) / denom if denom > 0 else 0.0
+    return cos, float((x - y).abs().max())
+
+
+# ---- cases --------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class DecodeCase:
+    B: int
+    S: int
+    H: int
+    K: int
+    s_kv: int
+    eff_k: int = 0  # > 0: only the first eff_k entries are valid (the rest -1 / INT_MAX)
+    quick: bool = True
+
+    def shape(self) -> str:
+        s = f"B={self.B} S_q={self.S} H={self.H} K={self.K} s_kv={self.s_kv} page={PAGE}"
+        return s + (f" eff={self.eff_k}" if self.eff_k else "")
+
+
+@dataclasses.dataclass
+class PrefillCase:
+    T: int
+    H: int
+    K: int
+    N: int
+    D: int = D_QK
+    quick: bool = True
+
+    def shape(self) -> str:
+        return f"T={self.T} H={self.H} D_qk={self.D} K={self.K} N={self.N}"
+
+
+DECODE_CASES = [
+    *(DecodeCase(B, 2, 128, 2048, 32768, quick=B in (2, 128)) for B in (2, 64, 74, 128)),
+    DecodeCase(256, 1, 128, 2048, 4096),
+    DecodeCase(256, 1, 128, 2048, 4096, eff_k=1024),
+    *(DecodeCase(B, S, 64, 2048, 8192, quick=B in (1, 64)) for S in (1, 2, 4) for B in (1, 8, 64)),
+    DecodeCase(128, 2, 128, 16384, 32768, quick=False),
+]
+PREFILL_CASES = [
+    PrefillCase(4096, 128, 2048, 32768),
+    PrefillCase(4096, 64, 2048, 32768),
+    PrefillCase(4096, 128, 2048, 32768, D=512, quick=False),
+]
+
+
+def decode_inputs(c: DecodeCase, gen: torch.Generator) -> dict:
+    """q, a pow2 ds_mla_fp8 cache written by selkv (one contiguous region of s_kv tokens per batch
+    row), and top-k indices sampled without repetition from each row's KV length (uniform in
+    [s_kv / 2, s_kv], like the C++ harness)."""
+    dev = "cuda"
+    tokens = c.B * c.s_kv
+    cache = selkv.empty_kv_cache(tokens // PAGE, PAGE, "ds_mla_fp8", device=dev)
+    chunk = 1 << 20
+    for t0 in range(0, tokens, chunk):
+        n = min(chunk, tokens - t0)
+        latent = (torch.randn(n, 512, generator=gen, device=dev) / 10).bfloat16()
+        rope = (torch.randn(n, 64, generator=gen, device=dev) / 10).bfloat16()
+        slots = torch.arange(t0, t0 + n, dtype=torch.int64, device=dev)
+        selkv.write_kv_cache(latent, rope, slots, cache)
+    lens = torch.randint(c.s_kv // 2, c.s_kv + 1, (c.B,), generator=gen, device=dev)
+    idx = torch.empty(c.B, c.S, c.K, dtype=torch.int32, device=dev)
+    pos = torch.arange(c.s_kv, device=dev)
+    for b in range(c.B):
+        r = torch.rand(c.S, c.s_kv, generator=gen, device=dev)
+        r[:, pos >= lens[b]] = 2.0  # never chosen while K <= len
+        idx[b] = (r.argsort(dim=-1)[:, : c.K] + b * c.s_kv).int()
+    q = torch.randn(c.B, c.S, c.H, D_QK, generator=gen, device=dev).bfloat16()
+    out = {"q": q, "cache": cache, "indices": idx, "topk_length": None}
+    if c.eff_k:
+        fixed = idx.clone()
+        fixed[..., c.eff_k :] = -1  # FlashMLA and selkv's fixed path: invalid suffix
+        dyn = idx.clone()
+        dyn[..., c.eff_k :] = torch.iinfo(torch.int32).max  # must never be read
+        out.update(indices=fixed, indices_dyn=dyn,
+                   topk_length=torch.full((c.B,), c.eff_k, dtype=torch.int32, device=dev))
+    return out
+
+
+def prefill_inputs(c: PrefillCase, gen: torch.Generator) -> dict:
+    dev = "cuda"
+    q = torch.randn(c.T, c.H, c.D, generator=gen, device=dev).bfloat16()
+    kv = (torch.randn(c.N, c.D, generator=gen, device=dev) / 10).bfloat16()
+    idx = torch.empty(c.T, c.K, dtype=torch.int32, device=dev)
+    step = 256  # tokens per sampling batch (bounded temporary memory)
+    for t0 in range(0, c.T, step):
+        n = min(step, c.T - t0)
+        idx[t0 : t0 + n] = torch.rand(n, c.N, generator=gen, device=dev).topk(c.K, dim=-1).indices.int()
+    return {"q": q, "kv": kv, "indices": idx}
+
+
+# ---- runners ------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Row:
+    op: str
+    shape: str
+    variant: str
+    selkv_us: float
+    fm_us: float | None
+    flops: float
+    cos: float | None = None
+    max_abs: float | None = None
+
+
+def run_decode(c: DecodeCase, fm, timer: Timer, gen: torch.Generator, min_blocks: int) -> list[Row]:
+    x = decode_inputs(c, gen)
+    q, cache, idx = x["q"], x["cache"], x["indices"]
+    scale = D_QK**-0.55
+    k_valid = c.eff_k or c.K
+    flops = 2.0 * c.H * c.B * c.S * k_valid * (D_QK + D_V)
+    rows = []
+
+    md = selkv.get_decode_metadata(c.B, c.S, c.H, c.K, min_blocks_per_part=min_blocks)
+    ours = lambda: selkv.sparse_mla_decode(q, cache, idx, md, scale)  # noqa: E731
+    ref_out = None
+    if fm is not None:
+        fm_cache = cache.view(torch.float8_e4m3fn).unsqueeze(2)  # [blocks, page, 1, 656]
+        sched, _ = fm.get_mla_metadata()
+
+        def theirs():
+            return fm.flash_mla_with_kvcache(q, fm_cache, None, None, D_V, sched, None, scale, False, True, idx)
+
+        ref_out = theirs()[0]
+    out = ours()[0]
+    cos, mad = agreement(out, ref_out) if ref_out is not None else (None, None)
+    s_med = timer(ours)[0]
+    f_med = timer(theirs)[0] if fm is not None else None
+    variant = "fixed" + (" -1 suffix" if c.eff_k else "")
+    rows.append(Row("decode", c.shape(), variant, s_med, f_med, flops, cos, mad))
+
+    if c.eff_k:  # selkv's dynamic top-k on the same shape (FlashMLA's SM90 V3.2 path has none)
+        tl, dyn_idx = x["topk_length"], x["indices_dyn"]
+        md_dyn = selkv.get_decode_metadata(c.B, c.S, c.H, c.K, tl, min_blocks_per_part=min_blocks)
+        dyn = lambda: selkv.sparse_mla_decode(q, cache, dyn_idx, md_dyn, scale, topk_length=tl)  # noqa: E731
+        cos_d, mad_d = agreement(dyn()[0], ref_out if ref_out is not None else out)
+        rows.append(Row("decode", c.shape(), "dynamic topk_length, INT_MAX suffix (vs FlashMLA fixed)",
+                        timer(dyn)[0], f_med, flops, cos_d, mad_d))
+    return rows
+
+
+def run_prefill(c: PrefillCase, fm, timer: Timer, gen: torch.Generator) -> list[Row]:
+    x = prefill_inputs(c, gen)
+    q, kv, idx = x["q"], x["kv"], x["indices"]
+    scale = c.D**-0.55
+    flops = 2.0 * c.H * c.T * c.K * (c.D + D_V)
+    ours = lambda: selkv.sparse_prefill(q, kv, idx, scale)  # noqa: E731
+    out = ours()[0]
+    cos = mad = f_med = None
+    if fm is not None:
+        kv3, idx3 = kv.unsqueeze(1), idx.unsqueeze(1)  # [N, 1, D], [T, 1, K]: same memory
+        theirs = lambda: fm.flash_mla_sparse_fwd(q, kv3, idx3, scale)  # noqa: E731
+        cos, mad = agreement(out, theirs()[0])
+        f_med = timer(theirs)[0]
+    return [Row("prefill", c.shape(), "bf16 kv", timer(ours)[0], f_med, flops, cos, mad)]
+
+
+# ---- main ---------------------------------------------------------------------------------------
+def git_hash() -> str:
+    env = os.environ.get("SELKV_GIT_HASH")
+    if env:
+        return env
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=os.path.dirname(os.path.abspath(__file__)), check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def import_flash_mla(name: str):
+    try:
+        return importlib.import_module(name)
+    except ImportError as e:
+        print(f"[compare] {name} not importable ({e}): selkv alone", file=sys.stderr)
+        return None
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ops", default="decode,prefill", help="comma list of decode, prefill")
+    ap.add_argument("--quick", action="store_true", help="the quick subset of the cases")
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--graph", action="store_true", help="time CUDA-graph replays of the calls")
+    ap.add_argument("--min-blocks", type=int, default=0, help="selkv decode split granularity (0 = default)")
+    ap.add_argument("--flash-mla-module", default="flash_mla")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--csv", default="")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("[compare] no CUDA device", file=sys.stderr)
+        return 2
+    ops = set(args.ops.split(","))
+    fm = import_flash_mla(args.flash_mla_module)
+    timer = Timer(args.reps, args.warmup, args.graph)
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(args.seed)
+    gpu, ghash = torch.cuda.get_device_name(), git_hash()
+    timing = ("graph" if args.graph else "eager") + ",l2-flush,median"
+    ceiling = matmul_ceiling(timer)
+    rows: list[Row] = []
+    with torch.inference_mode():
+        if "decode" in ops:
+            for c in DECODE_CASES:
+                if not args.quick or c.quick:
+                    rows += run_decode(c, fm, timer, gen, args.min_blocks)
+                    torch.cuda.empty_cache()
+        if "prefill" in ops:
+            for c in PREFILL_CASES:
+                if not args.quick or c.quick:
+                    rows += run_prefill(c, fm, timer, gen)
+                    torch.cuda.empty_cache()
+
+    header = ["op", "shape", "variant", "selkv_us", "flash_mla_us", "flash_mla/selkv", "selkv_TFLOPS",
+              "flash_mla_TFLOPS", "pct_of_matmul", "out_cos_diff", "out_max_abs_diff", "timing", "git_hash", "gpu"]
+    table = [["ceiling_matmul", "8192^3 bf16", "torch.matmul", "", "", "", f"{ceiling:.1f}", "", "100.0", "", "",
+              timing, ghash, gpu]]
+    fmt = lambda v, spec: "" if v is None else format(v, spec)  # noqa: E731
+    for r in rows:
+        s_tf = r.flops / (r.selkv_us * 1e-6) / 1e12
+        f_tf = r.flops / (r.fm_us * 1e-6) / 1e12 if r.fm_us else None
+        table.append([r.op, r.shape, r.variant, fmt(r.selkv_us, ".2f"), fmt(r.fm_us, ".2f"),
+                      fmt(r.fm_us / r.selkv_us if r.fm_us else None, ".3f"), fmt(s_tf, ".1f"), fmt(f_tf, ".1f"),
+                      fmt(100.0 * s_tf / ceiling, ".1f"), fmt(r.cos, ".2e"), fmt(r.max_abs, ".2e"), timing, ghash, gpu])
+    for t in table:
+        print(f"{t[0]:>14} {t[1]:<48} {t[2]:<28.28} selkv {t[3]:>9} us  flash_mla {t[4]:>9} us  ratio {t[5]:>6}"
+              f"  cos {t[9]:>9}")
+    if args.csv:
+        with open(args.csv, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(header)
+            w.writerows(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
