@@ -15,20 +15,7 @@ namespace selkv {
 namespace {
 bool aligned(const void* p, uintptr_t a) { return (reinterpret_cast<uintptr_t>(p) & (a - 1)) == 0; }
 
-// Kernel variant (docs/prefill-design.md §7): v3 (block ping-pong, default) or, with
-// SELKV_PREFILL_KERNEL=v2, the previous split-rows lockstep kernel; read once per process. Both
-// compute the op to the same tolerances.
-// SELKV_PREFILL_KERNEL=v3b: v3 with A publishing its rebased P before its own P V completes.
-int kernel_variant() {  // 2, 3 or 4 (= v3b)
-  static const int v = [] {
-    const char* e = std::getenv("SELKV_PREFILL_KERNEL");
-    if (e != nullptr && std::strcmp(e, "v2") == 0) return 2;
-    if (e != nullptr && std::strcmp(e, "v3b") == 0) return 4;
-    return 3;
-  }();
-  return v;
-}
-// SELKV_PREFILL_L2_HINTS=0 turns the v3 cache hints off (A/B measurement).
+// SELKV_PREFILL_L2_HINTS=0 turns the kernel's L2 cache hints off (A/B measurement).
 int l2_hints() {
   static const int on = [] {
     const char* e = std::getenv("SELKV_PREFILL_L2_HINTS");
@@ -148,17 +135,8 @@ Status sparse_mla_prefill(const SparsePrefillParams& p, cudaStream_t stream) {
   k.lse_token_stride = p.lse_token_stride;
   k.l2_hints = l2_hints();
 
-  cudaError_t err;
-  const int variant = kernel_variant();
-  if (variant == 3)
-    err = p.d_qk == 576 ? prefill::sm90::v3::launch_sparse_prefill_sm90_v3<576, false>(k, stream)
-                        : prefill::sm90::v3::launch_sparse_prefill_sm90_v3<512, false>(k, stream);
-  else if (variant == 4)
-    err = p.d_qk == 576 ? prefill::sm90::v3::launch_sparse_prefill_sm90_v3<576, true>(k, stream)
-                        : prefill::sm90::v3::launch_sparse_prefill_sm90_v3<512, true>(k, stream);
-  else
-    err = p.d_qk == 576 ? prefill::sm90::launch_sparse_prefill_sm90<576>(k, stream)
-                        : prefill::sm90::launch_sparse_prefill_sm90<512>(k, stream);
+  const cudaError_t err = p.d_qk == 576 ? prefill::sm90::launch_sparse_prefill_sm90<576>(k, stream)
+                                        : prefill::sm90::launch_sparse_prefill_sm90<512>(k, stream);
   return detail::cuda_status(err, kOp, "kernel launch");
 }
 

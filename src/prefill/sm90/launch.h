@@ -13,14 +13,4 @@ cudaError_t launch_sparse_prefill_sm90(const PrefillKernelParams& p, cudaStream_
 extern template cudaError_t launch_sparse_prefill_sm90<576>(const PrefillKernelParams&, cudaStream_t);
 extern template cudaError_t launch_sparse_prefill_sm90<512>(const PrefillKernelParams&, cudaStream_t);
 
-namespace v3 {
-// kEarlyP0: v3b ordering (sparse_prefill_v3_kernel.cuh).
-template <int kD, bool kEarlyP0>
-cudaError_t launch_sparse_prefill_sm90_v3(const PrefillKernelParams& p, cudaStream_t stream);
-extern template cudaError_t launch_sparse_prefill_sm90_v3<576, false>(const PrefillKernelParams&, cudaStream_t);
-extern template cudaError_t launch_sparse_prefill_sm90_v3<576, true>(const PrefillKernelParams&, cudaStream_t);
-extern template cudaError_t launch_sparse_prefill_sm90_v3<512, false>(const PrefillKernelParams&, cudaStream_t);
-extern template cudaError_t launch_sparse_prefill_sm90_v3<512, true>(const PrefillKernelParams&, cudaStream_t);
-}  // namespace v3
-
 }  // namespace selkv::prefill::sm90

@@ -1,12 +1,22 @@
-// SM90 bf16 sparse MLA prefill kernel (C7). Design: docs/prefill-design.md §2.
+// SM90 bf16 sparse MLA prefill kernel (C7), the v3 block ping-pong. Design: docs/prefill-design.md §7.
 //
-// One CTA = one query token x one 64-head group (grid.x = T * H / 64, the head groups of a token
-// adjacent so they share its kv rows in L2). WG0 gathers Q once and then 64 selected kv rows per
-// step with cp.async into a double-buffered, 128B-swizzled smem ring (invalid rows zero-filled
-// without a global read); completion is signalled on mbarriers by cp.async.mbarrier.arrive.noinc,
-// so several steps stay in flight without the producer waiting on its own copies. WG1 and WG2
-// consume with wgmma exactly as the C5 decode does: S = Q K^T split by kv rows (32 each), online
-// softmax with a row-max exchange, P through smem, O += P V split by d_v (256 each).
+// One CTA = one query token x one 64-head group (as v2). kv blocks of 64 selected rows are taken
+// in pairs (2i, 2i + 1). WG0 gathers them with cp.async into two slots (slot b = block 2i + b),
+// each split into an L half (dims 0-255) and an R half (dims 256-D) with separate full/empty
+// mbarriers, so a half is refilled as soon as its last reader is done.
+//
+// Consumer A (WG1) owns the even block, B (WG2) the odd one. Each computes S = Q K^T for all
+// 64 heads x 64 rows of its block (m64n64k16 SS: Q is read once per block) and accumulates O for
+// its d_v half (A: 0-255, B: 256-511) from both blocks. Per pair:
+//   A: mask, row max, online softmax on its block with the running max -> m_x, arrive MaxA;
+//      O_A += P_A V_A[L] (RS wgmma: P straight from the accumulator registers); free slot0.L.
+//   B: waits MaxA, folds A's max into its own (m_x), softmax, arrive MaxB; O_B += P_B V_B[R] (RS);
+//      P_B -> smem, arrive P1; waits P0, O_B += P_A V_A[R] (SS); frees slot1.R, slot0.R.
+//   A: waits MaxB, rebases its P by exp2(m_A - m_B) -> smem (P0), arrive P0, rescales O_A; waits P1,
+//      O_A += P_B V_B[L] (SS); issues S of the next pair (L half first) while that runs; frees slot1.L.
+// The two warpgroups' softmax phases interleave with the other's tensor work. No atomics, fixed
+// order: deterministic. Invalid rows are zero-filled without a global read and masked to -inf.
+// An odd number of blocks leaves B without a block in the last pair: it then skips its wgmmas.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -16,213 +26,333 @@
 
 #include "prefill/sm90/config.h"
 #include "sm90/common.cuh"
+#include "sm90/wg_softmax.cuh"
 
 namespace selkv::prefill::sm90 {
 
 using selkv::sm90::bf16x2_bits;
 using selkv::sm90::cp_async_16;
-using selkv::sm90::kmajor_sw128_offset;
 
-// Entries [0, len) of a row are candidates: K, or clamp(topk_length[t], 0, K).
-__device__ __forceinline__ int32_t row_len(const PrefillKernelParams& p, int64_t t) {
+__device__ __forceinline__ int32_t prefill_row_len(const PrefillKernelParams& p, int64_t t) {
   if (p.topk_length == nullptr) return p.topk;
   const int32_t l = __ldg(p.topk_length + t);
   return l < 0 ? 0 : (l > p.topk ? p.topk : l);
 }
 
-// ---- producer warpgroup ---------------------------------------------------------------------
-// Row r of a tile (a head for Q, a kv row for K) is copied by warp r % 4; lane j < 16 of warp w
-// owns row w + 4j's index and validity, broadcast by shuffle. Lane l copies 16-byte chunks l,
-// l + 32, l + 64 (< D/8) of the row: each warp-wide cp.async covers 512 contiguous bytes.
-template <int kD>
-__device__ __forceinline__ void run_producer(const PrefillKernelParams& p,
-                                             typename Config<kD>::SharedStorage& ss, int64_t t,
-                                             int hg, int32_t len, int32_t nblk) {
-  using C = Config<kD>;
-  constexpr int kChunkIters = (C::kChunks + 31) / 32;  // 3 (576) or 2 (512)
-  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+__device__ __forceinline__ void bar_wait(uint64_t* b, uint32_t parity) {
+  cutlass::arch::ClusterBarrier::wait(b, parity);
+}
+__device__ __forceinline__ void nb_sync(Bar b) {
+  cutlass::arch::NamedBarrier::sync(256, uint32_t(b));
+}
+__device__ __forceinline__ void nb_arrive(Bar b) {
+  cutlass::arch::NamedBarrier::arrive(256, uint32_t(b));
+}
 
-  // Q [64 heads x D] once.
-  {
-    const uint16_t* qbase = p.q + t * p.q_token_stride + int64_t(hg) * kBlockM * p.q_head_stride;
+// ---- producer -------------------------------------------------------------------------------
+// Thread (g = tid / 8, e = tid % 8) copies 16-byte chunk e of every 64-column tile of rows
+// g + 16 j (j < 4): 8 threads cover one 128-byte tile row, a warp 4 rows (coalesced 128 B
+// segments). Rows g + 16 j share the swizzle phase g & 7.
+template <int kD>
+__device__ __forceinline__ void run_producer(const PrefillKernelParams& p, typename Config<kD>::SharedStorage& ss,
+                                             int64_t t, int hg, int32_t len, int32_t nblk) {
+  using C = Config<kD>;
+  const int tid = int(threadIdx.x);
+  const int g = tid >> 3, e = tid & 7;
+  const int row_off = g * 64 + ((e ^ (g & 7)) << 3);  // + 1024 j for row g + 16 j
+
+  {  // Q [64 heads x D]
+    const uint16_t* qb = p.q + t * p.q_token_stride + int64_t(hg) * 64 * p.q_head_stride + e * 8;
     const uint32_t sq = cute::cast_smem_ptr_to_uint(ss.q);
+    // Q is read once: evict-first keeps it from displacing gathered kv rows in L2.
+    const uint64_t pol = p.l2_hints ? selkv::sm90::l2_policy_evict_first() : selkv::sm90::l2_policy_evict_normal();
     CUTE_UNROLL
-    for (int j = 0; j < kBlockM / 4; ++j) {
-      const int h = warp + 4 * j;
-      const uint16_t* qrow = qbase + int64_t(h) * p.q_head_stride;
+    for (int j = 0; j < 4; ++j) {
+      const uint16_t* qrow = qb + int64_t(g + 16 * j) * p.q_head_stride;
       CUTE_UNROLL
-      for (int c = 0; c < kChunkIters; ++c) {
-        const int chunk = lane + 32 * c;
-        if (chunk < C::kChunks)
-          cp_async_16(sq + 2u * uint32_t(kmajor_sw128_offset<kD>(h, chunk * 8)), qrow + chunk * 8, true);
-      }
+      for (int tile = 0; tile < C::kTiles; ++tile)
+        selkv::sm90::cp_async_16_hint(sq + 2u * uint32_t(tile * kTileElems + row_off + 1024 * j), qrow + tile * 64,
+                                      true, pol);
     }
     cutlass::arch::cpasync_barrier_arrive_noinc(&ss.bar_q);
   }
 
   const int32_t* idx_row = p.indices + t * p.indices_token_stride;
-  int buf = 0;
+  const int32_t npairs = (nblk + 1) / 2;
+  const bool hints = p.l2_hints != 0;
   uint32_t phase = 0;
-  for (int32_t blk = 0; blk < nblk; ++blk) {
-    int64_t off = 0;  // element offset of the row in kv
-    int valid = 0;
-    if (lane < 16) {
-      const int32_t k = blk * kBlockN + warp + 4 * lane;
-      if (k < len) {  // past topk_length: not even loaded
-        const int32_t idx = __ldg(idx_row + k);
-        if (idx >= 0 && int64_t(idx) < p.num_kv) {
-          valid = 1;
-          off = int64_t(idx) * p.kv_row_stride;
+  for (int32_t pr = 0; pr < npairs; ++pr) {
+    const bool has1 = 2 * pr + 1 < nblk;
+    int64_t off[2][4];
+    bool val[2][4];
+    CUTE_UNROLL
+    for (int b = 0; b < 2; ++b) {
+      CUTE_UNROLL
+      for (int j = 0; j < 4; ++j) {
+        const int32_t k = (2 * pr + b) * 64 + g + 16 * j;
+        int32_t idx = -1;
+        if (k < len) idx = __ldg(idx_row + k);  // k < len <= K; past topk_length: not loaded
+        val[b][j] = idx >= 0 && int64_t(idx) < p.num_kv;
+        off[b][j] = val[b][j] ? int64_t(idx) * p.kv_row_stride : 0;
+      }
+    }
+    auto copy = [&](int b, int t0, int t1) {
+      const uint32_t sk = cute::cast_smem_ptr_to_uint(ss.k[b]);
+      CUTE_UNROLL
+      for (int j = 0; j < 4; ++j) {
+        const uint16_t* row = p.kv + off[b][j] + e * 8;  // invalid: src-size 0, never read
+        CUTE_UNROLL
+        for (int tile = t0; tile < t1; ++tile) {
+          const uint32_t dst = sk + 2u * uint32_t(tile * kTileElems + row_off + 1024 * j);
+          if (hints) selkv::sm90::cp_async_16_pf256(dst, row + tile * 64, val[b][j]);
+          else cp_async_16(dst, row + tile * 64, val[b][j]);
         }
       }
+    };
+    bar_wait(&ss.empty[0][0], phase ^ 1u);
+    copy(0, 0, kTilesL);
+    cutlass::arch::cpasync_barrier_arrive_noinc(&ss.full[0][0]);
+    if (has1) {
+      bar_wait(&ss.empty[1][1], phase ^ 1u);
+      copy(1, kTilesL, C::kTiles);
+      cutlass::arch::cpasync_barrier_arrive_noinc(&ss.full[1][1]);
     }
-    cutlass::arch::ClusterBarrier::wait(&ss.bar_empty[buf], phase ^ 1u);
-    const uint32_t sk = cute::cast_smem_ptr_to_uint(ss.k[buf]);
-    CUTE_UNROLL
-    for (int j = 0; j < kBlockN / 4; ++j) {
-      const int r = warp + 4 * j;
-      const int64_t o = __shfl_sync(0xffffffffu, off, j);
-      const bool v = __shfl_sync(0xffffffffu, valid, j) != 0;
-      const uint16_t* row = p.kv + o;  // o = 0 for invalid rows: never read (src-size 0)
-      CUTE_UNROLL
-      for (int c = 0; c < kChunkIters; ++c) {
-        const int chunk = lane + 32 * c;
-        if (chunk < C::kChunks)
-          cp_async_16(sk + 2u * uint32_t(kmajor_sw128_offset<kD>(r, chunk * 8)), row + chunk * 8, v);
-      }
+    bar_wait(&ss.empty[0][1], phase ^ 1u);
+    copy(0, kTilesL, C::kTiles);
+    cutlass::arch::cpasync_barrier_arrive_noinc(&ss.full[0][1]);
+    if (has1) {
+      bar_wait(&ss.empty[1][0], phase ^ 1u);
+      copy(1, 0, kTilesL);
+      cutlass::arch::cpasync_barrier_arrive_noinc(&ss.full[1][0]);
     }
-    cutlass::arch::cpasync_barrier_arrive_noinc(&ss.bar_full[buf]);
-    if (++buf == kNumKBufs) { buf = 0; phase ^= 1u; }
+    phase ^= 1u;
   }
   selkv::sm90::cp_async_wait_all();
 }
 
-// ---- consumer warpgroups --------------------------------------------------------------------
-template <int kD>
-__device__ __forceinline__ void run_consumer(const PrefillKernelParams& p,
-                                             typename Config<kD>::SharedStorage& ss, int64_t t,
-                                             int hg, int32_t len, int32_t nblk, int cw) {
+// ---- consumers ------------------------------------------------------------------------------
+template <int kD, int kC>
+__device__ __forceinline__ void run_consumer(const PrefillKernelParams& p, typename Config<kD>::SharedStorage& ss,
+                                             int64_t t, int hg, int32_t len, int32_t nblk) {
   using C = Config<kD>;
-  const int tid_wg = int(threadIdx.x) - 128 * (cw + 1);
-  const int warp_wg = tid_wg / 32, lane = tid_wg % 32;
-  const int r0 = warp_wg * 16 + lane / 4, r1 = r0 + 8;
+  constexpr bool kA = kC == 0;
+  const int tid = int(threadIdx.x) - 128 * (kC + 1);
+  const int warp = tid / 32, lane = tid % 32;
+  const int r0 = warp * 16 + lane / 4, r1 = r0 + 8;
   const float sl2 = p.sm_scale_log2;
   constexpr float kNegInf = -INFINITY;
 
   typename C::TiledMmaQK mma_qk;
-  typename C::TiledMmaPV mma_pv;
-  auto thr_qk = mma_qk.get_thread_slice(tid_wg);
-  auto thr_pv = mma_pv.get_thread_slice(tid_wg);
-  Tensor sQ = make_tensor(make_smem_ptr(ss.q), typename C::SmemLayoutQ{});
-  Tensor sP = make_tensor(make_smem_ptr(ss.p), typename C::SmemLayoutP{});
-  Tensor tSrQ = thr_qk.partition_fragment_A(sQ);  // (MMA, 1, D/16) descriptors
-  Tensor tOrP = thr_pv.partition_fragment_A(sP);  // (MMA, 1, 4)
-  Tensor tOrO = partition_fragment_C(mma_pv, Shape<Int<kBlockM>, Int<kDimVPerConsumer>>{});
+  typename C::TiledMmaPVrs mma_rs;
+  typename C::TiledMmaPVss mma_ss;
+  auto thr_qk = mma_qk.get_thread_slice(tid);
+  auto thr_rs = mma_rs.get_thread_slice(tid);
+  auto thr_ss = mma_ss.get_thread_slice(tid);
+
+  Tensor sQ = make_tensor(make_smem_ptr(ss.q), typename C::SmemLayoutQK{});
+  Tensor sK = make_tensor(make_smem_ptr(ss.k[kC]), typename C::SmemLayoutQK{});
+  Tensor tSrQ = thr_qk.partition_fragment_A(sQ);  // (MMA, 1, D/16)
+  Tensor tSrK = thr_qk.partition_fragment_B(sK);  // (MMA, 1, D/16)
+  Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<64>, Int<64>>{});
+  static_assert(decltype(size(tSrS))::value == 32);
+
+  // O half: d_v [256 kC, 256 kC + 256) = tiles 4 kC .. 4 kC + 3 of both slots.
+  Tensor sVown = make_tensor(make_smem_ptr(ss.k[kC] + kC * kTilesL * kTileElems), typename C::SmemLayoutVHalf{});
+  Tensor sVoth = make_tensor(make_smem_ptr(ss.k[kC ^ 1] + kC * kTilesL * kTileElems), typename C::SmemLayoutVHalf{});
+  Tensor tOrVown = thr_rs.partition_fragment_B(sVown);  // (MMA, 1, 4)
+  Tensor tOrVoth = thr_ss.partition_fragment_B(sVoth);
+  bf16_t* p_mine = kA ? C::p0_ptr(ss) : ss.p1;   // where this consumer publishes its P
+  bf16_t* p_other = kA ? ss.p1 : C::p0_ptr(ss);  // where the other consumer's P is
+  Tensor sPoth = make_tensor(make_smem_ptr(p_other), typename C::SmemLayoutP{});
+  Tensor tOrPoth = thr_ss.partition_fragment_A(sPoth);  // (MMA, 1, 4) descriptors
+  Tensor tOrP = make_tensor<bf16_t>(partition_shape_A(mma_rs, Shape<Int<64>, Int<64>>{}));  // own P (A regs)
+  Tensor tOrPw = recast<uint32_t>(tOrP);
+  static_assert(decltype(size(tOrPw))::value == 16);
+  Tensor tOrO = partition_fragment_C(mma_rs, Shape<Int<64>, Int<256>>{});
   static_assert(decltype(size(tOrO))::value == 128);
+  uint32_t* p_mine_words = reinterpret_cast<uint32_t*>(p_mine);
 
   clear(tOrO);
   float m0 = kNegInf, m1 = kNegInf, l0 = 0.f, l1 = 0.f;
   const int32_t* idx_row = p.indices + t * p.indices_token_stride;
-  if (nblk > 0) cutlass::arch::ClusterBarrier::wait(&ss.bar_q, 0u);
+  const int32_t npairs = (nblk + 1) / 2;
 
-  int buf = 0;
-  uint32_t phase = 0;
-  for (int32_t blk = 0; blk < nblk; ++blk) {
-    // Validity of this consumer's 32 kv rows (bit i: row 32 cw + i), from the indices (L1-hot:
-    // the producer just read them). Same rule as the producer's.
-    uint32_t vmask;
-    {
-      const int32_t k = blk * kBlockN + cw * kTokensPerConsumer + lane;
-      bool v = false;
-      if (k < len) {
-        const int32_t idx = __ldg(idx_row + k);
-        v = idx >= 0 && int64_t(idx) < p.num_kv;
+  // S for this consumer's block of pair pr: halves in arrival order (A: L then R, B: R then L).
+  // `split` commits the first half as its own group (A overlaps it with the previous P V).
+  auto issue_s_half = [&](int half, uint32_t parity, bool first) {
+    bar_wait(&ss.full[kC][half], parity);
+    cutlass::arch::fence_view_async_shared();  // cp.async (generic proxy) -> wgmma (async proxy)
+    warpgroup_fence_operand(tSrS);
+    warpgroup_arrive();
+    if (first) mma_qk.accumulate_ = GMMA::ScaleOut::Zero;
+    if (half == 0) {
+      CUTE_UNROLL
+      for (int kb = 0; kb < kTilesL * 4; ++kb) {
+        cute::gemm(mma_qk, tSrQ(_, _, kb), tSrK(_, _, kb), tSrS);
+        mma_qk.accumulate_ = GMMA::ScaleOut::One;
       }
-      vmask = __ballot_sync(0xffffffffu, v);
+    } else {
+      CUTE_UNROLL
+      for (int kb = kTilesL * 4; kb < C::kTiles * 4; ++kb) {
+        cute::gemm(mma_qk, tSrQ(_, _, kb), tSrK(_, _, kb), tSrS);
+        mma_qk.accumulate_ = GMMA::ScaleOut::One;
+      }
     }
-    cutlass::arch::ClusterBarrier::wait(&ss.bar_full[buf], phase);
-    cutlass::arch::fence_view_async_shared();  // cp.async (generic proxy) data -> wgmma (async proxy)
+  };
 
-    // S = Q K_cw^T over D dims, for this consumer's 32 kv rows.
-    Tensor sKh = make_tensor(make_smem_ptr(ss.k[buf] + cw * C::kKHalfTokenOffset), typename C::SmemLayoutKHalf{});
-    Tensor tSrK = thr_qk.partition_fragment_B(sKh);
-    Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kBlockM>, Int<kTokensPerConsumer>>{});
-    warpgroup_fence_operand(tSrS);
-    warpgroup_arrive();
-    mma_qk.accumulate_ = GMMA::ScaleOut::Zero;
-    CUTE_UNROLL
-    for (int kb = 0; kb < size<2>(tSrQ); ++kb) {
-      cute::gemm(mma_qk, tSrQ(_, _, kb), tSrK(_, _, kb), tSrS);
-      mma_qk.accumulate_ = GMMA::ScaleOut::One;
+  uint64_t vmask = 0;
+  if (npairs > 0) {
+    cutlass::arch::ClusterBarrier::wait(&ss.bar_q, 0u);
+    if constexpr (kA) {
+      vmask = selkv::sm90::row_valid_mask64(idx_row, 0, len, p.num_kv, lane);
+      issue_s_half(0, 0u, true);
+      issue_s_half(1, 0u, false);
+      warpgroup_commit_batch();
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tSrS);
     }
-    warpgroup_commit_batch();
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(tSrS);
+  }
 
-    // Mask invalid rows, row maxima, exchange with the other consumer.
-    float mx0 = kNegInf, mx1 = kNegInf;
-    CUTE_UNROLL
-    for (int i = 0; i < size(tSrS); ++i) {
-      const int col = 8 * (i >> 2) + 2 * (lane & 3) + (i & 1);
-      if (!((vmask >> col) & 1u)) tSrS(i) = kNegInf;
-      if ((i >> 1) & 1) mx1 = fmaxf(mx1, tSrS(i)); else mx0 = fmaxf(mx0, tSrS(i));
-    }
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-    const int par = blk & 1;
-    if ((lane & 3) == 0) {
-      ss.row_max[par][cw][r0] = mx0;
-      ss.row_max[par][cw][r1] = mx1;
-    }
-    cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(NamedBar::kMaxExchange));
-    mx0 = fmaxf(mx0, ss.row_max[par][cw ^ 1][r0]);
-    mx1 = fmaxf(mx1, ss.row_max[par][cw ^ 1][r1]);
-    const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-    const float mu0 = mn0 == kNegInf ? 0.f : mn0;  // nothing valid yet: keep exp2 finite
-    const float mu1 = mn1 == kNegInf ? 0.f : mn1;
-    const float sc0 = exp2f((m0 - mu0) * sl2), sc1 = exp2f((m1 - mu1) * sl2);
-    const float base0 = mu0 * sl2, base1 = mu1 * sl2;
-    m0 = mn0;
-    m1 = mn1;
+  for (int32_t pr = 0; pr < npairs; ++pr) {
+    const bool has1 = 2 * pr + 1 < nblk;
+    const uint32_t par = uint32_t(pr) & 1u;
+    if constexpr (kA) {
+      // ---- A: softmax on the even block (S already in tSrS) ----
+      float mx0, mx1;
+      selkv::sm90::wg_mask_rowmax64(tSrS, vmask, lane, mx0, mx1);
+      const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+      const float mu0 = mn0 == kNegInf ? 0.f : mn0, mu1 = mn1 == kNegInf ? 0.f : mn1;
+      const float sc0 = exp2f((m0 - mu0) * sl2), sc1 = exp2f((m1 - mu1) * sl2);
+      float ps0, ps1;
+      selkv::sm90::wg_exp2_rows64(tSrS, sl2, mu0 * sl2, mu1 * sl2, ps0, ps1);
+      l0 = l0 * sc0 + ps0;
+      l1 = l1 * sc1 + ps1;
+      selkv::sm90::pack_bf16_pairs64(tSrS, tOrPw);
+      if ((lane & 3) == 0) {
+        ss.m_x[r0] = mn0;
+        ss.m_x[r1] = mn1;
+      }
+      nb_arrive(Bar::kMaxA);
+      CUTE_UNROLL
+      for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= ((i >> 1) & 1) ? sc1 : sc0;
 
-    // P = exp2(s * scale_log2 - m * scale_log2) -> bf16 into the shared P tile.
-    float ps0 = 0.f, ps1 = 0.f;
-    CUTE_UNROLL
-    for (int i = 0; i < size(tSrS); ++i) {
-      const bool hi = (i >> 1) & 1;
-      const float pv = exp2f(fmaf(tSrS(i), sl2, hi ? -base1 : -base0));
-      tSrS(i) = pv;
-      if (hi) ps1 += pv; else ps0 += pv;
-    }
-    l0 = l0 * sc0 + ps0;
-    l1 = l1 * sc1 + ps1;
-    CUTE_UNROLL
-    for (int i = 0; i < size(tSrS); i += 2) {
-      const int row = ((i >> 1) & 1) ? r1 : r0;
-      const int col = cw * kTokensPerConsumer + 8 * (i >> 2) + 2 * (lane & 3);
-      const int off = row * 64 + ((((col >> 3) & 7) ^ (row & 7)) << 3) + (col & 7);  // SmemLayoutP
-      *reinterpret_cast<uint32_t*>(ss.p + off) = bf16x2_bits(tSrS(i), tSrS(i + 1));
-    }
-    CUTE_UNROLL
-    for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= ((i >> 1) & 1) ? sc1 : sc0;
-    cutlass::arch::fence_view_async_shared();
-    cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(NamedBar::kPReady));
+      // O_A += P_A V_A[L]
+      warpgroup_fence_operand(tOrO);
+      warpgroup_fence_operand(tOrP);
+      warpgroup_arrive();
+      CUTE_UNROLL
+      for (int kb = 0; kb < 4; ++kb) cute::gemm(mma_rs, tOrP(_, _, kb), tOrVown(_, _, kb), tOrO);
+      warpgroup_commit_batch();
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tOrO);
+      warpgroup_fence_operand(tOrP);
+      cutlass::arch::ClusterBarrier::arrive(&ss.empty[0][0]);
 
-    // O_cw += P V_cw (V = first 512 dims of the same kv tile, read MN-major).
-    Tensor sVh = make_tensor(make_smem_ptr(ss.k[buf] + cw * C::kVHalfDimOffset), typename C::SmemLayoutVHalf{});
-    Tensor tOrV = thr_pv.partition_fragment_B(sVh);
-    warpgroup_fence_operand(tOrO);
-    warpgroup_arrive();
-    CUTE_UNROLL
-    for (int kb = 0; kb < size<2>(tOrP); ++kb) cute::gemm(mma_pv, tOrP(_, _, kb), tOrV(_, _, kb), tOrO);
-    warpgroup_commit_batch();
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(tOrO);
+      // B's max -> rebase P_A for B, rescale O_A.
+      nb_sync(Bar::kMaxB);
+      const float mb0 = ss.m_x[r0], mb1 = ss.m_x[r1];
+      const float mub0 = mb0 == kNegInf ? 0.f : mb0, mub1 = mb1 == kNegInf ? 0.f : mb1;
+      const float f0 = mn0 == kNegInf ? 0.f : exp2f((mn0 - mub0) * sl2);
+      const float f1 = mn1 == kNegInf ? 0.f : exp2f((mn1 - mub1) * sl2);
+      selkv::sm90::pack_bf16_pairs64_scaled(tSrS, f0, f1, tOrPw);
+      selkv::sm90::store_p_tile64(p_mine_words, tOrPw, r0, lane);
+      cutlass::arch::fence_view_async_shared();
+      nb_arrive(Bar::kP0);
+      CUTE_UNROLL
+      for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= ((i >> 1) & 1) ? f1 : f0;
+      l0 *= f0;
+      l1 *= f1;
+      m0 = mb0;
+      m1 = mb1;
 
-    cutlass::arch::ClusterBarrier::arrive(&ss.bar_empty[buf]);
-    if (++buf == kNumKBufs) { buf = 0; phase ^= 1u; }
+      // O_A += P_B V_B[L]
+      if (has1) {
+        nb_sync(Bar::kP1);
+        warpgroup_fence_operand(tOrO);
+        warpgroup_arrive();
+        CUTE_UNROLL
+        for (int kb = 0; kb < 4; ++kb) cute::gemm(mma_ss, tOrPoth(_, _, kb), tOrVoth(_, _, kb), tOrO);
+        warpgroup_commit_batch();
+      }
+      if (pr + 1 < npairs) {
+        // S of the next even block: L half overlaps the P V above.
+        issue_s_half(0, par ^ 1u, true);
+        warpgroup_commit_batch();
+        vmask = selkv::sm90::row_valid_mask64(idx_row, (2 * pr + 2) * 64, len, p.num_kv, lane);
+        warpgroup_wait<1>();  // P_B V_B[L] done (has1 is true here: only the last pair can lack it)
+        warpgroup_fence_operand(tOrO);
+        cutlass::arch::ClusterBarrier::arrive(&ss.empty[1][0]);
+        issue_s_half(1, par ^ 1u, false);
+        warpgroup_commit_batch();
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tSrS);
+      } else {
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tOrO);
+        if (has1) cutlass::arch::ClusterBarrier::arrive(&ss.empty[1][0]);
+      }
+    } else {
+      // ---- B: S on the odd block ----
+      if (has1) {
+        vmask = selkv::sm90::row_valid_mask64(idx_row, (2 * pr + 1) * 64, len, p.num_kv, lane);
+        issue_s_half(1, par, true);
+        issue_s_half(0, par, false);
+        warpgroup_commit_batch();
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tSrS);
+      } else {
+        vmask = 0;  // no odd block: every column -inf, P = 0
+      }
+      float mx0, mx1;
+      selkv::sm90::wg_mask_rowmax64(tSrS, vmask, lane, mx0, mx1);
+      nb_sync(Bar::kMaxA);
+      const float ma0 = ss.m_x[r0], ma1 = ss.m_x[r1];
+      const float mn0 = fmaxf(ma0, mx0), mn1 = fmaxf(ma1, mx1);  // ma >= m (A folded the running max)
+      const float mu0 = mn0 == kNegInf ? 0.f : mn0, mu1 = mn1 == kNegInf ? 0.f : mn1;
+      const float sc0 = exp2f((m0 - mu0) * sl2), sc1 = exp2f((m1 - mu1) * sl2);
+      __syncwarp();
+      if ((lane & 3) == 0) {
+        ss.m_x[r0] = mn0;
+        ss.m_x[r1] = mn1;
+      }
+      nb_arrive(Bar::kMaxB);
+      m0 = mn0;
+      m1 = mn1;
+      float ps0, ps1;
+      selkv::sm90::wg_exp2_rows64(tSrS, sl2, mu0 * sl2, mu1 * sl2, ps0, ps1);
+      l0 = l0 * sc0 + ps0;
+      l1 = l1 * sc1 + ps1;
+      CUTE_UNROLL
+      for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= ((i >> 1) & 1) ? sc1 : sc0;
+      if (has1) {
+        // O_B += P_B V_B[R]; publish P_B for A.
+        selkv::sm90::pack_bf16_pairs64(tSrS, tOrPw);
+        warpgroup_fence_operand(tOrO);
+        warpgroup_fence_operand(tOrP);
+        warpgroup_arrive();
+        CUTE_UNROLL
+        for (int kb = 0; kb < 4; ++kb) cute::gemm(mma_rs, tOrP(_, _, kb), tOrVown(_, _, kb), tOrO);
+        warpgroup_commit_batch();
+        selkv::sm90::store_p_tile64(p_mine_words, tOrPw, r0, lane);
+      }
+      // O_B += P_A V_A[R]
+      nb_sync(Bar::kP0);
+      warpgroup_fence_operand(tOrO);
+      warpgroup_arrive();
+      CUTE_UNROLL
+      for (int kb = 0; kb < 4; ++kb) cute::gemm(mma_ss, tOrPoth(_, _, kb), tOrVoth(_, _, kb), tOrO);
+      warpgroup_commit_batch();
+      if (has1) {
+        cutlass::arch::fence_view_async_shared();
+        nb_arrive(Bar::kP1);
+        warpgroup_wait<1>();
+        warpgroup_fence_operand(tOrP);
+        cutlass::arch::ClusterBarrier::arrive(&ss.empty[1][1]);
+      }
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tOrO);
+      cutlass::arch::ClusterBarrier::arrive(&ss.empty[0][1]);
+    }
   }
 
   // ---- epilogue: total row sums, lse, max_logits, output ----
@@ -231,53 +361,44 @@ __device__ __forceinline__ void run_consumer(const PrefillKernelParams& p,
   l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
   l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
   if ((lane & 3) == 0) {
-    ss.row_sum[cw][r0] = l0;
-    ss.row_sum[cw][r1] = l1;
+    ss.l_x[kC][r0] = l0;
+    ss.l_x[kC][r1] = l1;
   }
-  cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(NamedBar::kRowSum));
-  const float L0 = cw == 0 ? l0 + ss.row_sum[1][r0] : ss.row_sum[0][r0] + l0;
-  const float L1 = cw == 0 ? l1 + ss.row_sum[1][r1] : ss.row_sum[0][r1] + l1;
+  // Both consumers pass this only after their last warpgroup_wait<0>: no wgmma reads Q (the
+  // staging area below) any more; the producer's Q writes completed before bar_q.
+  nb_sync(Bar::kLSum);
+  const float L0 = ss.l_x[0][r0] + ss.l_x[1][r0];
+  const float L1 = ss.l_x[0][r1] + ss.l_x[1][r1];
   const bool any0 = L0 > 0.f, any1 = L1 > 0.f;
   const float f0 = any0 ? 1.f / L0 : 0.f, f1 = any1 ? 1.f / L1 : 0.f;
-  const int h0 = hg * kBlockM + r0, h1 = hg * kBlockM + r1;
+  const int h0 = hg * 64 + r0, h1 = hg * 64 + r1;
 
-  // out through smem so that every global store is a full 16-byte, row-contiguous chunk (a warp
-  // instruction writes 512 contiguous bytes of one head row). The fragment gives each thread 4-byte
-  // pieces of 8 rows x 16 bytes per instruction (16 of 32 bytes per sector used). Staging: each
-  // consumer warp owns 16 rows x 256 dv = 8 KB of the Q tile, free here: the kRowSum barrier is
-  // passed by both consumer warpgroups only after their last warpgroup_wait<0>, so no wgmma still
-  // reads Q, and the producer's only Q writes completed before bar_q (no Q write when nblk == 0).
-  // Warp-private region, so __syncwarp orders the stores before the loads. Row rl (0..15) of the
-  // region is 512 bytes = 32 16-byte chunks; logical chunk j (dv 8j..8j+7) sits at position
-  // j ^ (rl & 7). Store (STS.32): fixed j, lane (rr = lane / 4, q = lane % 4) hits bank
-  // 4 * ((j ^ rr) & 7) + q: 32 distinct banks. Load (LDS.128): row rl, lane reads logical chunk
-  // lane at position lane ^ (rl & 7); each 8-lane phase covers one aligned 128-byte span: 4
-  // wavefronts, the minimum. The values are bit-identical to the direct stores (same
-  // bf16x2_bits(tOrO * f) words, only their route differs).
-  static_assert(sizeof(ss.q) >= size_t(kNumConsumerThreads / 32) * 16 * kDimVPerConsumer * 2,
-                "epilogue staging needs 8 warps x 16 rows x 256 bf16 in the Q tile");
+  // out staged per warp through the Q tile (v2 scheme, §6): 16 rows x 256 dv = 8 KB per warp,
+  // logical 16-byte chunk j of staging row rl at position j ^ (rl & 7); STS.32 and LDS.128 are
+  // conflict-free, each STG.128 warp instruction writes 512 contiguous bytes of one head row.
   {
-    constexpr int kWarpWords = 16 * kDimVPerConsumer / 2;  // 16 rows x 256 bf16 = 8 KB per warp
-    uint32_t* stage = reinterpret_cast<uint32_t*>(ss.q) + (cw * 4 + warp_wg) * kWarpWords;
+    constexpr int kWarpWords = 16 * 256 / 2;
+    uint32_t* stage = reinterpret_cast<uint32_t*>(ss.q) + (kC * 4 + warp) * kWarpWords;
     const int rr = lane >> 2, q4 = lane & 3;
     CUTE_UNROLL
     for (int i = 0; i < size(tOrO); i += 4) {
-      const int j = i >> 2;  // 16-byte chunk: dv 8j..8j+7 of this consumer's half
-      const int pos = (j ^ rr) * 4 + q4;  // word in row; rows rr and rr + 8 share the swizzle
+      const int j = i >> 2;
+      const int pos = (j ^ rr) * 4 + q4;
       stage[rr * 128 + pos] = bf16x2_bits(tOrO(i) * f0, tOrO(i + 1) * f0);
       stage[(rr + 8) * 128 + pos] = bf16x2_bits(tOrO(i + 2) * f1, tOrO(i + 3) * f1);
     }
     __syncwarp();
-    uint16_t* obase = p.out + t * p.out_token_stride +
-                      int64_t(hg * kBlockM + warp_wg * 16) * p.out_head_stride +
-                      cw * kDimVPerConsumer + lane * 8;  // 16 B aligned: out 16 B, strides % 8 (validated)
+    uint16_t* obase = p.out + t * p.out_token_stride + int64_t(hg * 64 + warp * 16) * p.out_head_stride +
+                      kC * 256 + lane * 8;
+    // out is written once: evict-first so the stream does not displace gathered kv rows in L2.
+    const uint64_t pol = p.l2_hints ? selkv::sm90::l2_policy_evict_first() : selkv::sm90::l2_policy_evict_normal();
     CUTE_UNROLL
     for (int rl = 0; rl < 16; ++rl) {
       const uint4 v = *reinterpret_cast<const uint4*>(stage + rl * 128 + (lane ^ (rl & 7)) * 4);
-      *reinterpret_cast<uint4*>(obase + int64_t(rl) * p.out_head_stride) = v;
+      selkv::sm90::st_global_16_hint(obase + int64_t(rl) * p.out_head_stride, v, pol);
     }
   }
-  if (cw == 0 && (lane & 3) == 0) {
+  if (kA && (lane & 3) == 0) {
     if (p.lse != nullptr) {
       float* lrow = p.lse + t * p.lse_token_stride;
       lrow[h0] = any0 ? m0 * p.sm_scale + logf(L0) : kNegInf;
@@ -303,16 +424,18 @@ sparse_prefill_sm90_kernel(const __grid_constant__ PrefillKernelParams p) {
 
   const int64_t t = int64_t(blockIdx.x) / p.head_groups;
   const int hg = int(int64_t(blockIdx.x) - t * p.head_groups);
-  const int32_t len = row_len(p, t);
-  const int32_t nblk = (len + kBlockN - 1) / kBlockN;
+  const int32_t len = prefill_row_len(p, t);
+  const int32_t nblk = (len + 63) / 64;
 
   if (threadIdx.x == 0) {
-    cutlass::arch::ClusterBarrier::init(&ss.bar_q, kNumProducerThreads);
+    cutlass::arch::ClusterBarrier::init(&ss.bar_q, 128);
     CUTE_UNROLL
-    for (int i = 0; i < kNumKBufs; ++i) {
-      cutlass::arch::ClusterBarrier::init(&ss.bar_full[i], kNumProducerThreads);
-      cutlass::arch::ClusterBarrier::init(&ss.bar_empty[i], kNumConsumerThreads);
-    }
+    for (int b = 0; b < 2; ++b)
+      CUTE_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        cutlass::arch::ClusterBarrier::init(&ss.full[b][h], 128);
+        cutlass::arch::ClusterBarrier::init(&ss.empty[b][h], 128);
+      }
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();
@@ -321,16 +444,18 @@ sparse_prefill_sm90_kernel(const __grid_constant__ PrefillKernelParams p) {
   if (wg == 0) {
     cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
     if (nblk > 0) run_producer<kD>(p, ss, t, hg, len, nblk);
+  } else if (wg == 1) {
+    cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
+    run_consumer<kD, 0>(p, ss, t, hg, len, nblk);
   } else {
     cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
-    run_consumer<kD>(p, ss, t, hg, len, nblk, wg - 1);
+    run_consumer<kD, 1>(p, ss, t, hg, len, nblk);
   }
 #else
   if (threadIdx.x == 0 && blockIdx.x == 0) __trap();  // built without sm_90a
 #endif
 }
 
-// Host launch (explicitly instantiated in instantiations/*.cu).
 template <int kD>
 cudaError_t launch_sparse_prefill_sm90(const PrefillKernelParams& p, cudaStream_t stream) {
   auto kernel = &sparse_prefill_sm90_kernel<kD>;
