@@ -50,7 +50,7 @@ Status convert_req_indices_to_slots(const ConvertIndicesParams& p, cudaStream_t 
   k.topk = p.topk;
   k.page_size = p.page_size;
   k.num_blocks = p.num_blocks;
-  k.page = cache::FastDivmod(uint32_t(p.page_size));
+  k.page = FastDivmod(uint32_t(p.page_size));
   k.out = p.out_slots;
   k.out_stride = p.out_row_stride;
   k.valid_counts = p.valid_counts;

@@ -13,7 +13,7 @@
 #include <cstdint>
 
 #include "cache/block_scan.cuh"
-#include "cache/fast_divmod.h"
+#include "common/fast_divmod.h"
 
 namespace selkv::cache {
 

@@ -51,13 +51,13 @@ Status dequant_selected_kv(const DequantSelectedParams& p, cudaStream_t stream) 
   k.cache = static_cast<const uint8_t*>(p.cache.data);
   k.num_slots = P;
   k.block_stride_bytes = p.cache.block_stride_bytes;
-  k.page = cache::FastDivmod(uint32_t(p.cache.page_size));
+  k.page = FastDivmod(uint32_t(p.cache.page_size));
   k.indices = p.indices;
   k.idx_stride = p.indices_row_stride;
   k.topk_length = p.topk_length;
   k.num_tokens = p.num_tokens;
   k.topk = p.topk;
-  k.kdiv = cache::FastDivmod(uint32_t(p.topk));
+  k.kdiv = FastDivmod(uint32_t(p.topk));
   k.ws = static_cast<uint8_t*>(p.workspace);
   k.ws_row_bytes = p.workspace_row_stride * 2;
   k.rows = rows;

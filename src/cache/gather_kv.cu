@@ -33,7 +33,7 @@ Status gather_kv_bf16(const GatherKvParams& p, cudaStream_t stream) {
   k.num_blocks = p.num_blocks;
   k.page_size = p.page_size;
   k.block_stride_bytes = p.block_stride_bytes;
-  k.page = cache::FastDivmod(uint32_t(p.page_size));
+  k.page = FastDivmod(uint32_t(p.page_size));
   k.block_table = p.block_table;
   k.bt_stride = p.block_table_row_stride;
   k.max_blocks = p.block_table != nullptr ? p.max_blocks_per_req : 0;

@@ -25,7 +25,7 @@
 #include <cstdint>
 
 #include "cache/block_scan.cuh"
-#include "cache/fast_divmod.h"
+#include "common/fast_divmod.h"
 #include "formats/device_codec.cuh"
 #include "selkv/formats.h"
 

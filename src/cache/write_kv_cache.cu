@@ -40,7 +40,7 @@ Status write_kv_cache(const WriteKvCacheParams& p, cudaStream_t stream) {
   k.num_slots = p.num_blocks * p.page_size;
   k.block_stride_bytes = p.block_stride_bytes;
   k.page_size = p.page_size;
-  k.page = cache::FastDivmod(uint32_t(p.page_size));
+  k.page = FastDivmod(uint32_t(p.page_size));
 
   const bool rope = fmt::has_rope(p.format);
   const bool pow2 = p.scale_mode == ScaleMode::kPow2;

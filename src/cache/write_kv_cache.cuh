@@ -15,7 +15,7 @@
 
 #include <cstdint>
 
-#include "cache/fast_divmod.h"
+#include "common/fast_divmod.h"
 #include "formats/codec.h"
 #include "formats/device_codec.cuh"
 #include "selkv/formats.h"

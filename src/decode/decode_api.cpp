@@ -197,6 +197,7 @@ Status sparse_mla_decode(const SparseDecodeParams& p, const DecodeMetadata& md, 
   k.cache = static_cast<const uint8_t*>(p.cache.data);
   k.num_slots = p.cache.num_slots();
   k.page_size = p.cache.page_size;
+  k.page = FastDivmod(uint32_t(p.cache.page_size));
   k.block_stride_bytes = p.cache.block_stride_bytes;
   k.indices = p.indices;
   k.indices_batch_stride = p.indices_batch_stride;

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "common/fast_divmod.h"
 #include "selkv/formats.h"
 
 #if defined(__CUDACC__)
@@ -120,6 +121,7 @@ struct DecodeKernelParams {
   const uint8_t* cache;
   int64_t num_slots;
   int32_t page_size;
+  FastDivmod page;  // slot -> (block, offset) without an integer division on the index path
   int64_t block_stride_bytes;
 
   const int32_t* indices;

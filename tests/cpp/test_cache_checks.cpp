@@ -9,7 +9,7 @@
 #include <string>
 
 #include "cache/cache_checks.h"
-#include "cache/fast_divmod.h"
+#include "common/fast_divmod.h"
 #include "selkv/cache_ops.h"
 #include "test_util.h"
 
@@ -260,7 +260,7 @@ TEST(FastDivmod, MatchesIntegerDivision) {
   for (int i = 0; i < 200; ++i) divisors.push_back((uint32_t(rng()) & 0x7fffffffu) | 1u);
   for (int i = 0; i < 50; ++i) divisors.push_back(1u + uint32_t(rng() % 5000));
   for (const uint32_t d : divisors) {
-    const cache::FastDivmod f(d);
+    const selkv::FastDivmod f(d);
     std::vector<uint32_t> ns = {0, 1, d - 1, d, d + 1, 0x7ffffffeu, 0x7fffffffu};
     for (int i = 0; i < 2000; ++i) ns.push_back(uint32_t(rng()) & 0x7fffffffu);
     for (int i = 0; i < 200; ++i) ns.push_back(uint32_t(rng() % 64) * d + uint32_t(rng() % 3));

@@ -126,8 +126,8 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
     valid = idx >= 0 && int64_t(idx) < p.num_slots;
     const uint8_t* rec = p.cache;
     if (valid) {
-      const uint32_t blk_id = uint32_t(idx) / uint32_t(p.page_size);
-      const uint32_t in_page = uint32_t(idx) - blk_id * uint32_t(p.page_size);
+      uint32_t blk_id, in_page;
+      p.page.divmod(uint32_t(idx), blk_id, in_page);  // valid: 0 <= idx < 2^31
       rec += int64_t(blk_id) * p.block_stride_bytes + int64_t(in_page) * fmt::kDsMlaRecordBytes;
     }
     return rec;

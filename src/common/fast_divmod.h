@@ -9,7 +9,7 @@
 
 #include "selkv/formats.h"  // SELKV_HD
 
-namespace selkv::cache {
+namespace selkv {
 
 struct FastDivmod {
   uint32_t divisor = 1;
@@ -40,4 +40,4 @@ struct FastDivmod {
   }
 };
 
-}  // namespace selkv::cache
+}  // namespace selkv
