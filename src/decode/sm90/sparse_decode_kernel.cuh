@@ -13,6 +13,9 @@
 
 #include "decode/sm90/config.h"
 #include "decode/sm90/consumer.cuh"
+#if SELKV_DECODE_PINGPONG
+#include "decode/sm90/consumer_pingpong.cuh"
+#endif
 #include "decode/sm90/part_iter.cuh"
 #include "decode/sm90/producer.cuh"
 
@@ -60,8 +63,18 @@ sparse_decode_sm90_kernel(const __grid_constant__ DecodeKernelParams p) {
 
   const int wg = int(threadIdx.x) / 128;
   if (wg == 0) {
-    cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
+    cutlass::arch::warpgroup_reg_dealloc<kPingPong ? kPingPongProducerRegs : kProducerRegs>();
     run_producer<kNumHeads, kDynamic>(p, ss, it, rank);
+#if SELKV_DECODE_PINGPONG
+  } else if constexpr (kPingPong) {
+    if (wg == 1) {
+      cutlass::arch::warpgroup_reg_alloc<kPingPongARegs>();
+      run_pingpong_consumer<kNumHeads, 0>(p, ss, it);
+    } else {
+      cutlass::arch::warpgroup_reg_alloc<kPingPongBRegs>();
+      run_pingpong_consumer<kNumHeads, 1>(p, ss, it);
+    }
+#endif
   } else {
     if (wg == 1) {
       cutlass::arch::warpgroup_reg_alloc<kSoftmaxWgRegs>();
