@@ -15,6 +15,7 @@
 //   row_valid_mask64   validity of 64 consecutive top-k entries (DESIGN §2 rule) as a 64-bit mask.
 //   wg_mask_rowmax     masks invalid columns to -inf and returns the two row maxima of a thread.
 //   pack_bf16_pairs    accumulator values -> bf16x2 words (the RS A fragment), optional row scale.
+//   quad_sum           the sum over a quad (one accumulator row's 4 threads).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -60,6 +61,13 @@ __device__ __forceinline__ void wg_mask_rowmax64(FragS& s, uint64_t valid, int l
   mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
   mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
   mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+}
+
+// Sum over the 4 lanes of a quad (the 4 threads holding one accumulator row): row sums at the end.
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  v += __shfl_xor_sync(0xffffffffu, v, 2);
+  return v;
 }
 
 // p[i] = exp2(s[i] * sl2 - base_row); returns the per-thread row sums (not quad-reduced).

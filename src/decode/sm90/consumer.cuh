@@ -133,6 +133,24 @@ __device__ __forceinline__ void load_q_tile(const DecodeKernelParams& p, SharedS
   cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(NamedBar::kQReady));
 }
 
+// S = Q K^T for the 64 tokens of the K tile `ktile` (wgmma m64n64k16 SS over all 576 dims),
+// committed, not waited: the caller waits and fences tSrS.
+template <class TiledMma, class ThrMma, class FragQ, class FragS>
+__device__ __forceinline__ void issue_s_gemm(TiledMma& mma, const ThrMma& thr, const FragQ& tSrQ, bf16_t* ktile,
+                                             FragS& tSrS) {
+  Tensor sK = make_tensor(make_smem_ptr(ktile), SmemLayoutK{});
+  Tensor tSrK = thr.partition_fragment_B(sK);  // (MMA, 1, 36)
+  warpgroup_fence_operand(tSrS);
+  warpgroup_arrive();
+  mma.accumulate_ = GMMA::ScaleOut::Zero;
+  CUTE_UNROLL
+  for (int kb = 0; kb < size<2>(tSrQ); ++kb) {
+    cute::gemm(mma, tSrQ(_, _, kb), tSrK(_, _, kb), tSrS);
+    mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+  warpgroup_commit_batch();
+}
+
 // O += P V_half for one block and wait for it: `v_half` is the V half's first element in the K
 // tile (read MN-major); P is a register fragment (RS, softmax WG) or smem descriptors (SS, PV WG).
 template <class TiledMma, class ThrMma, class FragP, class FragO>
@@ -207,18 +225,8 @@ __device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, Shar
       SELKV_PROBE(const unsigned long long c1 = probe_clk(); pc[0] += c1 - c0;)
 
       // S = Q K^T over 576 dims for the block's 64 tokens.
-      Tensor sK = make_tensor(make_smem_ptr(ss.k[buf]), SmemLayoutK{});
-      Tensor tSrK = thr_qk.partition_fragment_B(sK);  // (MMA, 1, 36)
       Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});
-      warpgroup_fence_operand(tSrS);
-      warpgroup_arrive();
-      mma_qk.accumulate_ = GMMA::ScaleOut::Zero;
-      CUTE_UNROLL
-      for (int kb = 0; kb < size<2>(tSrQ); ++kb) {
-        cute::gemm(mma_qk, tSrQ(_, _, kb), tSrK(_, _, kb), tSrS);
-        mma_qk.accumulate_ = GMMA::ScaleOut::One;
-      }
-      warpgroup_commit_batch();
+      issue_s_gemm(mma_qk, thr_qk, tSrQ, ss.k[buf], tSrS);
       warpgroup_wait<0>();
       warpgroup_fence_operand(tSrS);
       SELKV_TL(if (tid_wg == 0 && tl_first) { tl_stamp(4); tl_first = false; })
@@ -280,10 +288,8 @@ __device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, Shar
 
     // Row end: total row sums and maxima -> smem for WG2; the barrier also orders every wgmma of
     // this row before the next row's Q load.
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    l0 = selkv::sm90::quad_sum(l0);
+    l1 = selkv::sm90::quad_sum(l1);
     if ((lane & 3) == 0) {
       ss.row_sum[r0] = l0;
       ss.row_sum[r1] = l1;

@@ -72,20 +72,6 @@ __device__ __forceinline__ void run_pingpong_consumer(const DecodeKernelParams& 
   static_assert(decltype(size(tOrO))::value == 128);
   static_assert(decltype(size(tOrPw))::value == 16);
 
-  // S = Q K^T of the block in slot `buf` (committed, not waited).
-  auto issue_s = [&](int buf, auto& tSrS) {
-    Tensor sK = make_tensor(make_smem_ptr(ss.k[buf]), SmemLayoutK{});
-    Tensor tSrK = thr_qk.partition_fragment_B(sK);  // (MMA, 1, 36)
-    warpgroup_fence_operand(tSrS);
-    warpgroup_arrive();
-    mma_qk.accumulate_ = GMMA::ScaleOut::Zero;
-    CUTE_UNROLL
-    for (int kb = 0; kb < size<2>(tSrQ); ++kb) {
-      cute::gemm(mma_qk, tSrQ(_, _, kb), tSrK(_, _, kb), tSrS);
-      mma_qk.accumulate_ = GMMA::ScaleOut::One;
-    }
-    warpgroup_commit_batch();
-  };
   // O += P_own V_own[half] (RS, committed).
   auto issue_pv_own = [&](int buf) {
     Tensor sV = make_tensor(make_smem_ptr(ss.k[buf] + kVOff), SmemLayoutVHalf{});
@@ -136,7 +122,7 @@ __device__ __forceinline__ void run_pingpong_consumer(const DecodeKernelParams& 
       uint64_t valid = 0;  // no block: every column -inf, P = 0
       if (mine) {
         wait_kv_tile<kNumHeads>(ss, own, (seq_own >> 1) & 1u);
-        issue_s(own, tSrS);
+        issue_s_gemm(mma_qk, thr_qk, tSrQ, ss.k[own], tSrS);
         valid = *reinterpret_cast<const uint64_t*>(ss.kv_valid_bits[own]);
         warpgroup_wait<0>();
         warpgroup_fence_operand(tSrS);
@@ -197,10 +183,8 @@ __device__ __forceinline__ void run_pingpong_consumer(const DecodeKernelParams& 
     }
 
     // Row end: the total row sums (both consumers' blocks, same final max) -> lse, out.
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    l0 = selkv::sm90::quad_sum(l0);
+    l1 = selkv::sm90::quad_sum(l1);
     if ((lane & 3) == 0) {
       ss.l_x[kC][r0] = l0;
       ss.l_x[kC][r1] = l1;

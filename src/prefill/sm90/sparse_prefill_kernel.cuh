@@ -356,10 +356,8 @@ __device__ __forceinline__ void run_consumer(const PrefillKernelParams& p, typen
   }
 
   // ---- epilogue: total row sums, lse, max_logits, output ----
-  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+  l0 = selkv::sm90::quad_sum(l0);
+  l1 = selkv::sm90::quad_sum(l1);
   if ((lane & 3) == 0) {
     ss.l_x[kC][r0] = l0;
     ss.l_x[kC][r1] = l1;
