@@ -4,7 +4,9 @@
 #   2. C++ GPU tests (gtest)            3. pytest tests/python
 #   4. compute-sanitizer memcheck over the GPU tests (C++ and pytest)
 #   5. main job + benchmark grid -> CSV
-# and a last line:  GPU SUITE: gtest N passed/M failed; pytest ...; memcheck ...; bench ...
+#   6. side by side with FlashMLA (bench/compare_flash_mla.py -> compare.csv) when `flash_mla` is
+#      importable (PYTHONPATH; built ad hoc, never part of this tree) and the torch extension built
+# and a last line:  GPU SUITE: gtest N passed/M failed; pytest ...; memcheck ...; bench ...; flash_mla ...
 #
 #   scripts/gpu_suite.sh [--no-bench] [--no-memcheck] [--only-bench] [--quick] [--no-torch]
 #                        [--no-pytest]
@@ -40,7 +42,7 @@ while [[ $# -gt 0 ]]; do
     --quick) quick=1 ;;
     --no-torch) torch=OFF; do_pytest=0 ;;
     --no-pytest) do_pytest=0 ;;
-    -h|--help) sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu_suite.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
   esac
   shift
@@ -193,5 +195,25 @@ if [[ "$do_bench" == 1 ]]; then
   fi
 fi
 
-echo "GPU SUITE: gtest $gtest_summary; pytest $pytest_summary; memcheck $memcheck_summary; bench $bench_summary"
+# ---- 6. side by side with FlashMLA -----------------------------------------------------------------
+compare_summary="not run"
+if [[ "$do_bench" == 1 ]]; then
+  ops_lib="$(find "$BUILD_DIR" -name '_selkv_ops*.so' 2>/dev/null | head -n1)"
+  if [[ -z "$ops_lib" ]]; then
+    compare_summary="skipped (no torch extension)"
+  elif ! python3 -c 'import flash_mla' >/dev/null 2>&1; then
+    compare_summary="skipped (flash_mla not importable)"
+  else
+    qflag=(); [[ "$quick" == 1 ]] && qflag=(--quick)
+    log "FlashMLA side by side: bench/compare_flash_mla.py ${qflag[*]}, log $LOGS/compare.log"
+    timeout "${SELKV_BENCH_TIMEOUT:-300}" env PYTHONPATH="$ROOT/python${PYTHONPATH:+:$PYTHONPATH}" \
+      SELKV_OPS_LIBRARY="$ops_lib" PYTHONUNBUFFERED=1 python3 bench/compare_flash_mla.py "${qflag[@]}" \
+      --csv "$OUT/compare.csv" >"$LOGS/compare.log" 2>&1
+    crc=$?
+    tail -n 30 "$LOGS/compare.log"
+    if [[ $crc == 0 ]]; then compare_summary="written to $OUT/compare.csv"; else compare_summary="FAILED (exit $crc)"; overall=1; fi
+  fi
+fi
+
+echo "GPU SUITE: gtest $gtest_summary; pytest $pytest_summary; memcheck $memcheck_summary; bench $bench_summary; flash_mla $compare_summary"
 exit "$overall"
