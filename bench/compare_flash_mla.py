@@ -129,6 +129,7 @@ DECODE_CASES = [
     *(DecodeCase(B, 2, 128, 2048, 32768, quick=B in (2, 128)) for B in (2, 64, 74, 128)),
     DecodeCase(256, 1, 128, 2048, 4096),
     DecodeCase(256, 1, 128, 2048, 4096, eff_k=1024),
+    DecodeCase(256, 1, 128, 1024, 4096),  # the lower bound of the dynamic case (indices 1024 wide)
     *(DecodeCase(B, S, 64, 2048, 8192, quick=B in (1, 64)) for S in (1, 2, 4) for B in (1, 8, 64)),
     DecodeCase(128, 2, 128, 16384, 32768, quick=False),
 ]
