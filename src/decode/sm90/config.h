@@ -36,7 +36,10 @@ inline constexpr int kDimVPerConsumer = kDimV / 2;      // 256
 static_assert(kProducerRegs + kSoftmaxWgRegs + kPvWgRegs == 3 * 168, "setmaxnreg budget");
 
 // Named barriers (id 0 is __syncthreads).
-enum class NamedBar : uint32_t { kPReady = 1, kPFree = 2, kRowSum = 3, kQReady = 4, kProducerHalfDone = 5 };
+enum class NamedBar : uint32_t {
+  kPReady = 1, kPFree = 2, kRowSum = 3, kQReady = 4, kProducerHalfDone = 5,
+  kQReadyWg1 = 6,  // SELKV_DECODE_EARLY_Q: the softmax WG's own Q barrier (128 threads)
+};
 
 // All bf16 tiles are K-major with the 128-byte swizzle. K/Q tiles are laid out row-group-major
 // (Step<_2,_1>): element (t, d) sits at (t/8)*4608 + (d/64)*512 + (t%8)*64 + d%64 (pre-swizzle),

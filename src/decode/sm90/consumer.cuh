@@ -20,9 +20,20 @@
 #define SELKV_DECODE_INDEX_PREFETCH 0
 #endif
 
+// Next row's Q issued early (A/B switch, default 0 = the measured kernel; 1 = UNMEASURED): the
+// softmax WG alone loads Q, and issues the next row's tile right after the last S of a row (Q has
+// no other reader), so the copy overlaps that block's softmax, P V and the epilogue instead of
+// stalling the next row (docs/decode-design.md §4 item 4). The PV WG then never waits on Q: the
+// row-start barrier's other roles move to kPFree (every block, the PV WG arriving for a row's
+// last block only after it has read the row statistics).
+#ifndef SELKV_DECODE_EARLY_Q
+#define SELKV_DECODE_EARLY_Q 0
+#endif
+
 namespace selkv::decode::sm90 {
 
 inline constexpr bool kIndexPrefetch = SELKV_DECODE_INDEX_PREFETCH != 0;
+inline constexpr bool kEarlyQ = SELKV_DECODE_EARLY_Q != 0;
 
 // Prefetch into L2 the index lines of every (row, block) of the part (blocks clamped to K / 64,
 // as the producer clamps them): 256 bytes per block, one 128-byte line per thread and step.
@@ -151,6 +162,31 @@ __device__ __forceinline__ void issue_s_gemm(TiledMma& mma, const ThrMma& thr, c
   warpgroup_commit_batch();
 }
 
+// Early-Q variant (kEarlyQ): the softmax WG's 128 threads issue row `w`'s Q tile (36 cp.async of
+// 16 bytes each, not waited) ...
+__device__ __forceinline__ void issue_q_tile_wg1(const DecodeKernelParams& p, SharedStorage& ss, const RowWork& w) {
+  const int tid = int(threadIdx.x) - 128;  // 0..127: the softmax WG
+  const int head_base = int(blockIdx.x) * kBlockM;
+  const int32_t b = w.row / p.seq_q, s = w.row - (w.row / p.seq_q) * p.seq_q;
+  const uint16_t* qrow = p.q + b * p.q_batch_stride + s * p.q_seq_stride;
+  const uint32_t sq = smem_u32(ss.q);
+  constexpr int kChunksPerHead = kDimQK / 8;
+  constexpr int kIters = kBlockM * kChunksPerHead / 128;  // 36
+#pragma unroll 1
+  for (int u = 0; u < kIters; ++u) {
+    const int c = u * 128 + tid;
+    const int h = c / kChunksPerHead, cc = c - (c / kChunksPerHead) * kChunksPerHead;
+    selkv::sm90::cp_async_16(sq + 2u * uint32_t(k_tile_offset(h, cc * 8)),
+                             qrow + int64_t(head_base + h) * p.q_head_stride + cc * 8, true);
+  }
+}
+// ... and before the row's first S: every thread's copies landed and are visible to wgmma.
+__device__ __forceinline__ void wait_q_tile_wg1() {
+  selkv::sm90::cp_async_wait_all();
+  cutlass::arch::fence_view_async_shared();
+  cutlass::arch::NamedBarrier::sync(128, uint32_t(NamedBar::kQReadyWg1));
+}
+
 // O += P V_half for one block and wait for it: `v_half` is the V half's first element in the K
 // tile (read MN-major); P is a register fragment (RS, softmax WG) or smem descriptors (SS, PV WG).
 template <class TiledMma, class ThrMma, class FragP, class FragO>
@@ -213,8 +249,18 @@ __device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, Shar
   RowWork w;
   SELKV_PROBE(unsigned long long pc[8] = {0, 0, 0, 0, 0, 0, 0, 0}; const unsigned long long ct0 = probe_clk();)
   SELKV_TL(bool tl_first = true;)
+  bool part_start = true;
   while (it.next(w)) {
-    load_q_tile(p, ss, w);
+    RowWork nw;
+    bool has_next = false;
+    if constexpr (kEarlyQ) {
+      Iter peek = it;
+      has_next = peek.next(nw);  // the part's next row (its Q is issued after this row's last S)
+      if (part_start) issue_q_tile_wg1(p, ss, w);
+      wait_q_tile_wg1();
+    } else {
+      load_q_tile(p, ss, w);
+    }
     SELKV_TL(if (tid_wg == 0 && tl_first) tl_stamp(3);)
     clear(tOrO);
     float m0 = kNegInf, m1 = kNegInf, l0 = 0.f, l1 = 0.f;
@@ -229,6 +275,9 @@ __device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, Shar
       issue_s_gemm(mma_qk, thr_qk, tSrQ, ss.k[buf], tSrS);
       warpgroup_wait<0>();
       warpgroup_fence_operand(tSrS);
+      if constexpr (kEarlyQ) {
+        if (blk + 1 == w.blk_end && has_next) issue_q_tile_wg1(p, ss, nw);  // this row's S are done
+      }
       SELKV_TL(if (tid_wg == 0 && tl_first) { tl_stamp(4); tl_first = false; })
       SELKV_PROBE(const unsigned long long c2 = probe_clk(); pc[1] += c2 - c1;)
 
@@ -256,7 +305,10 @@ __device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, Shar
       SELKV_PROBE(const unsigned long long c3 = probe_clk(); pc[2] += c3 - c2;)
 
       // Publish P and the rescale factors to WG2 (after it has finished with the previous ones).
-      if (blk != w.blk_begin) cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(NamedBar::kPFree));
+      // (early Q: also at a row's first block, as no row-start barrier orders the two WGs then)
+      if (kEarlyQ ? !part_start : blk != w.blk_begin)
+        cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(NamedBar::kPFree));
+      part_start = false;
       CUTE_UNROLL
       for (int i = 0; i < size(tOrP); i += 2) {
         const int row = ((i >> 1) & 1) ? r1 : r0;
@@ -298,7 +350,7 @@ __device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, Shar
     }
     cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(NamedBar::kRowSum));
     // WG2 reads row_sum / row_max right after kRowSum; WG1 rewrites them only after the next
-    // row's kQReady barrier, which WG2 reaches after that read.
+    // row's kQReady barrier (early Q: its first kPFree), which WG2 reaches after that read.
     store_row<kNumHeads>(p, w, 0, lane, r0, r1, RowStats{m0, m1, l0, l1}, tOrO);
   }
   SELKV_TL(if (tid_wg == 0) { tl_stamp(5); tl_finish(p); })
@@ -330,7 +382,14 @@ __device__ __forceinline__ void run_pv_wg(const DecodeKernelParams& p, SharedSto
   SELKV_PROBE(unsigned long long pc[4] = {0, 0, 0, 0}; const unsigned long long ct0 = probe_clk();)
   if constexpr (kIndexPrefetch) prefetch_part_indices(p, it, tid_wg);
   while (it.next(w)) {
-    load_q_tile(p, ss, w);
+    bool has_next = false;
+    if constexpr (kEarlyQ) {
+      Iter peek = it;
+      RowWork nw;
+      has_next = peek.next(nw);
+    } else {
+      load_q_tile(p, ss, w);
+    }
     clear(tOrO);
     for (int32_t blk = w.blk_begin; blk < w.blk_end; ++blk) {
       SELKV_PROBE(const unsigned long long c0 = probe_clk();)
@@ -354,6 +413,8 @@ __device__ __forceinline__ void run_pv_wg(const DecodeKernelParams& p, SharedSto
     }
     cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(NamedBar::kRowSum));
     const RowStats st{ss.row_max[r0], ss.row_max[r1], ss.row_sum[r0], ss.row_sum[r1]};
+    // Early Q: the P tile, row_scale and the row statistics are free for the next row only now.
+    if (kEarlyQ && has_next) cutlass::arch::NamedBarrier::arrive(kNumConsumerThreads, uint32_t(NamedBar::kPFree));
     store_row<kNumHeads>(p, w, 1, lane, r0, r1, st, tOrO);
   }
 #if SELKV_DECODE_PROBE
