@@ -17,11 +17,16 @@ using selkv::sm90::bf16x2_bits;  // src/sm90/common.cuh (shared with the C7 pref
 
 // 4 FP8 E4M3 values (byte i = element i) -> 4 bf16 = bf16(float(e4m3) * scale), bit-exact with
 // codec::dequant_e4m3 (e4m3 -> f16 is exact, f16 -> f32 is exact, one fp32 multiply, one RNE).
+// The two cvt.rn.f16x2.e4m3x2 read the halves of `w` as 16-bit registers, which ptxas maps to the
+// F2FP source half selector (R.H1) instead of a shift per word (`w >> 16`: one SHF per 4 values).
 __device__ __forceinline__ uint2 dequant4(uint32_t w, float scale) {
-  const __half2_raw h01 = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(w & 0xffffu), __NV_E4M3);
-  const __half2_raw h23 = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(w >> 16), __NV_E4M3);
-  const float2 f01 = __half22float2(__half2(h01));
-  const float2 f23 = __half22float2(__half2(h23));
+  uint32_t r01, r23;
+  asm("{\n\t.reg .b16 lo, hi;\n\tmov.b32 {lo, hi}, %2;\n\t"
+      "cvt.rn.f16x2.e4m3x2 %0, lo;\n\tcvt.rn.f16x2.e4m3x2 %1, hi;\n\t}"
+      : "=r"(r01), "=r"(r23)
+      : "r"(w));
+  const float2 f01 = __half22float2(*reinterpret_cast<const __half2*>(&r01));
+  const float2 f23 = __half22float2(*reinterpret_cast<const __half2*>(&r23));
   return make_uint2(bf16x2_bits(f01.x * scale, f01.y * scale),
                     bf16x2_bits(f23.x * scale, f23.y * scale));
 }
