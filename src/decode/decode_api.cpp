@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "common/arch.h"
 #include "common/check.h"
 #include "common/cuda_check.h"
 #include "decode/combine.h"
@@ -178,11 +179,7 @@ Status sparse_mla_decode(const SparseDecodeParams& p, const DecodeMetadata& md, 
   SELKV_CHECK_ARG(workspace != nullptr, "workspace", "must not be null");
   SELKV_CHECK_ARG(aligned16(workspace), "workspace", "must be 16-byte aligned");
 
-  int dev = 0, major = 0, minor = 0;
-  SELKV_CUDA_RETURN(cudaGetDevice(&dev), kOp);
-  SELKV_CUDA_RETURN(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), kOp);
-  SELKV_CUDA_RETURN(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev), kOp);
-  SELKV_CHECK_SUPPORTED(major == 9 && minor == 0, "needs an SM90 (Hopper) GPU, found sm_", major, minor);
+  SELKV_RETURN_IF_ERROR(detail::require_sm90(kOp));
 
   decode::DecodeKernelParams k{};
   k.q = static_cast<const uint16_t*>(p.q);

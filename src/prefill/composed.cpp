@@ -8,6 +8,7 @@
 #include <string>
 
 #include "cache/cache_checks.h"
+#include "common/arch.h"
 #include "common/check.h"
 #include "common/cuda_check.h"
 #include "selkv/composed.h"
@@ -39,15 +40,6 @@ Status check_attn_kv_unset(const char* kOp, const SparsePrefillParams& a, KvForm
   SELKV_CHECK_ARG(a.d_qk == fmt::dequant_dim(format), "attn.d_qk", "must be ",
                   fmt::dequant_dim(format), " for format ",
                   format == KvFormat::kDsMlaFp8 ? "ds_mla_fp8" : "nope_fp8", ", got ", a.d_qk);
-  return Status::Ok();
-}
-
-Status require_sm90(const char* kOp) {
-  int dev = 0, major = 0, minor = 0;
-  SELKV_CUDA_RETURN(cudaGetDevice(&dev), kOp);
-  SELKV_CUDA_RETURN(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), kOp);
-  SELKV_CUDA_RETURN(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev), kOp);
-  SELKV_CHECK_SUPPORTED(major == 9 && minor == 0, "needs an SM90 (Hopper) GPU, got sm_", major, minor);
   return Status::Ok();
 }
 
@@ -202,7 +194,7 @@ Status dequant_sparse_mla_prefill(const DequantPrefillParams& p, cudaStream_t st
   DequantPlan plan;
   SELKV_RETURN_IF_ERROR(plan_dequant(p, &plan));
   if (p.attn.num_tokens == 0) return Status::Ok();
-  SELKV_RETURN_IF_ERROR(require_sm90(kOp));
+  SELKV_RETURN_IF_ERROR(detail::require_sm90(kOp));
   SELKV_RETURN_IF_ERROR(wrap(kOp, dequant_selected_kv(plan.c4, stream)));
   return wrap(kOp, sparse_mla_prefill(plan.c7, stream));
 }
@@ -212,7 +204,7 @@ Status gather_sparse_mla_prefill(const GatherPrefillParams& p, cudaStream_t stre
   GatherPlan plan;
   SELKV_RETURN_IF_ERROR(plan_gather(p, &plan));
   if (p.attn.num_tokens == 0) return Status::Ok();
-  SELKV_RETURN_IF_ERROR(require_sm90(kOp));
+  SELKV_RETURN_IF_ERROR(detail::require_sm90(kOp));
   if (plan.gather) SELKV_RETURN_IF_ERROR(wrap(kOp, gather_kv_bf16(plan.c3, stream)));
   return wrap(kOp, sparse_mla_prefill(plan.c7, stream));
 }

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 
+#include "common/arch.h"
 #include "common/check.h"
 #include "common/cuda_check.h"
 #include "prefill/prefill_params.h"
@@ -104,11 +105,7 @@ Status sparse_mla_prefill(const SparsePrefillParams& p, cudaStream_t stream) {
   constexpr const char* kOp = "selkv::sparse_mla_prefill";
   SELKV_RETURN_IF_ERROR(check_sparse_mla_prefill(p));
   if (p.num_tokens == 0) return Status::Ok();
-  int dev = 0, major = 0, minor = 0;
-  SELKV_CUDA_RETURN(cudaGetDevice(&dev), kOp);
-  SELKV_CUDA_RETURN(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), kOp);
-  SELKV_CUDA_RETURN(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev), kOp);
-  SELKV_CHECK_SUPPORTED(major == 9 && minor == 0, "needs an SM90 (Hopper) GPU, got sm_", major, minor);
+  SELKV_RETURN_IF_ERROR(detail::require_sm90(kOp));
 
   prefill::PrefillKernelParams k;
   k.q = static_cast<const uint16_t*>(p.q);

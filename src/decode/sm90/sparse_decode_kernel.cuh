@@ -11,6 +11,8 @@
 
 #include <cutlass/arch/reg_reconfig.h>
 
+#include "common/arch.h"
+
 #include "decode/sm90/config.h"
 #include "decode/sm90/consumer.cuh"
 #if SELKV_DECODE_PINGPONG
@@ -98,7 +100,7 @@ template <int kNumHeads, bool kDynamic>
 cudaError_t launch_sparse_decode_sm90(const DecodeKernelParams& p, cudaStream_t stream) {
   auto kernel = &sparse_decode_sm90_kernel<kNumHeads, kDynamic>;
   constexpr int kSmem = int(sizeof(SharedStorage));
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  cudaError_t err = selkv::detail::set_max_dynamic_smem_once<&sparse_decode_sm90_kernel<kNumHeads, kDynamic>>(kSmem);
   if (err != cudaSuccess) return err;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(kNumHeads / kBlockM, p.num_sm_parts, 1);
@@ -123,7 +125,7 @@ template <int kNumHeads>
 cudaError_t max_resident_sparse_decode_sm90(int* count) {
   auto kernel = &sparse_decode_sm90_kernel<kNumHeads, false>;
   constexpr int kSmem = int(sizeof(SharedStorage));
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  cudaError_t err = selkv::detail::set_max_dynamic_smem_once<&sparse_decode_sm90_kernel<kNumHeads, false>>(kSmem);
   if (err != cudaSuccess) return err;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(kNumHeads / kBlockM, 132, 1);

@@ -24,6 +24,8 @@
 
 #include <cutlass/arch/reg_reconfig.h>
 
+#include "common/arch.h"
+
 #include "prefill/sm90/config.h"
 #include "sm90/common.cuh"
 #include "sm90/wg_softmax.cuh"
@@ -458,7 +460,7 @@ template <int kD>
 cudaError_t launch_sparse_prefill_sm90(const PrefillKernelParams& p, cudaStream_t stream) {
   auto kernel = &sparse_prefill_sm90_kernel<kD>;
   constexpr int kSmem = int(sizeof(typename Config<kD>::SharedStorage));
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  cudaError_t err = selkv::detail::set_max_dynamic_smem_once<&sparse_prefill_sm90_kernel<kD>>(kSmem);
   if (err != cudaSuccess) return err;
   const int64_t ctas = p.num_tokens * p.head_groups;
   kernel<<<dim3(unsigned(ctas)), kNumThreads, kSmem, stream>>>(p);
