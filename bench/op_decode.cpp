@@ -526,12 +526,10 @@ SELKV_BENCH_REGISTER(register_decode) {
     // The dynamic case's lower bound: indices only 1024 wide (same rows, same valid blocks). The
     // gap to the dynamic case is the dynamic path's own cost; the gap to half the 2048-wide time
     // is the per-row cost (Q load, epilogue, row switch), which does not shrink with K.
-    DecodeSpec n;
-    n.B = 256;
-    n.S = 1;
-    n.H = 128;
+    DecodeSpec n = s;
     n.K = 1024;
-    n.s_kv = 4096;
+    n.eff_k = 0;
+    n.dynamic = false;
     add(n, true, 199.5, "b256_k1024_fixed");
   }
   // Seed 000 shapes: H=64, s_kv=8192, K=2048, S_q in {1,2,4} x B in {1,8,64}.

@@ -15,38 +15,35 @@ namespace selkv::detail {
 
 // kUnsupported ("<op>: needs an SM90 (Hopper) GPU, got sm_XY") on any other device.
 inline Status require_sm90(const char* op) {
-  static std::atomic<int> cached[kMaxCachedDevices] = {};  // compute capability 10 * major + minor
-  int dev = 0;
-  SELKV_CUDA_RETURN(cudaGetDevice(&dev), op);
-  int cc = dev < kMaxCachedDevices ? cached[dev].load(std::memory_order_relaxed) : 0;
-  if (cc == 0) {
+  static std::atomic<int> cache[kMaxCachedDevices] = {};  // compute capability 10 * major + minor
+  int cc = 0;
+  SELKV_RETURN_IF_ERROR(cached_per_device(cache, op, &cc, [op](int dev, int* v) -> Status {
     int major = 0, minor = 0;
     SELKV_CUDA_RETURN(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), op);
     SELKV_CUDA_RETURN(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev), op);
-    cc = 10 * major + minor;
-    if (dev < kMaxCachedDevices) cached[dev].store(cc, std::memory_order_relaxed);
-  }
+    *v = 10 * major + minor;
+    return Status::Ok();
+  }));
   if (cc != 90)
     return Status(StatusCode::kUnsupported, concat(op, ": needs an SM90 (Hopper) GPU, got sm_", cc));
   return Status::Ok();
 }
-
-}  // namespace selkv::detail
-
-namespace selkv::detail {
 
 // cudaFuncSetAttribute(kKernel, MaxDynamicSharedMemorySize, bytes) once per device (the attribute
 // is per device; every launch needs it set, none needs it set again). `bytes` is fixed per kernel.
 // (A cudaDeviceReset drops the attribute but not this cache: not supported mid-process.)
 template <auto kKernel>
 cudaError_t set_max_dynamic_smem_once(int bytes) {
-  static std::atomic<int> done[kMaxCachedDevices] = {};
-  int dev = 0;
-  cudaError_t err = cudaGetDevice(&dev);
-  if (err != cudaSuccess) return err;
-  if (dev < kMaxCachedDevices && done[dev].load(std::memory_order_relaxed) != 0) return cudaSuccess;
-  err = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-  if (err == cudaSuccess && dev < kMaxCachedDevices) done[dev].store(1, std::memory_order_relaxed);
+  static std::atomic<int> cache[kMaxCachedDevices] = {};
+  cudaError_t err = cudaSuccess;
+  int done = 0;
+  // A failed attribute call is not cached (value 0) and its CUDA error is returned as is.
+  const Status st = cached_per_device(cache, "set_max_dynamic_smem_once", &done, [&](int, int* v) -> Status {
+    err = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    *v = err == cudaSuccess ? 1 : 0;
+    return Status::Ok();
+  });
+  if (!st.ok() && err == cudaSuccess) err = cudaErrorInvalidDevice;  // cudaGetDevice failed
   return err;
 }
 

@@ -120,25 +120,31 @@ __device__ __forceinline__ void store_row(const DecodeKernelParams& p, const Row
   }
 }
 
-// Q [64 heads x 576] of row `w` -> smem, by both consumer warpgroups (256 threads): 18 cp.async
-// of 16 bytes per thread, all in flight at once (one DRAM latency per row, no registers). The
-// caller guarantees every wgmma of the previous row has completed (the row-end barrier).
-__device__ __forceinline__ void load_q_tile(const DecodeKernelParams& p, SharedStorage& ss, const RowWork& w) {
-  const int tid_c = int(threadIdx.x) - 128;  // 0..255 over both consumers
+// Q [64 heads x 576] of row `w` -> smem by the kThreads consumer threads whose index (from 0) is
+// `tid`: 64 * 72 / kThreads cp.async of 16 bytes each, not waited, all in flight at once (one DRAM
+// latency per row, no registers).
+template <int kThreads>
+__device__ __forceinline__ void issue_q_tile(const DecodeKernelParams& p, SharedStorage& ss, const RowWork& w, int tid) {
   const int head_base = int(blockIdx.x) * kBlockM;
   const int32_t b = w.row / p.seq_q, s = w.row - (w.row / p.seq_q) * p.seq_q;
   const uint16_t* qrow = p.q + b * p.q_batch_stride + s * p.q_seq_stride;
   const uint32_t sq = smem_u32(ss.q);
   constexpr int kChunksPerHead = kDimQK / 8;  // 72 x 16 bytes
-  constexpr int kIters = kBlockM * kChunksPerHead / kNumConsumerThreads;  // 18
-  static_assert(kBlockM * kChunksPerHead % kNumConsumerThreads == 0);
-#pragma unroll 1  // asynchronous copies: a rolled loop still has all 18 in flight, in few registers
+  constexpr int kIters = kBlockM * kChunksPerHead / kThreads;
+  static_assert(kBlockM * kChunksPerHead % kThreads == 0);
+#pragma unroll 1  // asynchronous copies: a rolled loop still has them all in flight, in few registers
   for (int u = 0; u < kIters; ++u) {
-    const int c = u * kNumConsumerThreads + tid_c;
+    const int c = u * kThreads + tid;
     const int h = c / kChunksPerHead, cc = c - (c / kChunksPerHead) * kChunksPerHead;
     selkv::sm90::cp_async_16(sq + 2u * uint32_t(k_tile_offset(h, cc * 8)),
                              qrow + int64_t(head_base + h) * p.q_head_stride + cc * 8, true);
   }
+}
+
+// Q of row `w` by both consumer warpgroups (256 threads, 18 copies each), waited. The caller
+// guarantees every wgmma of the previous row has completed (the row-end barrier).
+__device__ __forceinline__ void load_q_tile(const DecodeKernelParams& p, SharedStorage& ss, const RowWork& w) {
+  issue_q_tile<kNumConsumerThreads>(p, ss, w, int(threadIdx.x) - 128);
   selkv::sm90::cp_async_wait_all();
   cutlass::arch::fence_view_async_shared();  // cp.async writes are generic proxy; wgmma reads async
   cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(NamedBar::kQReady));
@@ -162,24 +168,8 @@ __device__ __forceinline__ void issue_s_gemm(TiledMma& mma, const ThrMma& thr, c
   warpgroup_commit_batch();
 }
 
-// Early-Q variant (kEarlyQ): the softmax WG's 128 threads issue row `w`'s Q tile (36 cp.async of
-// 16 bytes each, not waited) ...
-__device__ __forceinline__ void issue_q_tile_wg1(const DecodeKernelParams& p, SharedStorage& ss, const RowWork& w) {
-  const int tid = int(threadIdx.x) - 128;  // 0..127: the softmax WG
-  const int head_base = int(blockIdx.x) * kBlockM;
-  const int32_t b = w.row / p.seq_q, s = w.row - (w.row / p.seq_q) * p.seq_q;
-  const uint16_t* qrow = p.q + b * p.q_batch_stride + s * p.q_seq_stride;
-  const uint32_t sq = smem_u32(ss.q);
-  constexpr int kChunksPerHead = kDimQK / 8;
-  constexpr int kIters = kBlockM * kChunksPerHead / 128;  // 36
-#pragma unroll 1
-  for (int u = 0; u < kIters; ++u) {
-    const int c = u * 128 + tid;
-    const int h = c / kChunksPerHead, cc = c - (c / kChunksPerHead) * kChunksPerHead;
-    selkv::sm90::cp_async_16(sq + 2u * uint32_t(k_tile_offset(h, cc * 8)),
-                             qrow + int64_t(head_base + h) * p.q_head_stride + cc * 8, true);
-  }
-}
+// Early-Q variant (kEarlyQ): the softmax WG's 128 threads issue row `w`'s Q tile alone
+// (issue_q_tile<128>, 36 copies each) ...
 // ... and before the row's first S: every thread's copies landed and are visible to wgmma.
 __device__ __forceinline__ void wait_q_tile_wg1() {
   selkv::sm90::cp_async_wait_all();
@@ -187,11 +177,11 @@ __device__ __forceinline__ void wait_q_tile_wg1() {
   cutlass::arch::NamedBarrier::sync(128, uint32_t(NamedBar::kQReadyWg1));
 }
 
-// O += P V_half for one block and wait for it: `v_half` is the V half's first element in the K
-// tile (read MN-major); P is a register fragment (RS, softmax WG) or smem descriptors (SS, PV WG).
+// O += P V_half for one block, committed, not waited: `v_half` is the V half's first element in
+// the K tile (read MN-major); P is a register fragment (RS) or smem descriptors (SS).
 template <class TiledMma, class ThrMma, class FragP, class FragO>
-__device__ __forceinline__ void pv_gemm_wait(TiledMma& mma, const ThrMma& thr, const FragP& tOrP, bf16_t* v_half,
-                                             FragO& tOrO) {
+__device__ __forceinline__ void issue_pv_gemm(TiledMma& mma, const ThrMma& thr, const FragP& tOrP, bf16_t* v_half,
+                                              FragO& tOrO) {
   Tensor sV = make_tensor(make_smem_ptr(v_half), SmemLayoutVHalf{});
   Tensor tOrV = thr.partition_fragment_B(sV);  // (MMA, 1, 4)
   warpgroup_fence_operand(tOrO);
@@ -199,6 +189,12 @@ __device__ __forceinline__ void pv_gemm_wait(TiledMma& mma, const ThrMma& thr, c
   CUTE_UNROLL
   for (int kb = 0; kb < size<2>(tOrP); ++kb) cute::gemm(mma, tOrP(_, _, kb), tOrV(_, _, kb), tOrO);
   warpgroup_commit_batch();
+}
+// The same, waited (the split's softmax WG with P in registers, the PV WG with P in smem).
+template <class TiledMma, class ThrMma, class FragP, class FragO>
+__device__ __forceinline__ void pv_gemm_wait(TiledMma& mma, const ThrMma& thr, const FragP& tOrP, bf16_t* v_half,
+                                             FragO& tOrO) {
+  issue_pv_gemm(mma, thr, tOrP, v_half, tOrO);
   warpgroup_wait<0>();
   warpgroup_fence_operand(tOrO);
 }
@@ -256,7 +252,7 @@ __device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, Shar
     if constexpr (kEarlyQ) {
       Iter peek = it;
       has_next = peek.next(nw);  // the part's next row (its Q is issued after this row's last S)
-      if (part_start) issue_q_tile_wg1(p, ss, w);
+      if (part_start) issue_q_tile<128>(p, ss, w, tid_wg);
       wait_q_tile_wg1();
     } else {
       load_q_tile(p, ss, w);
@@ -276,7 +272,7 @@ __device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, Shar
       warpgroup_wait<0>();
       warpgroup_fence_operand(tSrS);
       if constexpr (kEarlyQ) {
-        if (blk + 1 == w.blk_end && has_next) issue_q_tile_wg1(p, ss, nw);  // this row's S are done
+        if (blk + 1 == w.blk_end && has_next) issue_q_tile<128>(p, ss, nw, tid_wg);  // this row's S are done
       }
       SELKV_TL(if (tid_wg == 0 && tl_first) { tl_stamp(4); tl_first = false; })
       SELKV_PROBE(const unsigned long long c2 = probe_clk(); pc[1] += c2 - c1;)

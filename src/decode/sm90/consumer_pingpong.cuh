@@ -72,28 +72,10 @@ __device__ __forceinline__ void run_pingpong_consumer(const DecodeKernelParams& 
   static_assert(decltype(size(tOrO))::value == 128);
   static_assert(decltype(size(tOrPw))::value == 16);
 
-  // O += P_own V_own[half] (RS, committed).
-  auto issue_pv_own = [&](int buf) {
-    Tensor sV = make_tensor(make_smem_ptr(ss.k[buf] + kVOff), SmemLayoutVHalf{});
-    Tensor tOrV = thr_rs.partition_fragment_B(sV);  // (MMA, 1, 4)
-    warpgroup_fence_operand(tOrO);
-    warpgroup_fence_operand(tOrP);
-    warpgroup_arrive();
-    CUTE_UNROLL
-    for (int kb = 0; kb < size<2>(tOrP); ++kb) cute::gemm(mma_rs, tOrP(_, _, kb), tOrV(_, _, kb), tOrO);
-    warpgroup_commit_batch();
-  };
-  // O += P_other V_other[half] (SS, committed): the other consumer's P over slot `buf`'s RoPE.
-  auto issue_pv_other = [&](int buf) {
-    Tensor sV = make_tensor(make_smem_ptr(ss.k[buf] + kVOff), SmemLayoutVHalf{});
-    Tensor tOrV = thr_ss.partition_fragment_B(sV);
+  // The other consumer's P, over the RoPE columns of its block's slot (SS A operand).
+  auto other_p = [&](int buf) {
     Tensor sP = make_tensor(make_smem_ptr(ss.k[buf] + kRopeColOffset), SmemLayoutPInK{});
-    Tensor tOrPo = thr_ss.partition_fragment_A(sP);  // (MMA, 1, 4) descriptors
-    warpgroup_fence_operand(tOrO);
-    warpgroup_arrive();
-    CUTE_UNROLL
-    for (int kb = 0; kb < size<2>(tOrPo); ++kb) cute::gemm(mma_ss, tOrPo(_, _, kb), tOrV(_, _, kb), tOrO);
-    warpgroup_commit_batch();
+    return thr_ss.partition_fragment_A(sP);  // (MMA, 1, 4) descriptors
   };
   auto rescale_o = [&](float f0, float f1) {
     // Warp-uniform skip once the running maxima settle (a factor of exactly 1: same bits).
@@ -166,7 +148,7 @@ __device__ __forceinline__ void run_pingpong_consumer(const DecodeKernelParams& 
 
       if (mine) {
         selkv::sm90::pack_bf16_pairs64(tSrS, tOrPw);
-        issue_pv_own(own);
+        issue_pv_gemm(mma_rs, thr_rs, tOrP, ss.k[own] + kVOff, tOrO);  // O += P_own V_own[half]
         store_p_in_k(ss.k[own], tOrPw, r0, lane);  // reads the RS operand registers: allowed
         cutlass::arch::fence_view_async_shared();   // generic stores -> the other's SS wgmma
         pp_arrive(kA ? PpBar::kP0 : PpBar::kP1);
@@ -174,7 +156,7 @@ __device__ __forceinline__ void run_pingpong_consumer(const DecodeKernelParams& 
       const bool theirs = kA ? has_b : true;  // A has an odd block to read only when B has one
       if (theirs) {
         pp_sync(kA ? PpBar::kP1 : PpBar::kP0);
-        issue_pv_other(other);
+        issue_pv_gemm(mma_ss, thr_ss, other_p(other), ss.k[other] + kVOff, tOrO);  // O += P_other V_other[half]
       }
       warpgroup_wait<0>();
       warpgroup_fence_operand(tOrO);
