@@ -9,19 +9,23 @@
 #include "decode/sm90/primitives.cuh"
 #include "decode/sm90/probe.cuh"
 
-// Index lookahead of the producer (A/B switch, default 2, UNMEASURED alternative 3): 2 = indices
-// of round n + 2 are loaded at the end of step n - 1, so the L2 prefetch of round n + 2 at the start
-// of step n waits for that load (ncu: the producer's long-scoreboard stalls sit on index values);
-// 3 = one more round of indices in flight (2 registers), the prefetch uses an index loaded two
-// steps earlier. To measure next (docs/decode-design.md §4 item 1).
-#ifndef SELKV_DECODE_INDEX_AHEAD
-#define SELKV_DECODE_INDEX_AHEAD 2
-#endif
-
+// Index lookahead of the producer, in rounds: 2 = indices of round n + 2 are loaded at the end of
+// step n - 1, so the L2 prefetch of round n + 2 at the start of step n waits for that load (ncu:
+// the producer's long-scoreboard stalls sit on index values); 3 = one more round of indices in
+// flight (2 registers), the prefetch uses an index loaded two steps earlier. Measured (H200,
+// 760f0ca, docs/perf-log.md v8): 3 is 2-4 % faster at H = 64 (producer-bound) and 5-11 % slower at
+// H = 128 (not analysed yet; the H = 128 producer is not the bound there), so the default
+// depends on H. SELKV_DECODE_INDEX_AHEAD=2|3 forces one depth for both (A/B).
 namespace selkv::decode::sm90 {
 
-inline constexpr int kIndexAhead = SELKV_DECODE_INDEX_AHEAD;
-static_assert(kIndexAhead == 2 || kIndexAhead == 3, "SELKV_DECODE_INDEX_AHEAD must be 2 or 3");
+template <int kNumHeads>
+inline constexpr int kIndexAhead =
+#ifdef SELKV_DECODE_INDEX_AHEAD
+    SELKV_DECODE_INDEX_AHEAD;
+static_assert(SELKV_DECODE_INDEX_AHEAD == 2 || SELKV_DECODE_INDEX_AHEAD == 3, "SELKV_DECODE_INDEX_AHEAD must be 2 or 3");
+#else
+    kNumHeads == 64 ? 3 : 2;
+#endif
 
 // ---- producer warpgroup ---------------------------------------------------------------------
 // The producer walks the part's blocks in rounds of 32 tokens (H = 64: two rounds per block, the
@@ -235,18 +239,18 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
   // Prologue: indices of rounds 0 and 1, records of round 0.
   int32_t ia, ia2;          // round n + 1 (index arrived or in flight)
   int32_t ib, ib2;          // round n + 2
-  int32_t ic = -1, ic2 = -1;  // round n + 3 (kIndexAhead == 3 only)
+  int32_t ic = -1, ic2 = -1;  // round n + 3 (kIndexAhead<kNumHeads> == 3 only)
   RoundRaw x0, x1;
   int32_t v2_0 = 0, v2_1 = 0;
   load_index(ia, ia2);
   load_index(ib, ib2);
-  if constexpr (kIndexAhead == 3) load_index(ic, ic2);
+  if constexpr (kIndexAhead<kNumHeads> == 3) load_index(ic, ic2);
   issue_loads(ia, x0);
   v2_0 = valid2(ia2);
   // Shift the index queue by one round and load the next index into its tail.
   auto advance_indices = [&]() {
     ia = ib; ia2 = ib2;
-    if constexpr (kIndexAhead == 3) {
+    if constexpr (kIndexAhead<kNumHeads> == 3) {
       ib = ic; ib2 = ic2;
       load_index(ic, ic2);
     } else {
