@@ -18,7 +18,7 @@ constexpr int kCombineBatch = 8;  // partial rows in flight per thread (64 regis
 #if SELKV_DECODE_TIMELINE
 // Launch timeline (probe builds only, see sm90/probe.cuh): absolute globaltimer ns of the first
 // CTA entry, the first return from griddepcontrol.wait and the last CTA end, printed by the last
-// CTA for small launches.
+// CTA for the first launches of the process.
 __device__ unsigned long long g_ctl[3] = {~0ull, ~0ull, 0ull};
 __device__ unsigned int g_ctl_done, g_ctl_prints;
 __device__ __forceinline__ unsigned long long ctl_now() {
@@ -32,7 +32,7 @@ __device__ __forceinline__ void ctl_finish(const DecodeKernelParams& p) {
   atomicMax(&g_ctl[2], ctl_now());
   __threadfence();
   if (atomicAdd(&g_ctl_done, 1u) != gridDim.x * gridDim.y - 1) return;
-  if (p.num_rows <= 4 && atomicAdd(&g_ctl_prints, 1u) < 6)
+  if (atomicAdd(&g_ctl_prints, 1u) < 6)
     printf("TIMELINE combine first_entry=%llu first_after_wait=%llu last_end=%llu ns\n", g_ctl[0], g_ctl[1], g_ctl[2]);
   g_ctl[0] = ~0ull;
   g_ctl[1] = ~0ull;
