@@ -9,23 +9,7 @@
 #include "decode/sm90/primitives.cuh"
 #include "decode/sm90/probe.cuh"
 
-// Index lookahead of the producer, in rounds: 2 = indices of round n + 2 are loaded at the end of
-// step n - 1, so the L2 prefetch of round n + 2 at the start of step n waits for that load (ncu:
-// the producer's long-scoreboard stalls sit on index values); 3 = one more round of indices in
-// flight (2 registers), the prefetch uses an index loaded two steps earlier. Measured (H200,
-// 760f0ca, docs/perf-log.md v8): 3 is 2-4 % faster at H = 64 (producer-bound) and 5-11 % slower at
-// H = 128 (not analysed yet; the H = 128 producer is not the bound there), so the default
-// depends on H. SELKV_DECODE_INDEX_AHEAD=2|3 forces one depth for both (A/B).
 namespace selkv::decode::sm90 {
-
-template <int kNumHeads>
-inline constexpr int kIndexAhead =
-#ifdef SELKV_DECODE_INDEX_AHEAD
-    SELKV_DECODE_INDEX_AHEAD;
-static_assert(SELKV_DECODE_INDEX_AHEAD == 2 || SELKV_DECODE_INDEX_AHEAD == 3, "SELKV_DECODE_INDEX_AHEAD must be 2 or 3");
-#else
-    kNumHeads == 64 ? 3 : 2;
-#endif
 
 // ---- producer warpgroup ---------------------------------------------------------------------
 // The producer walks the part's blocks in rounds of 32 tokens (H = 64: two rounds per block, the
@@ -94,29 +78,30 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
   // index of the same position in the peer's half, for the validity flags). A position past
   // the row's top-k length (dynamic) or a clamped block is not loaded and reads as -1, which the
   // validity test (idx >= 0 && idx < num_slots) rejects exactly as the explicit length test did.
+  // Straight-line code around one predicated load per value (no branch, so the value's register
+  // is the load's target: nothing copies an index that is still in flight).
   auto load_index = [&](int32_t& idx, int32_t& idx2) {
-    idx = -1; idx2 = -1;
-    if (cur.g >= cur.g1) return;
     // Row and block clamped to the call's shape whatever the (dynamic) metadata says: a corrupt
     // plan gives wrong results, never an out-of-bounds index read.
     const int32_t row = cur.row < p.num_rows ? cur.row : p.num_rows - 1, blk = cur.g - cur.row_begin;
     const int32_t b = row / p.seq_q, s = row - b * p.seq_q;
     const int tok = 32 * (kCluster == 2 ? int(rank) : stage_round) + tl;
-    if (uint32_t(blk) < uint32_t(max_blocks)) {  // 0 <= blk < K / 64
-      const int32_t* idx_row = p.indices + b * p.indices_batch_stride + s * p.indices_seq_stride + blk * kBlockN;
-      int32_t len = p.topk;
-      if constexpr (kDynamic) {
-        len = __ldg(p.topk_length + b);
-        len = len < 0 ? 0 : (len > p.topk ? p.topk : len);
-      }
-      // blk < K / 64, so the fixed kernel's positions are all < K = len: no tail predicate there.
-      if (!kDynamic || blk * kBlockN + tok < len) idx = __ldg(idx_row + tok);
-      if constexpr (kCluster == 2) {
-        if (q == 1) {
-          const int tok2 = 32 * int(rank ^ 1u) + tl;
-          if (!kDynamic || blk * kBlockN + tok2 < len) idx2 = __ldg(idx_row + tok2);
-        }
-      }
+    // Past the part's end or outside 0 <= blk < K / 64: nothing is loaded.
+    const bool in_part = cur.g < cur.g1 && uint32_t(blk) < uint32_t(max_blocks);
+    const int32_t* idx_row = p.indices + b * p.indices_batch_stride + s * p.indices_seq_stride +
+                             int64_t(in_part ? blk : 0) * kBlockN;
+    int32_t len = p.topk;  // fixed: blk < K / 64, so every position is < K = len (no tail predicate)
+    if constexpr (kDynamic) {
+      len = __ldg(p.topk_length + b);
+      len = len < 0 ? 0 : (len > p.topk ? p.topk : len);
+    }
+    auto wanted = [&](int t) -> int32_t { return in_part && (!kDynamic || blk * kBlockN + t < len); };
+    idx = ld_s32_pred_or_neg1(idx_row + tok, wanted(tok));
+    if constexpr (kCluster == 2) {
+      const int tok2 = 32 * int(rank ^ 1u) + tl;
+      idx2 = ld_s32_pred_or_neg1(idx_row + tok2, q == 1 && wanted(tok2));
+    } else {
+      idx2 = -1;
     }
     if (++stage_round == kRounds) {
       stage_round = 0;
@@ -236,28 +221,20 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
   auto valid2 = [&](int32_t idx2) -> int32_t { return idx2 >= 0 && int64_t(idx2) < p.num_slots; };
 
   SELKV_PROBE(const unsigned long long pt0 = probe_clk();)
-  // Prologue: indices of rounds 0 and 1, records of round 0.
-  int32_t ia, ia2;          // round n + 1 (index arrived or in flight)
-  int32_t ib, ib2;          // round n + 2
-  int32_t ic = -1, ic2 = -1;  // round n + 3 (kIndexAhead<kNumHeads> == 3 only)
+  // Index ring of two slots (slot of round m = m & 1), rotated by the main loop's 2-step unroll,
+  // so a loop-carried index never moves between registers (a move of a value still in flight
+  // waits for it; 6693a0a lost ~15 % of the producer's stall samples on one per step). At the
+  // start of step n, slot (n + 1) & 1 holds round n + 1's indices (their records are loaded in
+  // step n) and slot n & 1 round n + 2's (prefetched into L2 in step n); step n then loads round
+  // n + 3's into slot (n + 1) & 1. Prologue: rounds 0, 1 and 2, records of round 0.
+  int32_t s0, s0p, s1, s1p;  // slot 0 / slot 1: this thread's index and the peer-half index
   RoundRaw x0, x1;
   int32_t v2_0 = 0, v2_1 = 0;
-  load_index(ia, ia2);
-  load_index(ib, ib2);
-  if constexpr (kIndexAhead<kNumHeads> == 3) load_index(ic, ic2);
-  issue_loads(ia, x0);
-  v2_0 = valid2(ia2);
-  // Shift the index queue by one round and load the next index into its tail.
-  auto advance_indices = [&]() {
-    ia = ib; ia2 = ib2;
-    if constexpr (kIndexAhead<kNumHeads> == 3) {
-      ib = ic; ib2 = ic2;
-      load_index(ic, ic2);
-    } else {
-      load_index(ib, ib2);
-    }
-  };
-  advance_indices();
+  load_index(s0, s0p);  // round 0
+  load_index(s1, s1p);  // round 1
+  issue_loads(s0, x0);
+  v2_0 = valid2(s0p);
+  load_index(s0, s0p);  // round 2
 
   // L2 prefetch of a round's record (index known two rounds ahead, registers not needed): the
   // register loads issued one round later then hit L2 instead of waiting a full DRAM latency.
@@ -276,19 +253,21 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
   };
 
   // One step: convert round n from `cx` while loading the records of round n + 1 into `nx`
-  // (prefetching round n + 2's into L2), then the index of round n + 3.
-  auto step = [&](int32_t n, RoundRaw& cx, int32_t& v2c, RoundRaw& nx, int32_t& v2n) {
+  // (index slot `ni`, peer `ni2`) and prefetching round n + 2's into L2 (slot `pi`), then load
+  // round n + 3's indices into the slot just used.
+  auto step = [&](int32_t n, RoundRaw& cx, int32_t& v2c, RoundRaw& nx, int32_t& v2n, int32_t& ni,
+                  int32_t& ni2, int32_t pi) {
     const bool more = n + 1 < total_rounds;
-    const uint8_t* nrec = record_of(more ? ia : -1, nx.valid);  // !more: nothing loaded
-    if (more) v2n = valid2(ia2);
-    prefetch_record(ib);
+    const uint8_t* nrec = record_of(more ? ni : -1, nx.valid);  // !more: nothing loaded
+    if (more) v2n = valid2(ni2);
+    prefetch_record(pi);
     convert(n, cx, v2c, nx, nrec);
-    advance_indices();
+    load_index(ni, ni2);
   };
 #pragma unroll 1
   for (int32_t n = 0; n < total_rounds; n += 2) {
-    step(n, x0, v2_0, x1, v2_1);
-    if (n + 1 < total_rounds) step(n + 1, x1, v2_1, x0, v2_0);
+    step(n, x0, v2_0, x1, v2_1, s1, s1p, s0);
+    if (n + 1 < total_rounds) step(n + 1, x1, v2_1, x0, v2_0, s0, s0p, s1);
   }
   SELKV_TL(if (threadIdx.x == 0) tl_stamp(2);)
 #if SELKV_DECODE_PROBE
