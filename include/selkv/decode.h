@@ -34,7 +34,7 @@ struct DecodeShape {
   int32_t num_sms = 0;     // 0: read from the current device
   // Split-KV granularity: no part gets fewer 64-token blocks than this (fewer, longer parts cost
   // fewer partial writes and combine reads; more, shorter parts spread a small batch over more
-  // SMs). 0: the measured default for H (docs/decode-design.md §3).
+  // SMs). 0: the measured default for H and the call's block count (docs/decode-design.md §3).
   int32_t min_blocks_per_part = 0;
 };
 

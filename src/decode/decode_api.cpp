@@ -79,8 +79,11 @@ Status make_decode_metadata(const DecodeShape& shape, void* buffer, size_t buffe
     if (e == cudaSuccess && resident >= 1 && resident < parts) parts = resident;
     (void)cudaGetLastError();
   }
-  const int32_t min_blocks =
-      shape.min_blocks_per_part > 0 ? shape.min_blocks_per_part : decode::min_blocks_per_part(shape.num_heads);
+  // Default granularity from the call's largest block count (dynamic top-k: the plan is made
+  // before the lengths are known, so from K; a shorter length only makes the parts shorter).
+  const int64_t max_blocks = int64_t(shape.batch) * shape.seq_q * (shape.topk / decode::kBlockTokens);
+  const int32_t min_blocks = shape.min_blocks_per_part > 0 ? shape.min_blocks_per_part
+                                                           : decode::min_blocks_per_part(shape.num_heads, max_blocks);
   SELKV_CUDA_RETURN(decode::launch_decode_scheduler(shape.batch, shape.seq_q, shape.topk,
                                                     shape.topk_length, parts, min_blocks,
                                                     static_cast<int32_t*>(buffer), stream),

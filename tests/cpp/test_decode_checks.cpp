@@ -44,7 +44,7 @@ struct Base {
     md.bytes = decode_metadata_size(B, S);
     md.shape = DecodeShape{B, S, H, K, nullptr, 132};
     md.num_sm_parts = 132 / (H / 64);
-    md.min_blocks_per_part = selkv::decode::min_blocks_per_part(H);
+    md.min_blocks_per_part = selkv::decode::min_blocks_per_part(H, int64_t(B) * S * (K / 64));
     md.valid = true;
     ws = decode_workspace_size(md);
   }
@@ -159,12 +159,26 @@ TEST(DecodeChecks, SmemLayoutsAgreeWithCute) {
 
 #endif  // SELKV_HAVE_CUTLASS
 
+// The default split granularity (decode_params.h, measured): 4 blocks at H = 128; at H = 64 the
+// call's block count / 64 clamped to [2, 4] (B = 1: 2; B = 8 S_q = 1, T = 256: 4).
+TEST(DecodeChecks, DefaultMinBlocksPerPart) {
+  using selkv::decode::min_blocks_per_part;
+  EXPECT_EQ(min_blocks_per_part(128, 4 * 32), 4);
+  EXPECT_EQ(min_blocks_per_part(128, 1), 4);
+  EXPECT_EQ(min_blocks_per_part(64, 1), 2);
+  EXPECT_EQ(min_blocks_per_part(64, 32), 2);
+  EXPECT_EQ(min_blocks_per_part(64, 128), 2);
+  EXPECT_EQ(min_blocks_per_part(64, 192), 3);
+  EXPECT_EQ(min_blocks_per_part(64, 256), 4);
+  EXPECT_EQ(min_blocks_per_part(64, int64_t(1) << 40), 4);
+}
+
 // The scheduler's closed-form partition, as the decode and combine kernels read it: every block
 // belongs to exactly one part, each part writes at most two partial slots (2p, 2p+1), and the
 // combine's slot choice matches the kernel's.
 TEST(DecodeChecks, SchedulerPartitionArithmetic) {
   using namespace selkv::decode;
-  for (int min_blocks : {1, min_blocks_per_part(64), min_blocks_per_part(128), 7})
+  for (int min_blocks : {1, 2, 3, 4, 7})
   for (int np : {1, 2, 3, 7, 66, 132}) {
     for (const std::vector<int>& blocks :
          {std::vector<int>{1}, std::vector<int>{32}, std::vector<int>(74, 1), std::vector<int>(4, 32),
