@@ -100,29 +100,11 @@ __device__ __forceinline__ uint16_t dequant_e4m3(uint8_t c, float s) {
 // ---- memory helpers --------------------------------------------------------------------------
 // Streaming (read-once) 16/8-byte loads: bypass L1 allocation so the cache data does not evict
 // the small, reused tables (block table, prefix sums).
-// A/B switch SELKV_CACHE_LD_L2_256B (default 0, UNMEASURED alternative 1): the same loads with
-// the .L2::256B prefetch-size hint (a record's pieces then come from one L2 fill, not several).
-#ifndef SELKV_CACHE_LD_L2_256B
-#define SELKV_CACHE_LD_L2_256B 0
-#endif
 __device__ __forceinline__ uint4 ld_stream_u4(const void* p) {
-#if SELKV_CACHE_LD_L2_256B
-  uint4 v;
-  asm volatile("ld.global.cs.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-  return v;
-#else
   return __ldcs(reinterpret_cast<const uint4*>(p));
-#endif
 }
 __device__ __forceinline__ uint2 ld_stream_u2(const void* p) {
-#if SELKV_CACHE_LD_L2_256B
-  uint2 v;
-  asm volatile("ld.global.cs.L2::256B.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
-  return v;
-#else
   return __ldcs(reinterpret_cast<const uint2*>(p));
-#endif
 }
 // Read-once 16-byte load through the non-coherent path without allocating in L1
 // (inputs of the cache ops are never written by the same kernel).

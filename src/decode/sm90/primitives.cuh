@@ -60,24 +60,13 @@ __device__ __forceinline__ void bulk_copy_to_peer(uint32_t remote_dst, uint32_t 
 // of the previous round's conversion, or all before it), which costs either the loads' lead time
 // or two rounds of records in registers (spills at the producer's 120 registers). Volatile asm
 // with a memory clobber fixes the order in the PTX as well. Same bytes, same arithmetic.
-// A/B switch (default 0, UNMEASURED alternative 1): the record loads ask L2 for the 256-byte
-// segment around each 16-byte load (.L2::256B), as FlashMLA's producer does, on top of the
-// explicit L2 prefetch two rounds ahead.
-#ifndef SELKV_DECODE_LD_L2_256B
-#define SELKV_DECODE_LD_L2_256B 0
-#endif
-#if SELKV_DECODE_LD_L2_256B
-#define SELKV_DECODE_LD_V4 "@p ld.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n\t}\n"
-#else
-#define SELKV_DECODE_LD_V4 "@p ld.v4.u32 {%0, %1, %2, %3}, [%4];\n\t}\n"
-#endif
 __device__ __forceinline__ uint4 ld_16_pred(const void* gptr, int32_t valid) {
   uint4 v;
   asm volatile(
       "{\n\t.reg .pred p;\n\t"
       "setp.ne.b32 p, %5, 0;\n\t"
       "mov.b32 %0, 0;\n\tmov.b32 %1, 0;\n\tmov.b32 %2, 0;\n\tmov.b32 %3, 0;\n\t"
-      SELKV_DECODE_LD_V4
+      "@p ld.v4.u32 {%0, %1, %2, %3}, [%4];\n\t}\n"
       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
       : "l"(gptr), "r"(valid)
       : "memory");
