@@ -110,6 +110,7 @@ def main() -> int:
     results: dict[str, dict[tuple, list[float]]] = {n: {} for n in names}
     order: list[tuple] = []
     raw = []
+    gpu = ""
     for r in range(args.rounds):
         for n in names:
             csv_path = out / f"ab_{n}_{r}.csv"
@@ -125,6 +126,7 @@ def main() -> int:
             raw.append(csv_path)
             with open(csv_path) as f:
                 for row in csv.DictReader(f):
+                    gpu = gpu or row.get("gpu", "")
                     if row["op"].startswith("ceiling"):
                         continue
                     k = key_of(row)
@@ -137,12 +139,13 @@ def main() -> int:
     with open(out / "ab_summary.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["op", "shape", "variant", *[f"{n}_us" for n in names], *[f"{n}/{base}" for n in names[1:]],
-                    "rounds"])
+                    "rounds", "git_hash", "gpu"])
+        run_hash = os.environ.get("SELKV_GIT_HASH", "")  # the tree under test; variants are named
         for k in order:
             meds = [statistics.median(results[n][k]) if k in results[n] else None for n in names]
             ratios = [m / meds[0] if m and meds[0] else None for m in meds[1:]]
             w.writerow([*k, *[f"{m:.2f}" if m else "" for m in meds], *[f"{x:.3f}" if x else "" for x in ratios],
-                        args.rounds])
+                        args.rounds, run_hash, gpu])
             cells = "  ".join(f"{n} {m:9.2f}" if m else f"{n} {'-':>9}" for n, m in zip(names, meds))
             rs = "  ".join(f"{x:.3f}" if x else "-" for x in ratios)
             print(f"{k[0]:>8} {k[1]:<52.52} {k[2]:<22.22} {cells}  ratio {rs}")
