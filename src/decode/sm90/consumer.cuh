@@ -4,9 +4,6 @@
 
 #include <cutlass/arch/barrier.h>
 
-#include <type_traits>
-
-#include "decode/sm90/block_index.cuh"
 #include "decode/sm90/config.h"
 #include "decode/sm90/part_iter.cuh"
 #include "decode/sm90/primitives.cuh"
@@ -36,59 +33,6 @@
 namespace selkv::decode::sm90 {
 
 inline constexpr bool kIndexPrefetch = SELKV_DECODE_INDEX_PREFETCH != 0;
-
-// A/B switch SELKV_DECODE_RECORD_PREFETCH = D (default 0 = off, UNMEASURED): at H = 64 the PV
-// warpgroup (idle ~70 % of each block, waiting for P) prefetches into L2 the records of the block
-// D blocks ahead of the one it is about to multiply, so the producer's own loads (one round
-// ahead, L2 prefetch two rounds ahead) find them in L2. The ncu at 6693a0a / 8695b2b puts the H=64
-// producer's wait on record data that has not arrived one round (~1.9 us) after its load.
-#ifndef SELKV_DECODE_RECORD_PREFETCH
-#define SELKV_DECODE_RECORD_PREFETCH 0
-#endif
-inline constexpr int kRecordPrefetchAhead = SELKV_DECODE_RECORD_PREFETCH;
-static_assert(kRecordPrefetchAhead == 0 || kRecordPrefetchAhead >= 2, "SELKV_DECODE_RECORD_PREFETCH: 0 or >= 2 blocks");
-
-// Thread t of the PV warpgroup covers token t / 2 of a block and the record's 128-byte lines
-// t % 2, t % 2 + 2, ... (656 bytes span <= 7 lines). Within one row of the part only (no cursor
-// across rows: a few registers at most, the PV WG's 168 hold O[:, 256:512]); the index of block
-// blk + D is loaded one block before its prefetch is issued, so the prefetch never waits for it.
-// Same validity as the producer: positions past the row's top-k length (dynamic) and blocks
-// outside [0, K / 64) are not read, invalid slots are never turned into an address.
-template <bool kDynamic>
-struct RowRecordPrefetch {
-  const int32_t* idx_row;
-  int32_t len, blk_end, idx;
-
-  __device__ __forceinline__ void start_row(const DecodeKernelParams& p, const RowWork& w, int tid) {
-    const int32_t b = w.row / p.seq_q, s = w.row - b * p.seq_q;
-    idx_row = p.indices + b * p.indices_batch_stride + s * p.indices_seq_stride;
-    len = p.topk;
-    if constexpr (kDynamic) {
-      len = __ldg(p.topk_length + b);
-      len = len < 0 ? 0 : (len > p.topk ? p.topk : len);
-    }
-    blk_end = w.blk_end < p.topk / kBlockN ? w.blk_end : p.topk / kBlockN;
-    idx = load(w.blk_begin + kRecordPrefetchAhead, tid);
-  }
-  __device__ __forceinline__ int32_t load(int32_t blk, int tid) const {
-    const int32_t pos = blk * kBlockN + (tid >> 1);
-    const bool ok = blk >= 0 && blk < blk_end && (!kDynamic || pos < len);
-    return ld_s32_pred_or_neg1(idx_row + (ok ? pos : 0), ok);
-  }
-  // Before block `blk`: prefetch block blk + D (index loaded a block ago), load block blk + D + 1's.
-  __device__ __forceinline__ void step(const DecodeKernelParams& p, int32_t blk, int tid) {
-    if (const uint8_t* rec = record_address(p, idx)) {
-      const uintptr_t line0 = reinterpret_cast<uintptr_t>(rec) & ~uintptr_t(127);
-      const uintptr_t last = (reinterpret_cast<uintptr_t>(rec) + fmt::kDsMlaRecordBytes - 1) & ~uintptr_t(127);
-      CUTE_UNROLL
-      for (int l = tid & 1; l < 8; l += 2) {
-        const uintptr_t a = line0 + 128u * uintptr_t(l);
-        if (a <= last) asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
-      }
-    }
-    idx = load(blk + kRecordPrefetchAhead + 1, tid);
-  }
-};
 inline constexpr bool kEarlyQ = SELKV_DECODE_EARLY_Q != 0;
 
 // Prefetch into L2 the index lines of every (row, block) of the part (blocks clamped to K / 64,
@@ -433,8 +377,6 @@ __device__ __forceinline__ void run_pv_wg(const DecodeKernelParams& p, SharedSto
   RowWork w;
   SELKV_PROBE(unsigned long long pc[4] = {0, 0, 0, 0}; const unsigned long long ct0 = probe_clk();)
   if constexpr (kIndexPrefetch) prefetch_part_indices(p, it, tid_wg);
-  constexpr bool kPrefetchRecords = kRecordPrefetchAhead > 0 && kNumHeads == 64;
-  RowRecordPrefetch<std::is_same_v<typename Iter::ScheduleT, DynamicSchedule>> pf;
   while (it.next(w)) {
     bool has_next = false;
     if constexpr (kEarlyQ) {
@@ -445,10 +387,8 @@ __device__ __forceinline__ void run_pv_wg(const DecodeKernelParams& p, SharedSto
       load_q_tile(p, ss, w);
     }
     clear(tOrO);
-    if constexpr (kPrefetchRecords) pf.start_row(p, w, tid_wg);
     for (int32_t blk = w.blk_begin; blk < w.blk_end; ++blk) {
       SELKV_PROBE(const unsigned long long c0 = probe_clk();)
-      if constexpr (kPrefetchRecords) pf.step(p, blk, tid_wg);
       cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(NamedBar::kPReady));
       // WG1 waited for this tile before publishing P; waiting here too is free and keeps the
       // async-proxy visibility chain explicit (producer fence -> mbarrier -> this thread).

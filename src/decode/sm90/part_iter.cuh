@@ -19,7 +19,6 @@ struct RowWork {
 
 template <class Schedule>
 struct PartIter {
-  using ScheduleT = Schedule;
   Schedule sched;
   int32_t g, g0, g1, r, part;
 

@@ -4,7 +4,6 @@
 
 #include <cutlass/arch/barrier.h>
 
-#include "decode/sm90/block_index.cuh"
 #include "decode/sm90/config.h"
 #include "decode/sm90/part_iter.cuh"
 #include "decode/sm90/primitives.cuh"
@@ -28,6 +27,27 @@ struct RoundRaw {
   float4 sc;
   uint4 rope[2];
   int valid;
+};
+
+// Walks (row, block) of the part in block order; identical in every CTA of a cluster.
+template <class Schedule>
+struct BlockCursor {
+  Schedule sched;
+  int32_t g, g1, row, row_begin, row_end;
+
+  __device__ __forceinline__ explicit BlockCursor(const PartIter<Schedule>& it)
+      : sched(it.sched), g(it.g0), g1(it.g1), row(it.r) {
+    row_begin = sched.prefix(row);
+    row_end = sched.prefix(row + 1);
+  }
+  __device__ __forceinline__ void advance() {
+    ++g;
+    while (g < g1 && g >= row_end) {
+      ++row;
+      row_begin = row_end;
+      row_end = sched.prefix(row + 1);
+    }
+  }
 };
 
 template <int kNumHeads, bool kDynamic, class Schedule>
