@@ -103,40 +103,14 @@ __device__ __forceinline__ void pack_bf16_pairs64_scaled(const FragS& s, float f
 // Store bf16x2 words (pairs of an m64n64 fragment) into a 64 x 64 SW128 tile (row-major 128 B
 // rows, chunk j of row r at j ^ (r & 7)). Conflict-free: per instruction lanes (rr, q) hit bank
 // 4 * ((chunk ^ rr) & 7) + q.
-//
-// A/B switch SELKV_P_STMATRIX (default 0, UNMEASURED alternative 1): the same tile written with 4
-// `stmatrix.m8n8.x4` per thread instead of 16 32-bit stores (FlashMLA's prefill publishes P and
-// stages its epilogue with STSM). The shared-memory wavefronts are the same; the MIO queue gets 4x
-// fewer instructions. Word j of the fragment is the 8 x 8 matrix (row block j & 1, column chunk
-// j >> 1) in exactly stmatrix's fragment order (thread l: row l / 4, columns 2 (l % 4) + {0, 1}),
-// so stmatrix k stores words 4k .. 4k + 3, lane l giving the row address of matrix l / 8 of them.
-// Used by the prefill's P publish (the decode stores its P inline); needs a GPU run (the tests
-// compare with the oracle) before it can be made the default.
-#ifndef SELKV_P_STMATRIX
-#define SELKV_P_STMATRIX 0
-#endif
 template <class FragW>
 __device__ __forceinline__ void store_p_tile64(uint32_t* tile_words, const FragW& w, int r0, int lane) {
-#if SELKV_P_STMATRIX
-  const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(tile_words));
-  const int m = lane >> 3;                             // the matrix of the x4 group this lane addresses
-  const int row = (r0 - (lane >> 2)) + 8 * (m & 1) + (lane & 7);  // warp's first row + its row of matrix m
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const int chunk = 2 * k + (m >> 1);
-    const uint32_t addr = base + 4u * uint32_t(row * 32 + (((chunk ^ (row & 7)) & 7) << 2));
-    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
-                 "r"(w(4 * k)), "r"(w(4 * k + 1)), "r"(w(4 * k + 2)), "r"(w(4 * k + 3))
-                 : "memory");
-  }
-#else
 #pragma unroll
   for (int j = 0; j < 16; ++j) {
     const int row = (j & 1) ? r0 + 8 : r0;
     const int chunk = j >> 1;  // 8-column group of value pair 2j
     tile_words[row * 32 + (((chunk ^ (row & 7)) & 7) << 2) + (lane & 3)] = w(j);
   }
-#endif
 }
 
 // L2 cache-policy helpers (createpolicy; the policy operand of .L2::cache_hint accesses).
