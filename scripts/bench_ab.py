@@ -3,13 +3,14 @@
 
     scripts/bench_ab.py --variant v7 .ab/src-ca876a9 --variant v8 . \\
         --variant v8-mb1 . --env v8-mb1 SELKV_BENCH_MIN_BLOCKS=1 \\
-        --flags v8-ia3 -DSELKV_DECODE_INDEX_AHEAD=3 --variant v8-ia3 . \\
+        --flags v8-eq " -DSELKV_DECODE_EARLY_Q=1" --variant v8-eq . \\
         --rounds 3 --out $OUT -- --bench --quick --ops decode
 
 Each variant is a source tree (this checkout, or an older commit exported with
 `git archive <rev> | tar -x -C .ab/src-<rev>`: the device copy has no .git), or `exe:PATH`, a CLI
 already built (e.g. the suite's build/selkv), with optional extra
-CUDA flags (compile-time switches) and environment (run-time switches). Variants that share the
+CUDA flags (compile-time switches; start the string with a space, " -DX=1", or argparse takes
+it for an option) and environment (run-time switches). Variants that share the
 tree and the flags share one build. All builds run in parallel (the CLI only, no tests, no
 torch); then the benchmark runs `--rounds` times, the variants alternating within each round so
 that clock and thermal drift hit all of them alike. The per-case median over rounds of each
