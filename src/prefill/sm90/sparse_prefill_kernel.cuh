@@ -173,6 +173,23 @@ __device__ __forceinline__ void run_consumer(const PrefillKernelParams& p, typen
   Tensor tOrO = partition_fragment_C(mma_rs, Shape<Int<64>, Int<256>>{});
   static_assert(decltype(size(tOrO))::value == 128);
   uint32_t* p_mine_words = reinterpret_cast<uint32_t*>(p_mine);
+  // O += P V over this consumer's d_v half, committed, not waited: from its own P in registers
+  // (RS) or from the other consumer's P tile in smem (SS).
+  auto issue_pv_own = [&] {
+    warpgroup_fence_operand(tOrO);
+    warpgroup_fence_operand(tOrP);
+    warpgroup_arrive();
+    CUTE_UNROLL
+    for (int kb = 0; kb < 4; ++kb) cute::gemm(mma_rs, tOrP(_, _, kb), tOrVown(_, _, kb), tOrO);
+    warpgroup_commit_batch();
+  };
+  auto issue_pv_other = [&] {
+    warpgroup_fence_operand(tOrO);
+    warpgroup_arrive();
+    CUTE_UNROLL
+    for (int kb = 0; kb < 4; ++kb) cute::gemm(mma_ss, tOrPoth(_, _, kb), tOrVoth(_, _, kb), tOrO);
+    warpgroup_commit_batch();
+  };
 
   clear(tOrO);
   float m0 = kNegInf, m1 = kNegInf, l0 = 0.f, l1 = 0.f;
@@ -239,12 +256,7 @@ __device__ __forceinline__ void run_consumer(const PrefillKernelParams& p, typen
       for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= ((i >> 1) & 1) ? sc1 : sc0;
 
       // O_A += P_A V_A[L]
-      warpgroup_fence_operand(tOrO);
-      warpgroup_fence_operand(tOrP);
-      warpgroup_arrive();
-      CUTE_UNROLL
-      for (int kb = 0; kb < 4; ++kb) cute::gemm(mma_rs, tOrP(_, _, kb), tOrVown(_, _, kb), tOrO);
-      warpgroup_commit_batch();
+      issue_pv_own();
       warpgroup_wait<0>();
       warpgroup_fence_operand(tOrO);
       warpgroup_fence_operand(tOrP);
@@ -270,11 +282,7 @@ __device__ __forceinline__ void run_consumer(const PrefillKernelParams& p, typen
       // O_A += P_B V_B[L]
       if (has1) {
         nb_sync(Bar::kP1);
-        warpgroup_fence_operand(tOrO);
-        warpgroup_arrive();
-        CUTE_UNROLL
-        for (int kb = 0; kb < 4; ++kb) cute::gemm(mma_ss, tOrPoth(_, _, kb), tOrVoth(_, _, kb), tOrO);
-        warpgroup_commit_batch();
+        issue_pv_other();
       }
       if (pr + 1 < npairs) {
         // S of the next even block: L half overlaps the P V above.
@@ -329,21 +337,12 @@ __device__ __forceinline__ void run_consumer(const PrefillKernelParams& p, typen
       if (has1) {
         // O_B += P_B V_B[R]; publish P_B for A.
         selkv::sm90::pack_bf16_pairs64(tSrS, tOrPw);
-        warpgroup_fence_operand(tOrO);
-        warpgroup_fence_operand(tOrP);
-        warpgroup_arrive();
-        CUTE_UNROLL
-        for (int kb = 0; kb < 4; ++kb) cute::gemm(mma_rs, tOrP(_, _, kb), tOrVown(_, _, kb), tOrO);
-        warpgroup_commit_batch();
+        issue_pv_own();
         selkv::sm90::store_p_tile64(p_mine_words, tOrPw, r0, lane);
       }
       // O_B += P_A V_A[R]
       nb_sync(Bar::kP0);
-      warpgroup_fence_operand(tOrO);
-      warpgroup_arrive();
-      CUTE_UNROLL
-      for (int kb = 0; kb < 4; ++kb) cute::gemm(mma_ss, tOrPoth(_, _, kb), tOrVoth(_, _, kb), tOrO);
-      warpgroup_commit_batch();
+      issue_pv_other();
       if (has1) {
         cutlass::arch::fence_view_async_shared();
         nb_arrive(Bar::kP1);
