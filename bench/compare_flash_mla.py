@@ -138,6 +138,13 @@ PREFILL_CASES = [
     PrefillCase(4096, 64, 2048, 32768),
     PrefillCase(4096, 128, 2048, 32768, D=512, quick=False),
 ]
+# --prefill-sweep: where the time goes. Time against K at fixed T splits a CTA's time into a fixed
+# part (Q load, pipeline fill, epilogue: the intercept) and a per-64-row-block part (the slope);
+# N moves the kv working set against the 50 MB L2.
+PREFILL_SWEEP = [
+    *(PrefillCase(4096, H, K, 32768) for H in (128, 64) for K in (256, 512, 1024)),
+    *(PrefillCase(4096, 128, 2048, N) for N in (8192, 131072)),
+]
 
 
 def decode_inputs(c: DecodeCase, gen: torch.Generator) -> dict:
@@ -280,6 +287,8 @@ def main() -> int:
     ap.add_argument("--min-blocks", type=int, default=0, help="selkv decode split granularity (0 = default)")
     ap.add_argument("--flash-mla-module", default="flash_mla")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--prefill-sweep", action="store_true",
+                    help="add the K (256..1024) and N (8K, 128K) prefill sweep (fixed vs per-block cost)")
     ap.add_argument("--csv", default="")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -301,7 +310,7 @@ def main() -> int:
                     rows += run_decode(c, fm, timer, gen, args.min_blocks)
                     torch.cuda.empty_cache()
         if "prefill" in ops:
-            for c in PREFILL_CASES:
+            for c in PREFILL_CASES + (PREFILL_SWEEP if args.prefill_sweep else []):
                 if not args.quick or c.quick:
                     rows += run_prefill(c, fm, timer, gen)
                     torch.cuda.empty_cache()

@@ -4,6 +4,7 @@
 //   kmajor_sw128_offset  element offset of (row, col) in a K-major bf16 tile with the 128-byte
 //                        swizzle, laid out row-group-major (CuTe tile_to_shape(Layout_K_SW128_Atom,
 //                        (rows, D), Step<_2,_1>)): 8-row groups of D/64 swizzle atoms of 8 x 64.
+//   exp2_ftz             2^x on MUFU.EX2, denormal results flushed to 0 (the softmax exponent)
 //   cp_async_16          16-byte cp.async.cg global -> shared, zero-filled (no global read) when
 //                        !valid
 //   WGMMA accumulator fragment of m64nNk16 (f32), value i of thread (warp w, lane l) of the
@@ -34,6 +35,16 @@ __device__ __forceinline__ void cp_async_16(uint32_t smem_addr, const void* gptr
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr), "l"(gptr),
                "r"(src_bytes)
                : "memory");
+}
+
+// 2^x on MUFU.EX2 with a denormal result flushed to +0 (what --use_fast_math makes of exp2f).
+// Plain exp2f wraps the MUFU in a range test and two FMULs to produce denormal results; a softmax
+// weight below 2^-126 of the row max never matters, and the hot loops run 32 of these per thread
+// per 64-row block. exp2_ftz(-inf) = 0, as the online-softmax rescale needs.
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
 }
 
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }

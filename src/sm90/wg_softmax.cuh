@@ -79,7 +79,7 @@ __device__ __forceinline__ void wg_exp2_rows64(FragS& s, float sl2, float base0,
 #pragma unroll
   for (int i = 0; i < 32; ++i) {
     const bool hi = (i >> 1) & 1;
-    const float pv = exp2f(fmaf(s(i), sl2, hi ? -base1 : -base0));
+    const float pv = exp2_ftz(fmaf(s(i), sl2, hi ? -base1 : -base0));
     s(i) = pv;
     if (hi) ps1 += pv; else ps0 += pv;
   }
@@ -137,6 +137,18 @@ __device__ __forceinline__ void cp_async_16_pf256(uint32_t smem_addr, const void
   asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(smem_addr), "l"(gptr),
                "r"(src_bytes)
                : "memory");
+}
+// Both: the 256-byte L2 prefetch and an L2 cache policy (kv gathers kept with evict-last).
+__device__ __forceinline__ void cp_async_16_pf256_hint(uint32_t smem_addr, const void* gptr, bool valid, uint64_t pol) {
+  const uint32_t src_bytes = valid ? 16u : 0u;
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2, %3;\n" ::"r"(smem_addr),
+               "l"(gptr), "r"(src_bytes), "l"(pol)
+               : "memory");
+}
+__device__ __forceinline__ uint64_t l2_policy_evict_last() {
+  uint64_t pol;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(pol));
+  return pol;
 }
 // 16-byte global store with an L2 cache policy.
 __device__ __forceinline__ void st_global_16_hint(void* gptr, uint4 v, uint64_t pol) {

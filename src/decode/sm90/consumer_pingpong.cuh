@@ -137,7 +137,7 @@ __device__ __forceinline__ void run_pingpong_consumer(const DecodeKernelParams& 
       }
       const float mu0 = mn0 == kNegInf ? 0.f : mn0;  // nothing valid yet: keep exp2 finite
       const float mu1 = mn1 == kNegInf ? 0.f : mn1;
-      const float sc0 = exp2f((m0 - mu0) * sl2), sc1 = exp2f((m1 - mu1) * sl2);
+      const float sc0 = selkv::sm90::exp2_ftz((m0 - mu0) * sl2), sc1 = selkv::sm90::exp2_ftz((m1 - mu1) * sl2);
       m0 = mn0;
       m1 = mn1;
       float ps0, ps1;

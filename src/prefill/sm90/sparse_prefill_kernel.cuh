@@ -82,6 +82,8 @@ __device__ __forceinline__ void run_producer(const PrefillKernelParams& p, typen
   const int32_t* idx_row = p.indices + t * p.indices_token_stride;
   const int32_t npairs = (nblk + 1) / 2;
   const bool hints = p.l2_hints != 0;
+  const bool kv_last = p.l2_hints == 2;  // A/B: kv rows evict-last (FlashMLA's policy)
+  const uint64_t kv_pol = selkv::sm90::l2_policy_evict_last();
   uint32_t phase = 0;
   for (int32_t pr = 0; pr < npairs; ++pr) {
     const bool has1 = 2 * pr + 1 < nblk;
@@ -106,7 +108,8 @@ __device__ __forceinline__ void run_producer(const PrefillKernelParams& p, typen
         CUTE_UNROLL
         for (int tile = t0; tile < t1; ++tile) {
           const uint32_t dst = sk + 2u * uint32_t(tile * kTileElems + row_off + 1024 * j);
-          if (hints) selkv::sm90::cp_async_16_pf256(dst, row + tile * 64, val[b][j]);
+          if (kv_last) selkv::sm90::cp_async_16_pf256_hint(dst, row + tile * 64, val[b][j], kv_pol);
+          else if (hints) selkv::sm90::cp_async_16_pf256(dst, row + tile * 64, val[b][j]);
           else cp_async_16(dst, row + tile * 64, val[b][j]);
         }
       }
@@ -241,7 +244,7 @@ __device__ __forceinline__ void run_consumer(const PrefillKernelParams& p, typen
       selkv::sm90::wg_mask_rowmax64(tSrS, vmask, lane, mx0, mx1);
       const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
       const float mu0 = mn0 == kNegInf ? 0.f : mn0, mu1 = mn1 == kNegInf ? 0.f : mn1;
-      const float sc0 = exp2f((m0 - mu0) * sl2), sc1 = exp2f((m1 - mu1) * sl2);
+      const float sc0 = selkv::sm90::exp2_ftz((m0 - mu0) * sl2), sc1 = selkv::sm90::exp2_ftz((m1 - mu1) * sl2);
       float ps0, ps1;
       selkv::sm90::wg_exp2_rows64(tSrS, sl2, mu0 * sl2, mu1 * sl2, ps0, ps1);
       l0 = l0 * sc0 + ps0;
@@ -266,8 +269,8 @@ __device__ __forceinline__ void run_consumer(const PrefillKernelParams& p, typen
       nb_sync(Bar::kMaxB);
       const float mb0 = ss.m_x[r0], mb1 = ss.m_x[r1];
       const float mub0 = mb0 == kNegInf ? 0.f : mb0, mub1 = mb1 == kNegInf ? 0.f : mb1;
-      const float f0 = mn0 == kNegInf ? 0.f : exp2f((mn0 - mub0) * sl2);
-      const float f1 = mn1 == kNegInf ? 0.f : exp2f((mn1 - mub1) * sl2);
+      const float f0 = mn0 == kNegInf ? 0.f : selkv::sm90::exp2_ftz((mn0 - mub0) * sl2);
+      const float f1 = mn1 == kNegInf ? 0.f : selkv::sm90::exp2_ftz((mn1 - mub1) * sl2);
       selkv::sm90::pack_bf16_pairs64_scaled(tSrS, f0, f1, tOrPw);
       selkv::sm90::store_p_tile64(p_mine_words, tOrPw, r0, lane);
       cutlass::arch::fence_view_async_shared();
@@ -319,7 +322,7 @@ __device__ __forceinline__ void run_consumer(const PrefillKernelParams& p, typen
       const float ma0 = ss.m_x[r0], ma1 = ss.m_x[r1];
       const float mn0 = fmaxf(ma0, mx0), mn1 = fmaxf(ma1, mx1);  // ma >= m (A folded the running max)
       const float mu0 = mn0 == kNegInf ? 0.f : mn0, mu1 = mn1 == kNegInf ? 0.f : mn1;
-      const float sc0 = exp2f((m0 - mu0) * sl2), sc1 = exp2f((m1 - mu1) * sl2);
+      const float sc0 = selkv::sm90::exp2_ftz((m0 - mu0) * sl2), sc1 = selkv::sm90::exp2_ftz((m1 - mu1) * sl2);
       __syncwarp();
       if ((lane & 3) == 0) {
         ss.m_x[r0] = mn0;
