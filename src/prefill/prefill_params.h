@@ -34,8 +34,8 @@ struct PrefillKernelParams {
   float* lse;  // [T, H] or null
   int64_t lse_token_stride;
 
-  // v3 only: L2 cache hints (Q loads and out stores evict-first, kv gathers with a 256-byte L2
-  // prefetch). Values are identical either way.
+  // L2 cache policies (prefill_api.cpp, SELKV_PREFILL_L2_HINTS): 1 Q and out evict-first, 0 all
+  // evict-normal, 2 as 1 plus kv gathers evict-last. Values are identical in every mode.
   int32_t l2_hints = 1;
 };
 

@@ -81,9 +81,10 @@ __device__ __forceinline__ void run_producer(const PrefillKernelParams& p, typen
 
   const int32_t* idx_row = p.indices + t * p.indices_token_stride;
   const int32_t npairs = (nblk + 1) / 2;
-  const bool hints = p.l2_hints != 0;
-  const bool kv_last = p.l2_hints == 2;  // A/B: kv rows evict-last (FlashMLA's policy)
-  const uint64_t kv_pol = selkv::sm90::l2_policy_evict_last();
+  // One copy form for every mode (a per-copy branch doubles the producer's code): the policy
+  // register carries the mode. l2_hints == 2 (A/B): kv rows evict-last.
+  const uint64_t kv_pol =
+      p.l2_hints == 2 ? selkv::sm90::l2_policy_evict_last() : selkv::sm90::l2_policy_evict_normal();
   uint32_t phase = 0;
   for (int32_t pr = 0; pr < npairs; ++pr) {
     const bool has1 = 2 * pr + 1 < nblk;
@@ -108,9 +109,7 @@ __device__ __forceinline__ void run_producer(const PrefillKernelParams& p, typen
         CUTE_UNROLL
         for (int tile = t0; tile < t1; ++tile) {
           const uint32_t dst = sk + 2u * uint32_t(tile * kTileElems + row_off + 1024 * j);
-          if (kv_last) selkv::sm90::cp_async_16_pf256_hint(dst, row + tile * 64, val[b][j], kv_pol);
-          else if (hints) selkv::sm90::cp_async_16_pf256(dst, row + tile * 64, val[b][j]);
-          else cp_async_16(dst, row + tile * 64, val[b][j]);
+          selkv::sm90::cp_async_16_pf256_hint(dst, row + tile * 64, val[b][j], kv_pol);
         }
       }
     };
