@@ -1,4 +1,5 @@
 // C7 host API: validation (fails closed, names the argument) and dispatch to the SM90 kernel.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -7,6 +8,7 @@
 
 #include "common/arch.h"
 #include "common/check.h"
+#include "common/resident_ctas.h"
 #include "common/cuda_check.h"
 #include "prefill/prefill_params.h"
 #include "prefill/sm90/launch.h"
@@ -25,6 +27,16 @@ int l2_hints() {
     if (e != nullptr && std::strcmp(e, "0") == 0) return 0;
     if (e != nullptr && std::strcmp(e, "2") == 0) return 2;
     return 1;
+  }();
+  return on;
+}
+
+// SELKV_PREFILL_GRID=tiles launches one CTA per tile (the v3 launch shape) instead of one
+// persistent CTA per SM (A/B measurement; values are identical either way).
+bool grid_per_tile() {
+  static const bool on = [] {
+    const char* e = std::getenv("SELKV_PREFILL_GRID");
+    return e != nullptr && std::strcmp(e, "tiles") == 0;
   }();
   return on;
 }
@@ -135,9 +147,15 @@ Status sparse_mla_prefill(const SparsePrefillParams& p, cudaStream_t stream) {
   k.lse = p.lse;
   k.lse_token_stride = p.lse_token_stride;
   k.l2_hints = l2_hints();
+  k.num_tiles = p.num_tokens * k.head_groups;
 
-  const cudaError_t err = p.d_qk == 576 ? prefill::sm90::launch_sparse_prefill_sm90<576>(k, stream)
-                                        : prefill::sm90::launch_sparse_prefill_sm90<512>(k, stream);
+  // Persistent: one CTA per SM (the kernel's shared-memory plan allows one), each looping over
+  // tiles; the SM count is cached per device, so the launch stays free of per-call queries.
+  int sms = 0;
+  SELKV_RETURN_IF_ERROR(detail::device_sm_count(kOp, &sms));
+  const int64_t grid = grid_per_tile() ? k.num_tiles : std::min<int64_t>(k.num_tiles, sms > 0 ? sms : 1);
+  const cudaError_t err = p.d_qk == 576 ? prefill::sm90::launch_sparse_prefill_sm90<576>(k, grid, stream)
+                                        : prefill::sm90::launch_sparse_prefill_sm90<512>(k, grid, stream);
   return detail::cuda_status(err, kOp, "kernel launch");
 }
 

@@ -14,6 +14,7 @@ struct PrefillKernelParams {
   int64_t num_tokens;
   int32_t num_heads;
   int32_t head_groups;  // H / 64
+  int64_t num_tiles;    // T * head_groups: (token, 64-head group) work tiles, looped over by the grid
 
   const uint16_t* kv;  // bf16 [N, D_qk]
   int64_t kv_row_stride;

@@ -16,6 +16,7 @@
 //   wg_mask_rowmax     masks invalid columns to -inf and returns the two row maxima of a thread.
 //   pack_bf16_pairs    accumulator values -> bf16x2 words (the RS A fragment), optional row scale.
 //   quad_sum           the sum over a quad (one accumulator row's 4 threads).
+//   quad_transpose4    4 x 4 word transpose over a quad (accumulator words -> 16-byte row chunks).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -97,6 +98,27 @@ __device__ __forceinline__ void pack_bf16_pairs64_scaled(const FragS& s, float f
   for (int j = 0; j < 16; ++j) {
     const float f = (j & 1) ? f1 : f0;  // value pair 2j, 2j+1 is row r0 + 8 * (j & 1)
     w(j) = bf16x2_bits(s(2 * j) * f, s(2 * j + 1) * f);
+  }
+}
+
+// 4 x 4 transpose of 32-bit words over the 4 lanes of a quad (q = lane & 3): on entry lane q holds
+// w[k] = M[q][k], on exit w[k] = M[k][q]. Two xor-shuffle stages (lane bit 0, then bit 1), each
+// lane sending the word it is about to replace: 4 SHFL per call.
+__device__ __forceinline__ void quad_transpose4(uint32_t (&w)[4], int q) {
+  const bool b0 = (q & 1) != 0, b1 = (q & 2) != 0;
+#pragma unroll
+  for (int k1 = 0; k1 < 2; ++k1) {
+    uint32_t& x = w[2 * k1];
+    uint32_t& y = w[2 * k1 + 1];
+    const uint32_t r = __shfl_xor_sync(0xffffffffu, b0 ? x : y, 1);
+    if (b0) x = r; else y = r;
+  }
+#pragma unroll
+  for (int k0 = 0; k0 < 2; ++k0) {
+    uint32_t& x = w[k0];
+    uint32_t& y = w[k0 + 2];
+    const uint32_t r = __shfl_xor_sync(0xffffffffu, b1 ? x : y, 2);
+    if (b1) x = r; else y = r;
   }
 }
 

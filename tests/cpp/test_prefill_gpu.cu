@@ -206,6 +206,15 @@ TEST(PrefillGpu, MatchesOracleLarge) {
   run_case({62, 128, 512, 2048, 4096, true}, 102);
 }
 
+// The persistent grid (one CTA per SM) loops over tiles: many tiles per CTA with mixed lengths
+// (empty tiles, odd block counts where consumer B has no block in the last pair, clamped lengths)
+// carry the kv ring's and Q's barrier phases across tiles.
+TEST(PrefillGpu, PersistentManyTilesPerCta) {
+  SELKV_REQUIRE_GPU();
+  run_case({700, 128, 512, 192, 3000, true}, 150);  // 1400 tiles, K = 64 * 3
+  run_case({400, 64, 576, 128, 700, true}, 151);    // 400 tiles
+}
+
 TEST(PrefillGpu, EmptyRowsAndZeroTopk) {
   SELKV_REQUIRE_GPU();
   Case c{9, 128, 576, 128, 40, true};

@@ -56,8 +56,9 @@ struct Config {
     alignas(1024) bf16_t p1[kTileElems];                      // P of the odd block (B -> A)
     alignas(1024) bf16_t p0[kP0InRope ? 64 : kTileElems];     // P of the even block (A -> B), D=512
     alignas(16) float m_x[64];     // running row max handed A -> B -> A
-    alignas(16) float l_x[2][64];  // row sums per consumer (epilogue)
-    alignas(8) uint64_t bar_q;
+    alignas(16) float l_x[2][2][64];  // [tile parity][consumer] row sums (epilogue)
+    alignas(8) uint64_t bar_q;        // Q landed (128 cp.async noinc arrivals)
+    alignas(8) uint64_t q_empty;      // both consumers issued and retired their last S of a tile (256)
     alignas(8) uint64_t full[2][2];   // [slot][half], 128 cp.async noinc arrivals
     alignas(8) uint64_t empty[2][2];  // [slot][half], 128 arrivals of the last reader warpgroup
   };

@@ -17,6 +17,14 @@
 // The two warpgroups' softmax phases interleave with the other's tensor work. No atomics, fixed
 // order: deterministic. Invalid rows are zero-filled without a global read and masked to -inf.
 // An odd number of blocks leaves B without a block in the last pair: it then skips its wgmmas.
+//
+// Persistent (v4): the grid is at most one CTA per SM and each CTA loops over (token, head group)
+// tiles `blockIdx.x + i * gridDim.x`. The kv ring and its barrier phases run on across tiles, and
+// the producer loads the next tile's Q as soon as both consumers have retired their last S of the
+// current one (q_empty), so Q and the first kv blocks of tile i + 1 land while tile i finishes
+// its P V and epilogue. out is written straight from the accumulators (quad transposes, 16-byte
+// stores covering 64 contiguous bytes of 8 rows per warp instruction): no smem staging, so the
+// Q tile is free for the prefetch.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -56,88 +64,100 @@ __device__ __forceinline__ void nb_arrive(Bar b) {
 // g + 16 j (j < 4): 8 threads cover one 128-byte tile row, a warp 4 rows (coalesced 128 B
 // segments). Rows g + 16 j share the swizzle phase g & 7.
 template <int kD>
-__device__ __forceinline__ void run_producer(const PrefillKernelParams& p, typename Config<kD>::SharedStorage& ss,
-                                             int64_t t, int hg, int32_t len, int32_t nblk) {
+__device__ __forceinline__ void run_producer(const PrefillKernelParams& p, typename Config<kD>::SharedStorage& ss) {
   using C = Config<kD>;
   const int tid = int(threadIdx.x);
   const int g = tid >> 3, e = tid & 7;
   const int row_off = g * 64 + ((e ^ (g & 7)) << 3);  // + 1024 j for row g + 16 j
-
-  {  // Q [64 heads x D]
-    const uint16_t* qb = p.q + t * p.q_token_stride + int64_t(hg) * 64 * p.q_head_stride + e * 8;
-    const uint32_t sq = cute::cast_smem_ptr_to_uint(ss.q);
-    // Q is read once: evict-first keeps it from displacing gathered kv rows in L2.
-    const uint64_t pol = p.l2_hints ? selkv::sm90::l2_policy_evict_first() : selkv::sm90::l2_policy_evict_normal();
-    CUTE_UNROLL
-    for (int j = 0; j < 4; ++j) {
-      const uint16_t* qrow = qb + int64_t(g + 16 * j) * p.q_head_stride;
-      CUTE_UNROLL
-      for (int tile = 0; tile < C::kTiles; ++tile)
-        selkv::sm90::cp_async_16_hint(sq + 2u * uint32_t(tile * kTileElems + row_off + 1024 * j), qrow + tile * 64,
-                                      true, pol);
-    }
-    cutlass::arch::cpasync_barrier_arrive_noinc(&ss.bar_q);
-  }
-
-  const int32_t* idx_row = p.indices + t * p.indices_token_stride;
-  const int32_t npairs = (nblk + 1) / 2;
+  const uint32_t sq = cute::cast_smem_ptr_to_uint(ss.q);
+  // Q is read once: evict-first keeps it from displacing gathered kv rows in L2.
+  const uint64_t q_pol = p.l2_hints ? selkv::sm90::l2_policy_evict_first() : selkv::sm90::l2_policy_evict_normal();
   // One copy form for every mode (a per-copy branch doubles the producer's code): the policy
   // register carries the mode. l2_hints == 2 (A/B): kv rows evict-last.
   const uint64_t kv_pol =
       p.l2_hints == 2 ? selkv::sm90::l2_policy_evict_last() : selkv::sm90::l2_policy_evict_normal();
-  uint32_t phase = 0;
-  for (int32_t pr = 0; pr < npairs; ++pr) {
-    const bool has1 = 2 * pr + 1 < nblk;
-    int64_t off[2][4];
-    bool val[2][4];
-    CUTE_UNROLL
-    for (int b = 0; b < 2; ++b) {
+  // Fills so far (across tiles) of Q, slot 0 and slot 1: the barrier parities.
+  uint32_t nq = 0, n0 = 0, n1 = 0;
+
+  for (int64_t tile = blockIdx.x; tile < p.num_tiles; tile += gridDim.x) {
+    const int64_t t = tile / p.head_groups;
+    const int hg = int(tile - t * p.head_groups);
+    const int32_t len = prefill_row_len(p, t);
+    const int32_t nblk = (len + 63) / 64;
+    if (nblk == 0) continue;  // the consumers read neither Q nor kv for this tile
+
+    // Q [64 heads x D], once both consumers are done with the previous tile's Q.
+    bar_wait(&ss.q_empty, (nq & 1u) ^ 1u);
+    {
+      const uint16_t* qb = p.q + t * p.q_token_stride + int64_t(hg) * 64 * p.q_head_stride + e * 8;
       CUTE_UNROLL
       for (int j = 0; j < 4; ++j) {
-        const int32_t k = (2 * pr + b) * 64 + g + 16 * j;
-        int32_t idx = -1;
-        if (k < len) idx = __ldg(idx_row + k);  // k < len <= K; past topk_length: not loaded
-        val[b][j] = idx >= 0 && int64_t(idx) < p.num_kv;
-        off[b][j] = val[b][j] ? int64_t(idx) * p.kv_row_stride : 0;
-      }
-    }
-    auto copy = [&](int b, int t0, int t1) {
-      const uint32_t sk = cute::cast_smem_ptr_to_uint(ss.k[b]);
-      CUTE_UNROLL
-      for (int j = 0; j < 4; ++j) {
-        const uint16_t* row = p.kv + off[b][j] + e * 8;  // invalid: src-size 0, never read
+        const uint16_t* qrow = qb + int64_t(g + 16 * j) * p.q_head_stride;
         CUTE_UNROLL
-        for (int tile = t0; tile < t1; ++tile) {
-          const uint32_t dst = sk + 2u * uint32_t(tile * kTileElems + row_off + 1024 * j);
-          selkv::sm90::cp_async_16_pf256_hint(dst, row + tile * 64, val[b][j], kv_pol);
+        for (int tl = 0; tl < C::kTiles; ++tl)
+          selkv::sm90::cp_async_16_hint(sq + 2u * uint32_t(tl * kTileElems + row_off + 1024 * j), qrow + tl * 64,
+                                        true, q_pol);
+      }
+      cutlass::arch::cpasync_barrier_arrive_noinc(&ss.bar_q);
+      ++nq;
+    }
+
+    const int32_t* idx_row = p.indices + t * p.indices_token_stride;
+    const int32_t npairs = (nblk + 1) / 2;
+    for (int32_t pr = 0; pr < npairs; ++pr) {
+      const bool has1 = 2 * pr + 1 < nblk;
+      const uint32_t e0 = ((n0 + uint32_t(pr)) & 1u) ^ 1u, e1 = ((n1 + uint32_t(pr)) & 1u) ^ 1u;
+      int64_t off[2][4];
+      bool val[2][4];
+      CUTE_UNROLL
+      for (int b = 0; b < 2; ++b) {
+        CUTE_UNROLL
+        for (int j = 0; j < 4; ++j) {
+          const int32_t k = (2 * pr + b) * 64 + g + 16 * j;
+          int32_t idx = -1;
+          if (k < len) idx = __ldg(idx_row + k);  // k < len <= K; past topk_length: not loaded
+          val[b][j] = idx >= 0 && int64_t(idx) < p.num_kv;
+          off[b][j] = val[b][j] ? int64_t(idx) * p.kv_row_stride : 0;
         }
       }
-    };
-    bar_wait(&ss.empty[0][0], phase ^ 1u);
-    copy(0, 0, kTilesL);
-    cutlass::arch::cpasync_barrier_arrive_noinc(&ss.full[0][0]);
-    if (has1) {
-      bar_wait(&ss.empty[1][1], phase ^ 1u);
-      copy(1, kTilesL, C::kTiles);
-      cutlass::arch::cpasync_barrier_arrive_noinc(&ss.full[1][1]);
+      auto copy = [&](int b, int t0, int t1) {
+        const uint32_t sk = cute::cast_smem_ptr_to_uint(ss.k[b]);
+        CUTE_UNROLL
+        for (int j = 0; j < 4; ++j) {
+          const uint16_t* row = p.kv + off[b][j] + e * 8;  // invalid: src-size 0, never read
+          CUTE_UNROLL
+          for (int tl = t0; tl < t1; ++tl) {
+            const uint32_t dst = sk + 2u * uint32_t(tl * kTileElems + row_off + 1024 * j);
+            selkv::sm90::cp_async_16_pf256_hint(dst, row + tl * 64, val[b][j], kv_pol);
+          }
+        }
+      };
+      bar_wait(&ss.empty[0][0], e0);
+      copy(0, 0, kTilesL);
+      cutlass::arch::cpasync_barrier_arrive_noinc(&ss.full[0][0]);
+      if (has1) {
+        bar_wait(&ss.empty[1][1], e1);
+        copy(1, kTilesL, C::kTiles);
+        cutlass::arch::cpasync_barrier_arrive_noinc(&ss.full[1][1]);
+      }
+      bar_wait(&ss.empty[0][1], e0);
+      copy(0, kTilesL, C::kTiles);
+      cutlass::arch::cpasync_barrier_arrive_noinc(&ss.full[0][1]);
+      if (has1) {
+        bar_wait(&ss.empty[1][0], e1);
+        copy(1, 0, kTilesL);
+        cutlass::arch::cpasync_barrier_arrive_noinc(&ss.full[1][0]);
+      }
     }
-    bar_wait(&ss.empty[0][1], phase ^ 1u);
-    copy(0, kTilesL, C::kTiles);
-    cutlass::arch::cpasync_barrier_arrive_noinc(&ss.full[0][1]);
-    if (has1) {
-      bar_wait(&ss.empty[1][0], phase ^ 1u);
-      copy(1, 0, kTilesL);
-      cutlass::arch::cpasync_barrier_arrive_noinc(&ss.full[1][0]);
-    }
-    phase ^= 1u;
+    n0 += uint32_t(npairs);
+    n1 += uint32_t(nblk / 2);
   }
   selkv::sm90::cp_async_wait_all();
 }
 
 // ---- consumers ------------------------------------------------------------------------------
 template <int kD, int kC>
-__device__ __forceinline__ void run_consumer(const PrefillKernelParams& p, typename Config<kD>::SharedStorage& ss,
-                                             int64_t t, int hg, int32_t len, int32_t nblk) {
+__device__ __forceinline__ void run_consumer(const PrefillKernelParams& p, typename Config<kD>::SharedStorage& ss) {
   using C = Config<kD>;
   constexpr bool kA = kC == 0;
   const int tid = int(threadIdx.x) - 128 * (kC + 1);
@@ -193,13 +213,7 @@ __device__ __forceinline__ void run_consumer(const PrefillKernelParams& p, typen
     warpgroup_commit_batch();
   };
 
-  clear(tOrO);
-  float m0 = kNegInf, m1 = kNegInf, l0 = 0.f, l1 = 0.f;
-  const int32_t* idx_row = p.indices + t * p.indices_token_stride;
-  const int32_t npairs = (nblk + 1) / 2;
-
-  // S for this consumer's block of pair pr: halves in arrival order (A: L then R, B: R then L).
-  // `split` commits the first half as its own group (A overlaps it with the previous P V).
+  // S for this consumer's block of a pair: halves in arrival order (A: L then R, B: R then L).
   auto issue_s_half = [&](int half, uint32_t parity, bool first) {
     bar_wait(&ss.full[kC][half], parity);
     cutlass::arch::fence_view_async_shared();  // cp.async (generic proxy) -> wgmma (async proxy)
@@ -220,196 +234,223 @@ __device__ __forceinline__ void run_consumer(const PrefillKernelParams& p, typen
       }
     }
   };
+  // This consumer will issue no more S of the tile (its last one retired): Q may be refilled.
+  auto release_q = [&] { cutlass::arch::ClusterBarrier::arrive(&ss.q_empty); };
 
-  uint64_t vmask = 0;
-  if (npairs > 0) {
-    cutlass::arch::ClusterBarrier::wait(&ss.bar_q, 0u);
-    if constexpr (kA) {
-      vmask = selkv::sm90::row_valid_mask64(idx_row, 0, len, p.num_kv, lane);
-      issue_s_half(0, 0u, true);
-      issue_s_half(1, 0u, false);
-      warpgroup_commit_batch();
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(tSrS);
+  // Fills so far (across tiles) of Q, slot 0 and slot 1, as the producer counts them.
+  uint32_t nq = 0, n0 = 0, n1 = 0, it = 0;
+  for (int64_t tile = blockIdx.x; tile < p.num_tiles; tile += gridDim.x, ++it) {
+    const int64_t t = tile / p.head_groups;
+    const int hg = int(tile - t * p.head_groups);
+    const int32_t len = prefill_row_len(p, t);
+    const int32_t nblk = (len + 63) / 64;
+    const int32_t npairs = (nblk + 1) / 2;
+    const int32_t nodd = nblk / 2;  // pairs with an odd block (all but possibly the last)
+    const int32_t* idx_row = p.indices + t * p.indices_token_stride;
+
+    clear(tOrO);
+    float m0 = kNegInf, m1 = kNegInf, l0 = 0.f, l1 = 0.f;
+    uint64_t vmask = 0;
+    if (npairs > 0) {
+      cutlass::arch::ClusterBarrier::wait(&ss.bar_q, nq & 1u);
+      if constexpr (kA) {
+        vmask = selkv::sm90::row_valid_mask64(idx_row, 0, len, p.num_kv, lane);
+        issue_s_half(0, n0 & 1u, true);
+        issue_s_half(1, n0 & 1u, false);
+        warpgroup_commit_batch();
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tSrS);
+        if (npairs == 1) release_q();
+      } else {
+        if (nodd == 0) release_q();  // B has no block in this tile
+      }
     }
-  }
 
-  for (int32_t pr = 0; pr < npairs; ++pr) {
-    const bool has1 = 2 * pr + 1 < nblk;
-    const uint32_t par = uint32_t(pr) & 1u;
-    if constexpr (kA) {
-      // ---- A: softmax on the even block (S already in tSrS) ----
-      float mx0, mx1;
-      selkv::sm90::wg_mask_rowmax64(tSrS, vmask, lane, mx0, mx1);
-      const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-      const float mu0 = mn0 == kNegInf ? 0.f : mn0, mu1 = mn1 == kNegInf ? 0.f : mn1;
-      const float sc0 = selkv::sm90::exp2_ftz((m0 - mu0) * sl2), sc1 = selkv::sm90::exp2_ftz((m1 - mu1) * sl2);
-      float ps0, ps1;
-      selkv::sm90::wg_exp2_rows64(tSrS, sl2, mu0 * sl2, mu1 * sl2, ps0, ps1);
-      l0 = l0 * sc0 + ps0;
-      l1 = l1 * sc1 + ps1;
-      selkv::sm90::pack_bf16_pairs64(tSrS, tOrPw);
-      if ((lane & 3) == 0) {
-        ss.m_x[r0] = mn0;
-        ss.m_x[r1] = mn1;
-      }
-      nb_arrive(Bar::kMaxA);
-      CUTE_UNROLL
-      for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= ((i >> 1) & 1) ? sc1 : sc0;
-
-      // O_A += P_A V_A[L]
-      issue_pv_own();
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(tOrO);
-      warpgroup_fence_operand(tOrP);
-      cutlass::arch::ClusterBarrier::arrive(&ss.empty[0][0]);
-
-      // B's max -> rebase P_A for B, rescale O_A.
-      nb_sync(Bar::kMaxB);
-      const float mb0 = ss.m_x[r0], mb1 = ss.m_x[r1];
-      const float mub0 = mb0 == kNegInf ? 0.f : mb0, mub1 = mb1 == kNegInf ? 0.f : mb1;
-      const float f0 = mn0 == kNegInf ? 0.f : selkv::sm90::exp2_ftz((mn0 - mub0) * sl2);
-      const float f1 = mn1 == kNegInf ? 0.f : selkv::sm90::exp2_ftz((mn1 - mub1) * sl2);
-      selkv::sm90::pack_bf16_pairs64_scaled(tSrS, f0, f1, tOrPw);
-      selkv::sm90::store_p_tile64(p_mine_words, tOrPw, r0, lane);
-      cutlass::arch::fence_view_async_shared();
-      nb_arrive(Bar::kP0);
-      CUTE_UNROLL
-      for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= ((i >> 1) & 1) ? f1 : f0;
-      l0 *= f0;
-      l1 *= f1;
-      m0 = mb0;
-      m1 = mb1;
-
-      // O_A += P_B V_B[L]
-      if (has1) {
-        nb_sync(Bar::kP1);
-        issue_pv_other();
-      }
-      if (pr + 1 < npairs) {
-        // S of the next even block: L half overlaps the P V above.
-        issue_s_half(0, par ^ 1u, true);
-        warpgroup_commit_batch();
-        vmask = selkv::sm90::row_valid_mask64(idx_row, (2 * pr + 2) * 64, len, p.num_kv, lane);
-        warpgroup_wait<1>();  // P_B V_B[L] done (has1 is true here: only the last pair can lack it)
-        warpgroup_fence_operand(tOrO);
-        cutlass::arch::ClusterBarrier::arrive(&ss.empty[1][0]);
-        issue_s_half(1, par ^ 1u, false);
-        warpgroup_commit_batch();
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(tSrS);
-      } else {
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(tOrO);
-        if (has1) cutlass::arch::ClusterBarrier::arrive(&ss.empty[1][0]);
-      }
-    } else {
-      // ---- B: S on the odd block ----
-      if (has1) {
-        vmask = selkv::sm90::row_valid_mask64(idx_row, (2 * pr + 1) * 64, len, p.num_kv, lane);
-        issue_s_half(1, par, true);
-        issue_s_half(0, par, false);
-        warpgroup_commit_batch();
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(tSrS);
-      } else {
-        vmask = 0;  // no odd block: every column -inf, P = 0
-      }
-      float mx0, mx1;
-      selkv::sm90::wg_mask_rowmax64(tSrS, vmask, lane, mx0, mx1);
-      nb_sync(Bar::kMaxA);
-      const float ma0 = ss.m_x[r0], ma1 = ss.m_x[r1];
-      const float mn0 = fmaxf(ma0, mx0), mn1 = fmaxf(ma1, mx1);  // ma >= m (A folded the running max)
-      const float mu0 = mn0 == kNegInf ? 0.f : mn0, mu1 = mn1 == kNegInf ? 0.f : mn1;
-      const float sc0 = selkv::sm90::exp2_ftz((m0 - mu0) * sl2), sc1 = selkv::sm90::exp2_ftz((m1 - mu1) * sl2);
-      __syncwarp();
-      if ((lane & 3) == 0) {
-        ss.m_x[r0] = mn0;
-        ss.m_x[r1] = mn1;
-      }
-      nb_arrive(Bar::kMaxB);
-      m0 = mn0;
-      m1 = mn1;
-      float ps0, ps1;
-      selkv::sm90::wg_exp2_rows64(tSrS, sl2, mu0 * sl2, mu1 * sl2, ps0, ps1);
-      l0 = l0 * sc0 + ps0;
-      l1 = l1 * sc1 + ps1;
-      CUTE_UNROLL
-      for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= ((i >> 1) & 1) ? sc1 : sc0;
-      if (has1) {
-        // O_B += P_B V_B[R]; publish P_B for A.
+    for (int32_t pr = 0; pr < npairs; ++pr) {
+      const bool has1 = 2 * pr + 1 < nblk;
+      if constexpr (kA) {
+        // ---- A: softmax on the even block (S already in tSrS) ----
+        float mx0, mx1;
+        selkv::sm90::wg_mask_rowmax64(tSrS, vmask, lane, mx0, mx1);
+        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+        const float mu0 = mn0 == kNegInf ? 0.f : mn0, mu1 = mn1 == kNegInf ? 0.f : mn1;
+        const float sc0 = selkv::sm90::exp2_ftz((m0 - mu0) * sl2), sc1 = selkv::sm90::exp2_ftz((m1 - mu1) * sl2);
+        float ps0, ps1;
+        selkv::sm90::wg_exp2_rows64(tSrS, sl2, mu0 * sl2, mu1 * sl2, ps0, ps1);
+        l0 = l0 * sc0 + ps0;
+        l1 = l1 * sc1 + ps1;
         selkv::sm90::pack_bf16_pairs64(tSrS, tOrPw);
+        if ((lane & 3) == 0) {
+          ss.m_x[r0] = mn0;
+          ss.m_x[r1] = mn1;
+        }
+        nb_arrive(Bar::kMaxA);
+        CUTE_UNROLL
+        for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= ((i >> 1) & 1) ? sc1 : sc0;
+
+        // O_A += P_A V_A[L]
         issue_pv_own();
-        selkv::sm90::store_p_tile64(p_mine_words, tOrPw, r0, lane);
-      }
-      // O_B += P_A V_A[R]
-      nb_sync(Bar::kP0);
-      issue_pv_other();
-      if (has1) {
-        cutlass::arch::fence_view_async_shared();
-        nb_arrive(Bar::kP1);
-        warpgroup_wait<1>();
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tOrO);
         warpgroup_fence_operand(tOrP);
-        cutlass::arch::ClusterBarrier::arrive(&ss.empty[1][1]);
+        cutlass::arch::ClusterBarrier::arrive(&ss.empty[0][0]);
+
+        // B's max -> rebase P_A for B, rescale O_A.
+        nb_sync(Bar::kMaxB);
+        const float mb0 = ss.m_x[r0], mb1 = ss.m_x[r1];
+        const float mub0 = mb0 == kNegInf ? 0.f : mb0, mub1 = mb1 == kNegInf ? 0.f : mb1;
+        const float f0 = mn0 == kNegInf ? 0.f : selkv::sm90::exp2_ftz((mn0 - mub0) * sl2);
+        const float f1 = mn1 == kNegInf ? 0.f : selkv::sm90::exp2_ftz((mn1 - mub1) * sl2);
+        selkv::sm90::pack_bf16_pairs64_scaled(tSrS, f0, f1, tOrPw);
+        selkv::sm90::store_p_tile64(p_mine_words, tOrPw, r0, lane);
+        cutlass::arch::fence_view_async_shared();
+        nb_arrive(Bar::kP0);
+        CUTE_UNROLL
+        for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= ((i >> 1) & 1) ? f1 : f0;
+        l0 *= f0;
+        l1 *= f1;
+        m0 = mb0;
+        m1 = mb1;
+
+        // O_A += P_B V_B[L]
+        if (has1) {
+          nb_sync(Bar::kP1);
+          issue_pv_other();
+        }
+        if (pr + 1 < npairs) {
+          // S of the next even block: L half overlaps the P V above.
+          const uint32_t par = (n0 + uint32_t(pr) + 1u) & 1u;
+          issue_s_half(0, par, true);
+          warpgroup_commit_batch();
+          vmask = selkv::sm90::row_valid_mask64(idx_row, (2 * pr + 2) * 64, len, p.num_kv, lane);
+          warpgroup_wait<1>();  // P_B V_B[L] done (has1 is true here: only the last pair can lack it)
+          warpgroup_fence_operand(tOrO);
+          cutlass::arch::ClusterBarrier::arrive(&ss.empty[1][0]);
+          issue_s_half(1, par, false);
+          warpgroup_commit_batch();
+          warpgroup_wait<0>();
+          warpgroup_fence_operand(tSrS);
+          if (pr + 2 == npairs) release_q();  // that was the tile's last even block
+        } else {
+          warpgroup_wait<0>();
+          warpgroup_fence_operand(tOrO);
+          if (has1) cutlass::arch::ClusterBarrier::arrive(&ss.empty[1][0]);
+        }
+      } else {
+        // ---- B: S on the odd block ----
+        if (has1) {
+          const uint32_t par = (n1 + uint32_t(pr)) & 1u;
+          vmask = selkv::sm90::row_valid_mask64(idx_row, (2 * pr + 1) * 64, len, p.num_kv, lane);
+          issue_s_half(1, par, true);
+          issue_s_half(0, par, false);
+          warpgroup_commit_batch();
+          warpgroup_wait<0>();
+          warpgroup_fence_operand(tSrS);
+          if (pr + 1 == nodd) release_q();  // the tile's last odd block
+        } else {
+          vmask = 0;  // no odd block: every column -inf, P = 0
+        }
+        float mx0, mx1;
+        selkv::sm90::wg_mask_rowmax64(tSrS, vmask, lane, mx0, mx1);
+        nb_sync(Bar::kMaxA);
+        const float ma0 = ss.m_x[r0], ma1 = ss.m_x[r1];
+        const float mn0 = fmaxf(ma0, mx0), mn1 = fmaxf(ma1, mx1);  // ma >= m (A folded the running max)
+        const float mu0 = mn0 == kNegInf ? 0.f : mn0, mu1 = mn1 == kNegInf ? 0.f : mn1;
+        const float sc0 = selkv::sm90::exp2_ftz((m0 - mu0) * sl2), sc1 = selkv::sm90::exp2_ftz((m1 - mu1) * sl2);
+        __syncwarp();
+        if ((lane & 3) == 0) {
+          ss.m_x[r0] = mn0;
+          ss.m_x[r1] = mn1;
+        }
+        nb_arrive(Bar::kMaxB);
+        m0 = mn0;
+        m1 = mn1;
+        float ps0, ps1;
+        selkv::sm90::wg_exp2_rows64(tSrS, sl2, mu0 * sl2, mu1 * sl2, ps0, ps1);
+        l0 = l0 * sc0 + ps0;
+        l1 = l1 * sc1 + ps1;
+        CUTE_UNROLL
+        for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= ((i >> 1) & 1) ? sc1 : sc0;
+        if (has1) {
+          // O_B += P_B V_B[R]; publish P_B for A.
+          selkv::sm90::pack_bf16_pairs64(tSrS, tOrPw);
+          issue_pv_own();
+          selkv::sm90::store_p_tile64(p_mine_words, tOrPw, r0, lane);
+        }
+        // O_B += P_A V_A[R]
+        nb_sync(Bar::kP0);
+        issue_pv_other();
+        if (has1) {
+          cutlass::arch::fence_view_async_shared();
+          nb_arrive(Bar::kP1);
+          warpgroup_wait<1>();
+          warpgroup_fence_operand(tOrP);
+          cutlass::arch::ClusterBarrier::arrive(&ss.empty[1][1]);
+        }
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tOrO);
+        cutlass::arch::ClusterBarrier::arrive(&ss.empty[0][1]);
       }
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(tOrO);
-      cutlass::arch::ClusterBarrier::arrive(&ss.empty[0][1]);
     }
-  }
 
-  // ---- epilogue: total row sums, lse, max_logits, output ----
-  l0 = selkv::sm90::quad_sum(l0);
-  l1 = selkv::sm90::quad_sum(l1);
-  if ((lane & 3) == 0) {
-    ss.l_x[kC][r0] = l0;
-    ss.l_x[kC][r1] = l1;
-  }
-  // Both consumers pass this only after their last warpgroup_wait<0>: no wgmma reads Q (the
-  // staging area below) any more; the producer's Q writes completed before bar_q.
-  nb_sync(Bar::kLSum);
-  const float L0 = ss.l_x[0][r0] + ss.l_x[1][r0];
-  const float L1 = ss.l_x[0][r1] + ss.l_x[1][r1];
-  const bool any0 = L0 > 0.f, any1 = L1 > 0.f;
-  const float f0 = any0 ? 1.f / L0 : 0.f, f1 = any1 ? 1.f / L1 : 0.f;
-  const int h0 = hg * 64 + r0, h1 = hg * 64 + r1;
+    // ---- epilogue: total row sums, lse, max_logits, output ----
+    // l_x alternates by tile: after this tile's kLSum a consumer may reach the next tile's write
+    // while the other still reads this one's.
+    const int lb = int(it & 1u);
+    l0 = selkv::sm90::quad_sum(l0);
+    l1 = selkv::sm90::quad_sum(l1);
+    if ((lane & 3) == 0) {
+      ss.l_x[lb][kC][r0] = l0;
+      ss.l_x[lb][kC][r1] = l1;
+    }
+    nb_sync(Bar::kLSum);
+    const float L0 = ss.l_x[lb][0][r0] + ss.l_x[lb][1][r0];
+    const float L1 = ss.l_x[lb][0][r1] + ss.l_x[lb][1][r1];
+    const bool any0 = L0 > 0.f, any1 = L1 > 0.f;
+    const float f0 = any0 ? 1.f / L0 : 0.f, f1 = any1 ? 1.f / L1 : 0.f;
+    const int h0 = hg * 64 + r0, h1 = hg * 64 + r1;
 
-  // out staged per warp through the Q tile (v2 scheme, §6): 16 rows x 256 dv = 8 KB per warp,
-  // logical 16-byte chunk j of staging row rl at position j ^ (rl & 7); STS.32 and LDS.128 are
-  // conflict-free, each STG.128 warp instruction writes 512 contiguous bytes of one head row.
-  {
-    constexpr int kWarpWords = 16 * 256 / 2;
-    uint32_t* stage = reinterpret_cast<uint32_t*>(ss.q) + (kC * 4 + warp) * kWarpWords;
-    const int rr = lane >> 2, q4 = lane & 3;
-    CUTE_UNROLL
-    for (int i = 0; i < size(tOrO); i += 4) {
-      const int j = i >> 2;
-      const int pos = (j ^ rr) * 4 + q4;
-      stage[rr * 128 + pos] = bf16x2_bits(tOrO(i) * f0, tOrO(i + 1) * f0);
-      stage[(rr + 8) * 128 + pos] = bf16x2_bits(tOrO(i + 2) * f1, tOrO(i + 3) * f1);
+    // out from the accumulators. Lane q of a quad holds word q (columns 2q, 2q + 1) of every
+    // 8-column chunk of rows r0 and r1; a 4 x 4 transpose over the quad (two shuffle stages)
+    // gives lane q all four words of chunk 4c + q, so one 16-byte store per lane writes 64
+    // contiguous bytes of each of 8 rows per warp instruction (whole 32-byte sectors).
+    {
+      const int q4 = lane & 3;
+      uint16_t* o0 = p.out + t * p.out_token_stride + int64_t(h0) * p.out_head_stride + kC * 256 + q4 * 8;
+      uint16_t* o1 = o0 + 8 * p.out_head_stride;
+      // out is written once: evict-first so the stream does not displace gathered kv rows in L2.
+      const uint64_t pol = p.l2_hints ? selkv::sm90::l2_policy_evict_first() : selkv::sm90::l2_policy_evict_normal();
+      CUTE_UNROLL
+      for (int c = 0; c < 8; ++c) {
+        CUTE_UNROLL
+        for (int r = 0; r < 2; ++r) {
+          const float f = r ? f1 : f0;
+          uint32_t w[4];  // w[k] = word q4 of chunk 4c + k
+          CUTE_UNROLL
+          for (int k = 0; k < 4; ++k) {
+            const int i = 4 * (4 * c + k) + 2 * r;
+            w[k] = bf16x2_bits(tOrO(i) * f, tOrO(i + 1) * f);
+          }
+          selkv::sm90::quad_transpose4(w, q4);
+          selkv::sm90::st_global_16_hint((r ? o1 : o0) + c * 32, make_uint4(w[0], w[1], w[2], w[3]), pol);
+        }
+      }
     }
-    __syncwarp();
-    uint16_t* obase = p.out + t * p.out_token_stride + int64_t(hg * 64 + warp * 16) * p.out_head_stride +
-                      kC * 256 + lane * 8;
-    // out is written once: evict-first so the stream does not displace gathered kv rows in L2.
-    const uint64_t pol = p.l2_hints ? selkv::sm90::l2_policy_evict_first() : selkv::sm90::l2_policy_evict_normal();
-    CUTE_UNROLL
-    for (int rl = 0; rl < 16; ++rl) {
-      const uint4 v = *reinterpret_cast<const uint4*>(stage + rl * 128 + (lane ^ (rl & 7)) * 4);
-      selkv::sm90::st_global_16_hint(obase + int64_t(rl) * p.out_head_stride, v, pol);
+    if (kA && (lane & 3) == 0) {
+      if (p.lse != nullptr) {
+        float* lrow = p.lse + t * p.lse_token_stride;
+        lrow[h0] = any0 ? m0 * p.sm_scale + logf(L0) : kNegInf;
+        lrow[h1] = any1 ? m1 * p.sm_scale + logf(L1) : kNegInf;
+      }
+      if (p.max_logits != nullptr) {
+        float* mrow = p.max_logits + t * p.max_logits_token_stride;
+        mrow[h0] = any0 ? m0 * p.sm_scale : kNegInf;
+        mrow[h1] = any1 ? m1 * p.sm_scale : kNegInf;
+      }
     }
-  }
-  if (kA && (lane & 3) == 0) {
-    if (p.lse != nullptr) {
-      float* lrow = p.lse + t * p.lse_token_stride;
-      lrow[h0] = any0 ? m0 * p.sm_scale + logf(L0) : kNegInf;
-      lrow[h1] = any1 ? m1 * p.sm_scale + logf(L1) : kNegInf;
-    }
-    if (p.max_logits != nullptr) {
-      float* mrow = p.max_logits + t * p.max_logits_token_stride;
-      mrow[h0] = any0 ? m0 * p.sm_scale : kNegInf;
-      mrow[h1] = any1 ? m1 * p.sm_scale : kNegInf;
-    }
+    n0 += uint32_t(npairs);
+    n1 += uint32_t(nodd);
+    if (npairs > 0) ++nq;
   }
 }
 
@@ -423,13 +464,9 @@ sparse_prefill_sm90_kernel(const __grid_constant__ PrefillKernelParams p) {
   if ((cute::cast_smem_ptr_to_uint(smem_raw) & 1023u) != 0) __trap();  // swizzle needs 1 KB alignment
   auto& ss = *reinterpret_cast<typename C::SharedStorage*>(smem_raw);
 
-  const int64_t t = int64_t(blockIdx.x) / p.head_groups;
-  const int hg = int(int64_t(blockIdx.x) - t * p.head_groups);
-  const int32_t len = prefill_row_len(p, t);
-  const int32_t nblk = (len + 63) / 64;
-
   if (threadIdx.x == 0) {
     cutlass::arch::ClusterBarrier::init(&ss.bar_q, 128);
+    cutlass::arch::ClusterBarrier::init(&ss.q_empty, 256);
     CUTE_UNROLL
     for (int b = 0; b < 2; ++b)
       CUTE_UNROLL
@@ -444,13 +481,13 @@ sparse_prefill_sm90_kernel(const __grid_constant__ PrefillKernelParams p) {
   const int wg = int(threadIdx.x) / 128;
   if (wg == 0) {
     cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
-    if (nblk > 0) run_producer<kD>(p, ss, t, hg, len, nblk);
+    run_producer<kD>(p, ss);
   } else if (wg == 1) {
     cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
-    run_consumer<kD, 0>(p, ss, t, hg, len, nblk);
+    run_consumer<kD, 0>(p, ss);
   } else {
     cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
-    run_consumer<kD, 1>(p, ss, t, hg, len, nblk);
+    run_consumer<kD, 1>(p, ss);
   }
 #else
   if (threadIdx.x == 0 && blockIdx.x == 0) __trap();  // built without sm_90a
@@ -458,13 +495,12 @@ sparse_prefill_sm90_kernel(const __grid_constant__ PrefillKernelParams p) {
 }
 
 template <int kD>
-cudaError_t launch_sparse_prefill_sm90(const PrefillKernelParams& p, cudaStream_t stream) {
+cudaError_t launch_sparse_prefill_sm90(const PrefillKernelParams& p, int64_t grid, cudaStream_t stream) {
   auto kernel = &sparse_prefill_sm90_kernel<kD>;
   constexpr int kSmem = int(sizeof(typename Config<kD>::SharedStorage));
   cudaError_t err = selkv::detail::set_max_dynamic_smem_once<&sparse_prefill_sm90_kernel<kD>>(kSmem);
   if (err != cudaSuccess) return err;
-  const int64_t ctas = p.num_tokens * p.head_groups;
-  kernel<<<dim3(unsigned(ctas)), kNumThreads, kSmem, stream>>>(p);
+  kernel<<<dim3(unsigned(grid)), kNumThreads, kSmem, stream>>>(p);
   return cudaGetLastError();
 }
 
