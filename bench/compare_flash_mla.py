@@ -44,39 +44,55 @@ D_QK, D_V, RECORD_BYTES, PAGE = 576, 512, 656, 64
 
 # ---- timing -------------------------------------------------------------------------------------
 class Timer:
-    """L2-flushed event timing shared by both libraries (median / min / max in microseconds)."""
+    """L2-flushed event timing shared by both libraries (median / min / max in microseconds).
+
+    ``pair`` times two calls interleaved (a b, b a, a b, ...): the clock and power state a call
+    sees then depends on neither library's place in the run. Timing one library's reps after the
+    other's gives the second a hotter GPU under the board power cap."""
 
     def __init__(self, reps: int, warmup: int, graph: bool):
         self.reps, self.warmup, self.graph = reps, warmup, graph
         self.flush_buf = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
 
-    def __call__(self, fn: Callable[[], object]) -> tuple[float, float, float]:
+    def _prepare(self, fn: Callable[[], object]) -> Callable[[], object]:
         for _ in range(self.warmup):
             fn()
-        call = fn
-        if self.graph:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                fn()  # a last eager call on the capture stream (lazy init, allocator pools)
-            torch.cuda.current_stream().wait_stream(side)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                fn()
-            call = g.replay
-            call()
+        if not self.graph:
+            return fn
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()  # a last eager call on the capture stream (lazy init, allocator pools)
+        torch.cuda.current_stream().wait_stream(side)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+        g.replay()
+        return g.replay
+
+    def _run(self, calls: list[Callable[[], object]]) -> list[list[float]]:
         torch.cuda.synchronize()
-        events = []
-        for _ in range(self.reps):
-            self.flush_buf.zero_()  # the host enqueues the call while the GPU runs the flush
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            call()
-            end.record()
-            events.append((start, end))
+        events: list[list[tuple]] = [[] for _ in calls]
+        for r in range(self.reps):
+            order = range(len(calls)) if r % 2 == 0 else reversed(range(len(calls)))
+            for i in order:
+                self.flush_buf.zero_()  # the host enqueues the call while the GPU runs the flush
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                calls[i]()
+                end.record()
+                events[i].append((start, end))
         torch.cuda.synchronize()
-        us = [s.elapsed_time(e) * 1e3 for s, e in events]
+        return [[s.elapsed_time(e) * 1e3 for s, e in ev] for ev in events]
+
+    def __call__(self, fn: Callable[[], object]) -> tuple[float, float, float]:
+        us = self._run([self._prepare(fn)])[0]
         return statistics.median(us), min(us), max(us)
+
+    def pair(self, fa: Callable[[], object], fb: Callable[[], object]) -> tuple[float, float]:
+        """Medians of fa and fb timed interleaved."""
+        ua, ub = self._run([self._prepare(fa), self._prepare(fb)])
+        return statistics.median(ua), statistics.median(ub)
 
 
 def matmul_ceiling(timer: Timer) -> float:
@@ -226,8 +242,10 @@ def run_decode(c: DecodeCase, fm, timer: Timer, gen: torch.Generator, min_blocks
         ref_out = theirs()[0]
     out = ours()[0]
     cos, mad = agreement(out, ref_out) if ref_out is not None else (None, None)
-    s_med = timer(ours)[0]
-    f_med = timer(theirs)[0] if fm is not None else None
+    if fm is not None:
+        s_med, f_med = timer.pair(ours, theirs)
+    else:
+        s_med, f_med = timer(ours)[0], None
     variant = "fixed" + (" -1 suffix" if c.eff_k else "")
     rows.append(Row("decode", c.shape(), variant, s_med, f_med, flops, cos, mad))
 
@@ -253,8 +271,10 @@ def run_prefill(c: PrefillCase, fm, timer: Timer, gen: torch.Generator) -> list[
         kv3, idx3 = kv.unsqueeze(1), idx.unsqueeze(1)  # [N, 1, D], [T, 1, K]: same memory
         theirs = lambda: fm.flash_mla_sparse_fwd(q, kv3, idx3, scale)  # noqa: E731
         cos, mad = agreement(out, theirs()[0])
-        f_med = timer(theirs)[0]
-    return [Row("prefill", c.shape(), "bf16 kv", timer(ours)[0], f_med, flops, cos, mad)]
+        s_med, f_med = timer.pair(ours, theirs)
+    else:
+        s_med = timer(ours)[0]
+    return [Row("prefill", c.shape(), "bf16 kv", s_med, f_med, flops, cos, mad)]
 
 
 # ---- main ---------------------------------------------------------------------------------------
@@ -300,7 +320,7 @@ def main() -> int:
     gen = torch.Generator(device="cuda")
     gen.manual_seed(args.seed)
     gpu, ghash = torch.cuda.get_device_name(), git_hash()
-    timing = ("graph" if args.graph else "eager") + ",l2-flush,median"
+    timing = ("graph" if args.graph else "eager") + ",l2-flush,median,interleaved"
     ceiling = matmul_ceiling(timer)
     rows: list[Row] = []
     with torch.inference_mode():

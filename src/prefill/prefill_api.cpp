@@ -18,17 +18,18 @@ namespace selkv {
 namespace {
 bool aligned(const void* p, uintptr_t a) { return (reinterpret_cast<uintptr_t>(p) & (a - 1)) == 0; }
 
-// SELKV_PREFILL_L2_HINTS (A/B measurements; values are identical in every mode): 1 (default) Q
-// loads and out stores evict-first, kv gathers evict-normal; 0 every access evict-normal; 2 as 1
-// with the kv gathers evict-last. kv gathers carry the 256-byte L2 prefetch in every mode.
+// SELKV_PREFILL_L2_HINTS (A/B measurements; values are identical in every mode): 2 (default) Q
+// loads and out stores evict-first, kv gathers evict-last (measured -6 % at H=128 against 1 on the
+// H200); 1 as 2 with the kv gathers evict-normal; 0 every access evict-normal. kv gathers carry the
+// 256-byte L2 prefetch in every mode.
 int l2_hints() {
-  static const int on = [] {
+  static const int mode = [] {
     const char* e = std::getenv("SELKV_PREFILL_L2_HINTS");
     if (e != nullptr && std::strcmp(e, "0") == 0) return 0;
-    if (e != nullptr && std::strcmp(e, "2") == 0) return 2;
-    return 1;
+    if (e != nullptr && std::strcmp(e, "1") == 0) return 1;
+    return 2;
   }();
-  return on;
+  return mode;
 }
 
 // SELKV_PREFILL_GRID=tiles launches one CTA per tile (the v3 launch shape) instead of one

@@ -35,9 +35,9 @@ struct PrefillKernelParams {
   float* lse;  // [T, H] or null
   int64_t lse_token_stride;
 
-  // L2 cache policies (prefill_api.cpp, SELKV_PREFILL_L2_HINTS): 1 Q and out evict-first, 0 all
-  // evict-normal, 2 as 1 plus kv gathers evict-last. Values are identical in every mode.
-  int32_t l2_hints = 1;
+  // L2 cache policies (prefill_api.cpp, SELKV_PREFILL_L2_HINTS): 2 Q and out evict-first, kv
+  // gathers evict-last; 1 kv evict-normal; 0 all evict-normal. Values are identical in every mode.
+  int32_t l2_hints = 2;
 };
 
 }  // namespace selkv::prefill
