@@ -239,7 +239,6 @@ __device__ __forceinline__ void run_consumer(const PrefillKernelParams& p, typen
 
   // Fills so far (across tiles) of Q, slot 0 and slot 1, as the producer counts them.
   uint32_t nq = 0, n0 = 0, n1 = 0, it = 0;
-  bool s_pre = false;  // A: the L half of this tile's first S was issued under the last epilogue
   for (int64_t tile = blockIdx.x; tile < p.num_tiles; tile += gridDim.x, ++it) {
     const int64_t t = tile / p.head_groups;
     const int hg = int(tile - t * p.head_groups);
@@ -253,33 +252,24 @@ __device__ __forceinline__ void run_consumer(const PrefillKernelParams& p, typen
     float m0 = kNegInf, m1 = kNegInf, l0 = 0.f, l1 = 0.f;
     uint64_t vmask = 0;
     if (npairs > 0) {
+      cutlass::arch::ClusterBarrier::wait(&ss.bar_q, nq & 1u);
       if constexpr (kA) {
-        if (!s_pre) {
-          cutlass::arch::ClusterBarrier::wait(&ss.bar_q, nq & 1u);
-          issue_s_half(0, n0 & 1u, true);
-          warpgroup_commit_batch();
-        }
         vmask = selkv::sm90::row_valid_mask64(idx_row, 0, len, p.num_kv, lane);
+        issue_s_half(0, n0 & 1u, true);
         issue_s_half(1, n0 & 1u, false);
         warpgroup_commit_batch();
         warpgroup_wait<0>();
         warpgroup_fence_operand(tSrS);
         if (npairs == 1) release_q();
       } else {
-        cutlass::arch::ClusterBarrier::wait(&ss.bar_q, nq & 1u);
         if (nodd == 0) release_q();  // B has no block in this tile
       }
     }
-    s_pre = false;
 
     for (int32_t pr = 0; pr < npairs; ++pr) {
       const bool has1 = 2 * pr + 1 < nblk;
       if constexpr (kA) {
         // ---- A: softmax on the even block (S already in tSrS) ----
-        // Nothing is pending here (the S above was waited); this wait only tells ptxas so on
-        // every path, the one through an S pre-issued by the last tile included: without it
-        // ptxas serializes all wgmmas of the kernel (C7514).
-        warpgroup_wait<0>();
         float mx0, mx1;
         selkv::sm90::wg_mask_rowmax64(tSrS, vmask, lane, mx0, mx1);
         const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
@@ -342,19 +332,7 @@ __device__ __forceinline__ void run_consumer(const PrefillKernelParams& p, typen
           warpgroup_fence_operand(tSrS);
           if (pr + 2 == npairs) release_q();  // that was the tile's last even block
         } else {
-          // The tile's last pair. If this CTA's next tile has blocks, issue the L half of its
-          // first S now: it runs under this tile's last P V and epilogue (its Q and slot0.L are
-          // refilled once this tile's last S and slot0.L use are retired, both done by now).
-          const int64_t nt = tile + gridDim.x;
-          if (nt < p.num_tiles && prefill_row_len(p, nt / p.head_groups) > 0) {
-            cutlass::arch::ClusterBarrier::wait(&ss.bar_q, (nq + 1u) & 1u);
-            issue_s_half(0, (n0 + uint32_t(npairs)) & 1u, true);
-            warpgroup_commit_batch();
-            s_pre = true;
-            warpgroup_wait<1>();  // this tile's P V retired, the next S may still run
-          } else {
-            warpgroup_wait<0>();
-          }
+          warpgroup_wait<0>();
           warpgroup_fence_operand(tOrO);
           if (has1) cutlass::arch::ClusterBarrier::arrive(&ss.empty[1][0]);
         }
