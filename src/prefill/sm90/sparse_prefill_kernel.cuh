@@ -38,6 +38,12 @@
 #include "sm90/common.cuh"
 #include "sm90/wg_softmax.cuh"
 
+// 0 drops the consumers' proxy fence between a kv slot's cp.async fill and its wgmma reads: for
+// measuring what the fence costs only (the PTX memory model requires it; FlashMLA omits it).
+#ifndef SELKV_PREFILL_PROXY_FENCE
+#define SELKV_PREFILL_PROXY_FENCE 1
+#endif
+
 namespace selkv::prefill::sm90 {
 
 using selkv::sm90::bf16x2_bits;
@@ -216,7 +222,9 @@ __device__ __forceinline__ void run_consumer(const PrefillKernelParams& p, typen
   // S for this consumer's block of a pair: halves in arrival order (A: L then R, B: R then L).
   auto issue_s_half = [&](int half, uint32_t parity, bool first) {
     bar_wait(&ss.full[kC][half], parity);
+#if SELKV_PREFILL_PROXY_FENCE
     cutlass::arch::fence_view_async_shared();  // cp.async (generic proxy) -> wgmma (async proxy)
+#endif
     warpgroup_fence_operand(tSrS);
     warpgroup_arrive();
     if (first) mma_qk.accumulate_ = GMMA::ScaleOut::Zero;
@@ -254,10 +262,11 @@ __device__ __forceinline__ void run_consumer(const PrefillKernelParams& p, typen
     if (npairs > 0) {
       cutlass::arch::ClusterBarrier::wait(&ss.bar_q, nq & 1u);
       if constexpr (kA) {
-        vmask = selkv::sm90::row_valid_mask64(idx_row, 0, len, p.num_kv, lane);
         issue_s_half(0, n0 & 1u, true);
         issue_s_half(1, n0 & 1u, false);
         warpgroup_commit_batch();
+        // The mask's index loads run under the S (issued first: they are not on its path).
+        vmask = selkv::sm90::row_valid_mask64(idx_row, 0, len, p.num_kv, lane);
         warpgroup_wait<0>();
         warpgroup_fence_operand(tSrS);
         if (npairs == 1) release_q();
@@ -340,10 +349,10 @@ __device__ __forceinline__ void run_consumer(const PrefillKernelParams& p, typen
         // ---- B: S on the odd block ----
         if (has1) {
           const uint32_t par = (n1 + uint32_t(pr)) & 1u;
-          vmask = selkv::sm90::row_valid_mask64(idx_row, (2 * pr + 1) * 64, len, p.num_kv, lane);
           issue_s_half(1, par, true);
           issue_s_half(0, par, false);
           warpgroup_commit_batch();
+          vmask = selkv::sm90::row_valid_mask64(idx_row, (2 * pr + 1) * 64, len, p.num_kv, lane);
           warpgroup_wait<0>();
           warpgroup_fence_operand(tSrS);
           if (pr + 1 == nodd) release_q();  // the tile's last odd block
