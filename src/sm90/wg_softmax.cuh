@@ -153,13 +153,6 @@ __device__ __forceinline__ void cp_async_16_hint(uint32_t smem_addr, const void*
                "r"(src_bytes), "l"(pol)
                : "memory");
 }
-// Same with a 256-byte L2 prefetch of the surrounding sector group (rows are contiguous 1 KB+).
-__device__ __forceinline__ void cp_async_16_pf256(uint32_t smem_addr, const void* gptr, bool valid) {
-  const uint32_t src_bytes = valid ? 16u : 0u;
-  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(smem_addr), "l"(gptr),
-               "r"(src_bytes)
-               : "memory");
-}
 // Both: the 256-byte L2 prefetch and an L2 cache policy (kv gathers kept with evict-last).
 __device__ __forceinline__ void cp_async_16_pf256_hint(uint32_t smem_addr, const void* gptr, bool valid, uint64_t pol) {
   const uint32_t src_bytes = valid ? 16u : 0u;
