@@ -213,15 +213,6 @@ __device__ __forceinline__ void run_consumer(const PrefillKernelParams& p, typen
     warpgroup_commit_batch();
   };
 
-  // O *= the row factors (f0: row r0, f1: row r0 + 8). Skipped by a warp whose 16 rows all keep
-  // their max (factors exactly 1, the common case once the running max has settled): 128 FMULs
-  // per thread off the path to the next P V issue, with bit-identical results.
-  auto rescale_o = [&](float f0, float f1) {
-    if (__any_sync(0xffffffffu, f0 != 1.f || f1 != 1.f)) {
-      CUTE_UNROLL
-      for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= ((i >> 1) & 1) ? f1 : f0;
-    }
-  };
   // S for this consumer's block of a pair: halves in arrival order (A: L then R, B: R then L).
   auto issue_s_half = [&](int half, uint32_t parity, bool first) {
     bar_wait(&ss.full[kC][half], parity);
@@ -297,7 +288,8 @@ __device__ __forceinline__ void run_consumer(const PrefillKernelParams& p, typen
           ss.m_x[r1] = mn1;
         }
         nb_arrive(Bar::kMaxA);
-        rescale_o(sc0, sc1);
+        CUTE_UNROLL
+        for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= ((i >> 1) & 1) ? sc1 : sc0;
 
         // O_A += P_A V_A[L]
         issue_pv_own();
@@ -316,7 +308,8 @@ __device__ __forceinline__ void run_consumer(const PrefillKernelParams& p, typen
         selkv::sm90::store_p_tile64(p_mine_words, tOrPw, r0, lane);
         cutlass::arch::fence_view_async_shared();
         nb_arrive(Bar::kP0);
-        rescale_o(f0, f1);
+        CUTE_UNROLL
+        for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= ((i >> 1) & 1) ? f1 : f0;
         l0 *= f0;
         l1 *= f1;
         m0 = mb0;
@@ -379,7 +372,8 @@ __device__ __forceinline__ void run_consumer(const PrefillKernelParams& p, typen
         selkv::sm90::wg_exp2_rows64(tSrS, sl2, mu0 * sl2, mu1 * sl2, ps0, ps1);
         l0 = l0 * sc0 + ps0;
         l1 = l1 * sc1 + ps1;
-        rescale_o(sc0, sc1);
+        CUTE_UNROLL
+        for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= ((i >> 1) & 1) ? sc1 : sc0;
         if (has1) {
           // O_B += P_B V_B[R]; publish P_B for A.
           selkv::sm90::pack_bf16_pairs64(tSrS, tOrPw);
