@@ -51,7 +51,7 @@ struct Config {
       SM90_64x256x16_F32BF16BF16_SS<GMMA::Major::K, GMMA::Major::MN>{}, Layout<Shape<_1, _1, _1>>{}));
 
   struct alignas(1024) SharedStorage {
-    alignas(1024) bf16_t q[64 * kD];     // 72 / 64 KB; out staging in the epilogue
+    alignas(1024) bf16_t q[64 * kD];     // 72 / 64 KB; refilled with the next tile's Q after q_empty
     alignas(1024) bf16_t k[2][64 * kD];  // slot 0: even block, slot 1: odd block
     alignas(1024) bf16_t p1[kTileElems];                      // P of the odd block (B -> A)
     alignas(1024) bf16_t p0[kP0InRope ? 64 : kTileElems];     // P of the even block (A -> B), D=512

@@ -53,7 +53,6 @@
 namespace selkv::prefill::sm90 {
 
 using selkv::sm90::bf16x2_bits;
-using selkv::sm90::cp_async_16;
 
 __device__ __forceinline__ int32_t prefill_row_len(const PrefillKernelParams& p, int64_t t) {
   if (p.topk_length == nullptr) return p.topk;
