@@ -29,6 +29,7 @@ import csv
 import dataclasses
 import importlib
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -309,8 +310,10 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--prefill-sweep", action="store_true",
                     help="add the K (256..1024) and N (8K, 128K) prefill sweep (fixed vs per-block cost)")
+    ap.add_argument("--only", default="", help="regex: run only the cases whose shape matches (e.g. under ncu)")
     ap.add_argument("--csv", default="")
     args = ap.parse_args()
+    picked = (lambda c: re.search(args.only, c.shape()) is not None) if args.only else (lambda c: True)
     if not torch.cuda.is_available():
         print("[compare] no CUDA device", file=sys.stderr)
         return 2
@@ -326,12 +329,12 @@ def main() -> int:
     with torch.inference_mode():
         if "decode" in ops:
             for c in DECODE_CASES:
-                if not args.quick or c.quick:
+                if (not args.quick or c.quick) and picked(c):
                     rows += run_decode(c, fm, timer, gen, args.min_blocks)
                     torch.cuda.empty_cache()
         if "prefill" in ops:
             for c in PREFILL_CASES + (PREFILL_SWEEP if args.prefill_sweep else []):
-                if not args.quick or c.quick:
+                if (not args.quick or c.quick) and picked(c):
                     rows += run_prefill(c, fm, timer, gen)
                     torch.cuda.empty_cache()
 
