@@ -14,6 +14,7 @@
 //                      with the 128-byte swizzle (16-byte chunk j of row r at position j ^ (r & 7)).
 //   row_valid_mask64   validity of 64 consecutive top-k entries (DESIGN §2 rule) as a 64-bit mask.
 //   wg_mask_rowmax     masks invalid columns to -inf and returns the two row maxima of a thread.
+//   wg_online_softmax64  exp2 of S against the new row max, row sums, the old-O rescale factor.
 //   pack_bf16_pairs    accumulator values -> bf16x2 words (the RS A fragment), optional row scale.
 //   quad_sum           the sum over a quad (one accumulator row's 4 threads).
 //   quad_transpose4    4 x 4 word transpose over a quad (accumulator words -> 16-byte row chunks).
@@ -84,6 +85,22 @@ __device__ __forceinline__ void wg_exp2_rows64(FragS& s, float sl2, float base0,
     s(i) = pv;
     if (hi) ps1 += pv; else ps0 += pv;
   }
+}
+
+// One online-softmax step for the thread's rows r0 and r0 + 8 of an m64n64 S fragment: m is the
+// running max before this block, mn after it (>= m; -inf while nothing is valid, where the base
+// 0 keeps exp2 finite). P = exp2(s * sl2 - mn * sl2) in place, l = l * sc + rowsum(P) (not
+// quad-reduced); returns sc = exp2((m - mn) * sl2), the factor for the old O.
+template <class FragS>
+__device__ __forceinline__ float2 wg_online_softmax64(FragS& s, float sl2, float m0, float m1, float mn0, float mn1,
+                                                      float& l0, float& l1) {
+  const float mu0 = mn0 == -INFINITY ? 0.f : mn0, mu1 = mn1 == -INFINITY ? 0.f : mn1;
+  const float2 sc = make_float2(exp2_ftz((m0 - mu0) * sl2), exp2_ftz((m1 - mu1) * sl2));
+  float ps0, ps1;
+  wg_exp2_rows64(s, sl2, mu0 * sl2, mu1 * sl2, ps0, ps1);
+  l0 = l0 * sc.x + ps0;
+  l1 = l1 * sc.y + ps1;
+  return sc;
 }
 
 // words[j] = bf16x2(s[2j] * f_row, s[2j + 1] * f_row).

@@ -281,18 +281,11 @@ __device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, Shar
       float mx0, mx1;
       selkv::sm90::wg_mask_rowmax64(tSrS, *reinterpret_cast<const uint64_t*>(ss.kv_valid_bits[buf]), lane, mx0, mx1);
       const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-      const float mu0 = mn0 == kNegInf ? 0.f : mn0;  // nothing valid yet: keep exp2 finite
-      const float mu1 = mn1 == kNegInf ? 0.f : mn1;
-      const float sc0 = selkv::sm90::exp2_ftz((m0 - mu0) * sl2), sc1 = selkv::sm90::exp2_ftz((m1 - mu1) * sl2);
-      const float base0 = mu0 * sl2, base1 = mu1 * sl2;
+      // P = exp2(s * scale_log2 - m * scale_log2): row sums in fp32, P in bf16 registers.
+      const float2 sc = selkv::sm90::wg_online_softmax64(tSrS, sl2, m0, m1, mn0, mn1, l0, l1);
+      const float sc0 = sc.x, sc1 = sc.y;
       m0 = mn0;
       m1 = mn1;
-
-      // P = exp2(s * scale_log2 - m * scale_log2): row sums in fp32, P in bf16 registers.
-      float ps0, ps1;
-      selkv::sm90::wg_exp2_rows64(tSrS, sl2, base0, base1, ps0, ps1);
-      l0 = l0 * sc0 + ps0;
-      l1 = l1 * sc1 + ps1;
       CUTE_UNROLL
       for (int i = 0; i < size(tSrS); i += 2) {
         const uint32_t v = bf16x2_bits(tSrS(i), tSrS(i + 1));

@@ -135,16 +135,10 @@ __device__ __forceinline__ void run_pingpong_consumer(const DecodeKernelParams& 
         }
         pp_arrive(PpBar::kMaxB);
       }
-      const float mu0 = mn0 == kNegInf ? 0.f : mn0;  // nothing valid yet: keep exp2 finite
-      const float mu1 = mn1 == kNegInf ? 0.f : mn1;
-      const float sc0 = selkv::sm90::exp2_ftz((m0 - mu0) * sl2), sc1 = selkv::sm90::exp2_ftz((m1 - mu1) * sl2);
+      const float2 sc = selkv::sm90::wg_online_softmax64(tSrS, sl2, m0, m1, mn0, mn1, l0, l1);
       m0 = mn0;
       m1 = mn1;
-      float ps0, ps1;
-      selkv::sm90::wg_exp2_rows64(tSrS, sl2, mu0 * sl2, mu1 * sl2, ps0, ps1);
-      l0 = l0 * sc0 + ps0;
-      l1 = l1 * sc1 + ps1;
-      rescale_o(sc0, sc1);
+      rescale_o(sc.x, sc.y);
 
       if (mine) {
         selkv::sm90::pack_bf16_pairs64(tSrS, tOrPw);

@@ -307,12 +307,8 @@ __device__ __forceinline__ void run_consumer(const PrefillKernelParams& p, typen
         float mx0, mx1;
         selkv::sm90::wg_mask_rowmax64(tSrS, vmask, lane, mx0, mx1);
         const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-        const float mu0 = mn0 == kNegInf ? 0.f : mn0, mu1 = mn1 == kNegInf ? 0.f : mn1;
-        const float sc0 = selkv::sm90::exp2_ftz((m0 - mu0) * sl2), sc1 = selkv::sm90::exp2_ftz((m1 - mu1) * sl2);
-        float ps0, ps1;
-        selkv::sm90::wg_exp2_rows64(tSrS, sl2, mu0 * sl2, mu1 * sl2, ps0, ps1);
-        l0 = l0 * sc0 + ps0;
-        l1 = l1 * sc1 + ps1;
+        const float2 sc = selkv::sm90::wg_online_softmax64(tSrS, sl2, m0, m1, mn0, mn1, l0, l1);
+        const float sc0 = sc.x, sc1 = sc.y;
         selkv::sm90::pack_bf16_pairs64(tSrS, tOrPw);
         if ((lane & 3) == 0) {
           ss.m_x[r0] = mn0;
@@ -389,22 +385,17 @@ __device__ __forceinline__ void run_consumer(const PrefillKernelParams& p, typen
         nb_sync(Bar::kMaxA);
         const float ma0 = ss.m_x[r0], ma1 = ss.m_x[r1];
         const float mn0 = fmaxf(ma0, mx0), mn1 = fmaxf(ma1, mx1);  // ma >= m (A folded the running max)
-        const float mu0 = mn0 == kNegInf ? 0.f : mn0, mu1 = mn1 == kNegInf ? 0.f : mn1;
-        const float sc0 = selkv::sm90::exp2_ftz((m0 - mu0) * sl2), sc1 = selkv::sm90::exp2_ftz((m1 - mu1) * sl2);
         __syncwarp();
         if ((lane & 3) == 0) {
           ss.m_x[r0] = mn0;
           ss.m_x[r1] = mn1;
         }
         nb_arrive(Bar::kMaxB);
+        const float2 sc = selkv::sm90::wg_online_softmax64(tSrS, sl2, m0, m1, mn0, mn1, l0, l1);
         m0 = mn0;
         m1 = mn1;
-        float ps0, ps1;
-        selkv::sm90::wg_exp2_rows64(tSrS, sl2, mu0 * sl2, mu1 * sl2, ps0, ps1);
-        l0 = l0 * sc0 + ps0;
-        l1 = l1 * sc1 + ps1;
         CUTE_UNROLL
-        for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= ((i >> 1) & 1) ? sc1 : sc0;
+        for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= ((i >> 1) & 1) ? sc.y : sc.x;
         if (has1) {
           // O_B += P_B V_B[R]; publish P_B for A.
           selkv::sm90::pack_bf16_pairs64(tSrS, tOrPw);
