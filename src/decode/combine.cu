@@ -120,7 +120,7 @@ decode_combine_kernel(const DecodeKernelParams p) {
   uint2 packed;
   packed.x = *reinterpret_cast<uint32_t*>(&lo);
   packed.y = *reinterpret_cast<uint32_t*>(&hi);
-  const int32_t b = sr.row / p.seq_q, s = sr.row - b * p.seq_q;
+  const auto [b, s] = row_coord(sr.row, p.batch);
   uint16_t* out = p.out + b * p.out_batch_stride + s * p.out_seq_stride + h * p.out_head_stride + d;
   *reinterpret_cast<uint2*>(out) = packed;
   if (d == 0) p.lse[b * p.lse_batch_stride + s * p.lse_seq_stride + h] = lse;

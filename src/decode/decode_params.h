@@ -120,11 +120,24 @@ SELKV_DEC_HD SplitRow split_row_of_part(const Schedule& s, int32_t q) {
   return sr;
 }
 
+// Schedule rows are query-position-major: row = s * batch + b. A part is a contiguous run of rows,
+// so (S_q dividing the part count) the S_q query positions of one batch entry are worked on at the
+// same time by different CTAs, which then share that entry's cache pages in L2; batch-major rows
+// put them one after another in the same CTA, ~100 us apart. FlashMLA gets the same effect from
+// s_q as a grid dimension. Measured: docs/perf-log.md, session 6.
+struct RowCoord {
+  int32_t b, s;
+};
+SELKV_DEC_HD RowCoord row_coord(int32_t row, int32_t batch) {
+  const int32_t s = row / batch;
+  return {row - s * batch, s};
+}
+
 struct DecodeKernelParams {
   const uint16_t* q;  // bf16
   int64_t q_batch_stride, q_seq_stride, q_head_stride;
   int32_t batch, seq_q, num_heads, topk;
-  int32_t num_rows;  // batch * seq_q
+  int32_t num_rows;  // batch * seq_q, numbered s * batch + b (row_coord)
 
   const uint8_t* cache;
   int64_t num_slots;

@@ -24,7 +24,7 @@ decode_scheduler_kernel(int32_t batch, int32_t seq_q, int32_t topk, const int32_
     if (r < rows) {
       n = max_blocks;
       if (topk_length != nullptr) {
-        int32_t len = topk_length[r / seq_q];
+        int32_t len = topk_length[row_coord(r, batch).b];
         len = len < 0 ? 0 : (len > topk ? topk : len);
         n = (len + kBlockTokens - 1) / kBlockTokens;
         if (n < 1) n = 1;  // an empty row still gets one (fully masked) block: out 0, lse -inf

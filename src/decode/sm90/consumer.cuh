@@ -42,7 +42,7 @@ __device__ __forceinline__ void prefetch_part_indices(const DecodeKernelParams& 
   const int32_t max_blocks = p.topk / kBlockN;
   RowWork w;
   while (it.next(w)) {
-    const int32_t b = w.row / p.seq_q, s = w.row - (w.row / p.seq_q) * p.seq_q;
+    const auto [b, s] = row_coord(w.row, p.batch);
     const int32_t* idx_row = p.indices + b * p.indices_batch_stride + s * p.indices_seq_stride;
     const int32_t end = w.blk_end < max_blocks ? w.blk_end : max_blocks;
     const int32_t lines = 2 * (end - w.blk_begin);  // 64 indices = 2 lines per block
@@ -77,7 +77,7 @@ template <int kNumHeads, typename TensorO>
 __device__ __forceinline__ void store_row(const DecodeKernelParams& p, const RowWork& w, int cw, int lane,
                                           int r0, int r1, const RowStats& st, TensorO& tOrO) {
   constexpr float kNegInf = -INFINITY;
-  const int32_t b = w.row / p.seq_q, s = w.row - (w.row / p.seq_q) * p.seq_q;
+  const auto [b, s] = row_coord(w.row, p.batch);
   const int head_base = int(blockIdx.x) * kBlockM;
   const bool any0 = st.l0 > 0.f, any1 = st.l1 > 0.f;
   const float lse0 = any0 ? st.m0 * p.sm_scale + logf(st.l0) : kNegInf;
@@ -126,7 +126,7 @@ __device__ __forceinline__ void store_row(const DecodeKernelParams& p, const Row
 template <int kThreads>
 __device__ __forceinline__ void issue_q_tile(const DecodeKernelParams& p, SharedStorage& ss, const RowWork& w, int tid) {
   const int head_base = int(blockIdx.x) * kBlockM;
-  const int32_t b = w.row / p.seq_q, s = w.row - (w.row / p.seq_q) * p.seq_q;
+  const auto [b, s] = row_coord(w.row, p.batch);
   const uint16_t* qrow = p.q + b * p.q_batch_stride + s * p.q_seq_stride;
   const uint32_t sq = smem_u32(ss.q);
   constexpr int kChunksPerHead = kDimQK / 8;  // 72 x 16 bytes

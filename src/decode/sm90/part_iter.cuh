@@ -10,7 +10,7 @@ namespace selkv::decode::sm90 {
 
 // ---- work iteration (identical in producer and consumers) -----------------------------------
 struct RowWork {
-  int32_t row;        // b * seq_q + s
+  int32_t row;        // s * batch + b (row_coord)
   int32_t blk_begin;  // 64-token blocks [blk_begin, blk_end) of this row
   int32_t blk_end;
   bool split;         // row shared with other parts -> write a partial

@@ -84,7 +84,7 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
     // Row and block clamped to the call's shape whatever the (dynamic) metadata says: a corrupt
     // plan gives wrong results, never an out-of-bounds index read.
     const int32_t row = cur.row < p.num_rows ? cur.row : p.num_rows - 1, blk = cur.g - cur.row_begin;
-    const int32_t b = row / p.seq_q, s = row - b * p.seq_q;
+    const auto [b, s] = row_coord(row, p.batch);
     const int tok = 32 * (kCluster == 2 ? int(rank) : stage_round) + tl;
     // Past the part's end or outside 0 <= blk < K / 64: nothing is loaded.
     const bool in_part = cur.g < cur.g1 && uint32_t(blk) < uint32_t(max_blocks);
