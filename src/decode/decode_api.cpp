@@ -229,7 +229,10 @@ Status sparse_mla_decode(const SparseDecodeParams& p, const DecodeMetadata& md, 
               : decode::sm90::launch_sparse_decode_sm90<128, false>(k, stream);
   }
   SELKV_CUDA_RETURN(err, kOp);
-  SELKV_CUDA_RETURN(decode::launch_decode_combine(k, stream), kOp);
+  // A fixed schedule of whole rows per part writes every row's out directly: no combine.
+  const bool combine = dyn || decode::FixedSchedule(k.num_rows, k.topk, k.min_blocks_per_part, k.num_sm_parts)
+                                  .has_split_rows();
+  if (combine) SELKV_CUDA_RETURN(decode::launch_decode_combine(k, stream), kOp);
   return Status::Ok();
 }
 

@@ -46,13 +46,15 @@ inline constexpr int kMdPartRow = kMdHeaderInts;
 inline constexpr int kMdPrefix = kMdPartRow + kMaxDecodeParts;
 inline constexpr int32_t kMdMagic = 0x5e1c0de6;
 
-// Part p of NP owns global blocks [part_begin(p), part_begin(p+1)).
-SELKV_DEC_HD int32_t part_begin(int32_t p, int32_t total, int32_t np) {
-  return int32_t((int64_t(p) * total) / np);
+// Part p of NP owns global blocks [part_begin(p), part_begin(p+1)): the balanced cut of total /
+// unit granules of `unit` blocks each (unit divides total; 1 = cut anywhere).
+SELKV_DEC_HD int32_t part_begin(int32_t p, int32_t total, int32_t np, int32_t unit = 1) {
+  return unit * int32_t((int64_t(p) * (total / unit)) / np);
 }
 // The part that owns global block g (0 <= g < total).
-SELKV_DEC_HD int32_t part_of(int32_t g, int32_t total, int32_t np) {
-  return int32_t((int64_t(g + 1) * np + total - 1) / total) - 1;
+SELKV_DEC_HD int32_t part_of(int32_t g, int32_t total, int32_t np, int32_t unit = 1) {
+  const int32_t units = total / unit;
+  return int32_t((int64_t(g / unit + 1) * np + units - 1) / units) - 1;
 }
 // Effective part count: as many parts of >= min_blocks blocks as fit, within [1, num_sm_parts].
 SELKV_DEC_HD int32_t effective_parts(int32_t total, int32_t min_blocks, int32_t num_sm_parts) {
@@ -74,13 +76,31 @@ SELKV_DEC_HD int32_t row_containing(const int32_t* prefix, int32_t rows, int32_t
 // Two views of one schedule, with the same interface for the decode and combine kernels.
 // Fixed top-k: every row has K / 64 blocks, so the schedule is closed form (no metadata read on
 // the hot path; the host validated the shape the plan was made for).
+// Cutting the parts at row starts only leaves no row split: no partial is written and the combine
+// kernel is not launched. It costs the balance of the parts (whole rows per part instead of
+// total / np blocks), so it is taken when the longest part grows by at most kSplitCostBlocks
+// blocks: about what the partials of a split schedule cost (fp32 write in the decode kernel, read
+// in the combine: 28 us at H=128 B=64 S_q=2 and H=64 B=64 S_q=4, ncu, session 6, where a block
+// takes ~3 us per CTA). B=64 S_q=2 H=128 (128 rows over 66 parts): 64 instead of 63 blocks per part.
+inline constexpr int32_t kSplitCostBlocks = 8;
+SELKV_DEC_HD int32_t fixed_part_unit(int32_t rows, int32_t blocks_per_row, int32_t np) {
+  const int64_t total = int64_t(rows) * blocks_per_row;
+  const int64_t balanced = (total + np - 1) / np;
+  const int64_t whole_rows = int64_t((rows + np - 1) / np) * blocks_per_row;
+  return whole_rows <= balanced + kSplitCostBlocks ? blocks_per_row : 1;
+}
 struct FixedSchedule {
-  int32_t rows, blocks_per_row, total, np;
+  int32_t rows, blocks_per_row, total, np, unit;
   SELKV_DEC_HD FixedSchedule(int32_t rows_, int32_t topk, int32_t min_blocks, int32_t num_sm_parts)
       : rows(rows_), blocks_per_row(topk / kBlockTokens), total(rows_ * (topk / kBlockTokens)),
-        np(effective_parts(rows_ * (topk / kBlockTokens), min_blocks, num_sm_parts)) {}
+        np(effective_parts(rows_ * (topk / kBlockTokens), min_blocks, num_sm_parts)),
+        unit(fixed_part_unit(rows_, topk / kBlockTokens, np)) {}
   SELKV_DEC_HD int32_t prefix(int32_t r) const { return r * blocks_per_row; }
-  SELKV_DEC_HD int32_t row_of_part(int32_t q) const { return part_begin(q, total, np) / blocks_per_row; }
+  SELKV_DEC_HD int32_t begin(int32_t q) const { return part_begin(q, total, np, unit); }
+  SELKV_DEC_HD int32_t part_of_block(int32_t g) const { return part_of(g, total, np, unit); }
+  SELKV_DEC_HD int32_t row_of_part(int32_t q) const { return begin(q) / blocks_per_row; }
+  // Whole rows per part: nothing to combine.
+  SELKV_DEC_HD bool has_split_rows() const { return unit != blocks_per_row; }
 };
 // Dynamic top-k: the scheduler's prefix sums and part table. Reads are clamped to the tables of
 // `rows` rows (the host-validated shape), so even a corrupt buffer is never read out of bounds.
@@ -90,6 +110,8 @@ struct DynamicSchedule {
   SELKV_DEC_HD DynamicSchedule(const int32_t* md_, int32_t rows_)
       : md(md_), rows(rows_), total(md_[0]), np(md_[1] < 1 ? 1 : md_[1]) {}
   SELKV_DEC_HD int32_t prefix(int32_t r) const { return md[kMdPrefix + (r < rows ? r : rows)]; }
+  SELKV_DEC_HD int32_t begin(int32_t q) const { return part_begin(q, total, np); }
+  SELKV_DEC_HD int32_t part_of_block(int32_t g) const { return part_of(g, total, np); }
   SELKV_DEC_HD int32_t row_of_part(int32_t q) const {
     const int32_t r = md[kMdPartRow + (q < kMaxDecodeParts ? q : kMaxDecodeParts - 1)];
     return r < 0 ? 0 : (r < rows ? r : rows - 1);
@@ -106,17 +128,17 @@ template <class Schedule>
 SELKV_DEC_HD SplitRow split_row_of_part(const Schedule& s, int32_t q) {
   SplitRow sr;
   if (q + 1 >= s.np) return sr;  // no boundary after the last part
-  const int32_t boundary = part_begin(q + 1, s.total, s.np);
+  const int32_t boundary = s.begin(q + 1);
   const int32_t r = s.row_of_part(q + 1);  // the row holding block `boundary`
   const int32_t rb = s.prefix(r);
   if (rb == boundary) return sr;                      // the boundary is a row start
-  if (part_of(rb, s.total, s.np) != q) return sr;     // an earlier part starts this row
+  if (s.part_of_block(rb) != q) return sr;            // an earlier part starts this row
   sr.row = r;
   sr.first_part = q;
-  sr.num_parts = part_of(s.prefix(r + 1) - 1, s.total, s.np) - q + 1;
+  sr.num_parts = s.part_of_block(s.prefix(r + 1) - 1) - q + 1;
   // Slots as the decode kernel writes them (PartIter::next): 2p for a part's first row, 2p + 1 for
   // its last row; only part q can have row r as its last row, the later parts start inside it.
-  sr.first_slot = 2 * q + (rb == part_begin(q, s.total, s.np) ? 0 : 1);
+  sr.first_slot = 2 * q + (rb == s.begin(q) ? 0 : 1);
   return sr;
 }
 

@@ -176,6 +176,25 @@ TEST(DecodeChecks, DefaultMinBlocksPerPart) {
 // The scheduler's closed-form partition, as the decode and combine kernels read it: every block
 // belongs to exactly one part, each part writes at most two partial slots (2p, 2p+1), and the
 // combine's slot choice matches the kernel's.
+// Whole rows per part (no split, no combine) only where the longest part grows by at most
+// kSplitCostBlocks blocks over the balanced cut (issue 3's shapes: rows = B * S_q, K / 64 blocks).
+TEST(DecodeChecks, FixedScheduleWholeRows) {
+  using namespace selkv::decode;
+  EXPECT_EQ(fixed_part_unit(128, 32, 66), 32);   // H128 B=64 S_q=2: 64 vs 63 blocks
+  EXPECT_EQ(fixed_part_unit(256, 32, 66), 32);   // H128 B=128 S_q=2 and B=256 S_q=1: 128 vs 125
+  EXPECT_EQ(fixed_part_unit(256, 16, 66), 16);   // K=1024 B=256: 64 vs 63
+  EXPECT_EQ(fixed_part_unit(256, 32, 132), 32);  // H64 B=64 S_q=4: 64 vs 63
+  EXPECT_EQ(fixed_part_unit(148, 32, 66), 1);    // H128 B=74 S_q=2: 96 vs 72
+  EXPECT_EQ(fixed_part_unit(256, 256, 66), 1);   // K=16384 B=128 S_q=2: 1024 vs 993
+  EXPECT_EQ(fixed_part_unit(64, 32, 132), 1);    // H64 B=64 S_q=1: 32 vs 16
+  EXPECT_EQ(fixed_part_unit(4, 32, 32), 1);      // H128 B=2 S_q=2
+  EXPECT_EQ(fixed_part_unit(1, 32, 1), 32);      // one part: nothing to split
+  const FixedSchedule s(128, 2048, 4, 66);
+  EXPECT_FALSE(s.has_split_rows());
+  EXPECT_EQ(s.begin(1), 32);  // floor(1 * 128 / 66) = 1 row
+  EXPECT_EQ(s.begin(66), 128 * 32);
+}
+
 TEST(DecodeChecks, SchedulerPartitionArithmetic) {
   using namespace selkv::decode;
   for (int min_blocks : {1, 2, 3, 4, 7})
@@ -188,14 +207,20 @@ TEST(DecodeChecks, SchedulerPartitionArithmetic) {
       for (int r = 0; r < rows; ++r) P[r + 1] = P[r] + blocks[r];
       const int T = P[rows];
       int npe = std::min(np, std::max(1, (T + min_blocks - 1) / min_blocks));
+      ASSERT_EQ(effective_parts(T, min_blocks, np), npe);
+      const bool uniform = std::all_of(blocks.begin(), blocks.end(), [&](int n) { return n == blocks[0]; });
+      // Fixed top-k cuts at granules of `unit` blocks (whole rows when that is cheap); dynamic at 1.
+      const int fixed_unit = uniform ? fixed_part_unit(rows, blocks[0], npe) : 1;
+      for (int unit : {1, fixed_unit}) {
       std::vector<int> owner(T, -1);
       std::set<std::pair<int, int>> kernel_slots;  // (row, slot) written by the kernel
       for (int p = 0; p < npe; ++p) {
-        const int g0 = part_begin(p, T, npe), g1 = part_begin(p + 1, T, npe);
+        const int g0 = part_begin(p, T, npe, unit), g1 = part_begin(p + 1, T, npe, unit);
+        ASSERT_EQ(g0 % unit, 0);
         for (int g = g0; g < g1; ++g) {
           ASSERT_EQ(owner[g], -1);
           owner[g] = p;
-          ASSERT_EQ(part_of(g, T, npe), p) << "g=" << g << " T=" << T << " np=" << npe;
+          ASSERT_EQ(part_of(g, T, npe, unit), p) << "g=" << g << " T=" << T << " np=" << npe << " unit=" << unit;
         }
         if (g0 >= g1) continue;
         int r = 0;
@@ -212,7 +237,8 @@ TEST(DecodeChecks, SchedulerPartitionArithmetic) {
         }
       }
       for (int g = 0; g < T; ++g) ASSERT_NE(owner[g], -1);
-      ASSERT_EQ(effective_parts(T, min_blocks, np), npe);
+      // Whole-row granules split no row (the launcher then skips the combine).
+      if (uniform && unit == blocks[0]) ASSERT_TRUE(kernel_slots.empty());
       // The schedule views the kernels read: the scheduler's tables (dynamic) and, when every row
       // has the same block count, the closed form (fixed); both must give the same rows and the
       // same split rows as the brute force above.
@@ -223,13 +249,14 @@ TEST(DecodeChecks, SchedulerPartitionArithmetic) {
       for (int q = 0; q < npe; ++q)
         md[size_t(kMdPartRow + q)] = row_containing(md.data() + kMdPrefix, rows, part_begin(q, T, npe));
       const DynamicSchedule dyn(md.data(), rows);
-      const bool uniform = std::all_of(blocks.begin(), blocks.end(), [&](int n) { return n == blocks[0]; });
       auto check_schedule = [&](const auto& sched) {
         ASSERT_EQ(sched.total, T);
         ASSERT_EQ(sched.np, npe);
         for (int r = 0; r <= rows; ++r) ASSERT_EQ(sched.prefix(r), P[r]);
+        for (int q = 0; q <= npe; ++q) ASSERT_EQ(sched.begin(q), part_begin(q, T, npe, unit));
         for (int q = 0; q < npe; ++q) {
-          const int g0 = part_begin(q, T, npe);
+          const int g0 = part_begin(q, T, npe, unit);
+          if (g0 >= T) continue;
           const int r = sched.row_of_part(q);
           ASSERT_TRUE(r >= 0 && r < rows && P[r] <= g0 && g0 < P[r + 1]) << "part " << q;
         }
@@ -240,7 +267,7 @@ TEST(DecodeChecks, SchedulerPartitionArithmetic) {
           const SplitRow sr = split_row_of_part(sched, q);
           if (sr.num_parts == 0) continue;
           const int r = sr.row;
-          const int first = part_of(P[r], T, npe), last = part_of(P[r + 1] - 1, T, npe);
+          const int first = part_of(P[r], T, npe, unit), last = part_of(P[r + 1] - 1, T, npe, unit);
           ASSERT_NE(first, last) << "row " << r << " is not split";
           ASSERT_EQ(sr.first_part, first);
           ASSERT_EQ(sr.num_parts, last - first + 1);
@@ -249,25 +276,32 @@ TEST(DecodeChecks, SchedulerPartitionArithmetic) {
           ASSERT_TRUE(merged.insert(r).second) << "row " << r << " merged twice";
         }
         size_t split_rows = 0;
-        for (int r = 0; r < rows; ++r) split_rows += part_of(P[r], T, npe) != part_of(P[r + 1] - 1, T, npe);
+        for (int r = 0; r < rows; ++r)
+          split_rows += part_of(P[r], T, npe, unit) != part_of(P[r + 1] - 1, T, npe, unit);
         ASSERT_EQ(merged.size(), split_rows);
       };
-      check_schedule(dyn);
-      if (uniform) check_schedule(FixedSchedule(rows, 64 * blocks[0], min_blocks, np));
+      if (unit == 1) check_schedule(dyn);
+      if (uniform && unit == fixed_unit) {
+        const FixedSchedule fixed(rows, 64 * blocks[0], min_blocks, np);
+        ASSERT_EQ(fixed.unit, fixed_unit);
+        ASSERT_EQ(fixed.has_split_rows(), !kernel_slots.empty() || fixed_unit != blocks[0]);
+        check_schedule(fixed);
+      }
       // The combine's view of each split row.
       size_t combine_slots = 0;
       std::set<int> used_slots;
       for (int r = 0; r < rows; ++r) {
-        const int first = part_of(P[r], T, npe), last = part_of(P[r + 1] - 1, T, npe);
+        const int first = part_of(P[r], T, npe, unit), last = part_of(P[r + 1] - 1, T, npe, unit);
         if (first == last) continue;
         for (int q = first; q <= last; ++q) {
-          const int slot = 2 * q + (part_begin(q, T, npe) >= P[r] ? 0 : 1);
+          const int slot = 2 * q + (part_begin(q, T, npe, unit) >= P[r] ? 0 : 1);
           ASSERT_TRUE(kernel_slots.count({r, slot})) << "row " << r << " part " << q;
           ASSERT_TRUE(used_slots.insert(slot).second);
           ++combine_slots;
         }
       }
       EXPECT_EQ(combine_slots, kernel_slots.size());
+      }
     }
   }
 }

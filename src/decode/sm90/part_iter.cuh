@@ -28,8 +28,8 @@ struct PartIter {
   __device__ __forceinline__ bool init(int32_t part_) {
     part = part_;
     if (part >= sched.np || sched.total <= 0) return false;
-    g0 = part_begin(part, sched.total, sched.np);
-    g1 = part_begin(part + 1, sched.total, sched.np);
+    g0 = sched.begin(part);
+    g1 = sched.begin(part + 1);
     if (g0 >= g1) return false;
     g = g0;
     r = sched.row_of_part(part);
