@@ -60,7 +60,17 @@ decode_combine_kernel(const DecodeKernelParams p) {
   extern __shared__ float4 s_lse[];  // [splits]: partial lse of the CTA's 4 heads
   // The schedule (fixed: closed form; dynamic: metadata written by an earlier kernel that had
   // completed before the decode kernel started) can be read before the dependency wait.
-  const SplitRow sr = split_row_of_part(make_schedule<kDynamic>(p), int32_t(blockIdx.x));
+  // One thread derives the CTA's row (a few 64-bit divisions): the grid is parts x H / 4 CTAs
+  // of 512 threads, most of which exit here, and every thread doing it cost 4-6 us per call
+  // (ncu at b8c19f6: H128 B=2 12 -> 16 us when the divisions grew by two).
+  __shared__ int32_t s_sr[4];
+  if (threadIdx.x == 0) {
+    const SplitRow t = split_row_of_part(make_schedule<kDynamic>(p), int32_t(blockIdx.x));
+    s_sr[0] = t.row, s_sr[1] = t.first_part, s_sr[2] = t.num_parts, s_sr[3] = t.first_slot;
+  }
+  __syncthreads();
+  SplitRow sr;
+  sr.row = s_sr[0], sr.first_part = s_sr[1], sr.num_parts = s_sr[2], sr.first_slot = s_sr[3];
   if (sr.num_parts == 0) {
     SELKV_CTL(ctl_finish(p);)
     return;

@@ -83,11 +83,12 @@ SELKV_DEC_HD int32_t row_containing(const int32_t* prefix, int32_t rows, int32_t
 // in the combine: 28 us at H=128 B=64 S_q=2 and H=64 B=64 S_q=4, ncu, session 6, where a block
 // takes ~3 us per CTA). B=64 S_q=2 H=128 (128 rows over 66 parts): 64 instead of 63 blocks per part.
 inline constexpr int32_t kSplitCostBlocks = 8;
+// (32-bit divisions: rows * blocks_per_row fits in int32, checked by the host API.)
 SELKV_DEC_HD int32_t fixed_part_unit(int32_t rows, int32_t blocks_per_row, int32_t np) {
-  const int64_t total = int64_t(rows) * blocks_per_row;
-  const int64_t balanced = (total + np - 1) / np;
-  const int64_t whole_rows = int64_t((rows + np - 1) / np) * blocks_per_row;
-  return whole_rows <= balanced + kSplitCostBlocks ? blocks_per_row : 1;
+  if (rows <= 0 || np <= 0) return 1;
+  const int32_t balanced = (rows * blocks_per_row - 1) / np + 1;
+  const int64_t whole_rows = int64_t((rows - 1) / np + 1) * blocks_per_row;
+  return whole_rows <= int64_t(balanced) + kSplitCostBlocks ? blocks_per_row : 1;
 }
 struct FixedSchedule {
   int32_t rows, blocks_per_row, total, np, unit;
