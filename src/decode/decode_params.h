@@ -32,18 +32,26 @@ SELKV_DEC_HD constexpr int min_blocks_per_part(int num_heads, int64_t total_bloc
   return m < 2 ? 2 : (m > 4 ? 4 : int(m));
 }
 
+// A schedule that splits rows pays for fp32 partials (written by the decode kernel, read by the
+// combine): ~28 us at H=128 B=64 S_q=2 and H=64 B=64 S_q=4 (ncu, session 6), where one block takes
+// ~3 us per CTA. Cutting parts at row starts is taken when it lengthens the longest part by at most
+// this many blocks.
+inline constexpr int32_t kSplitCostBlocks = 8;
+
 // Most parts a plan may have (the capacity of the metadata's part table; SM90 parts are <= SMs).
 inline constexpr int32_t kMaxDecodeParts = 1024;
 
 // Metadata buffer (int32, device), written by the scheduler kernel:
 //   [0] T = total blocks   [1] NP = effective number of parts   [2] rows   [3] magic
-//   [4] min blocks per part   [5..7] reserved
+//   [4] min blocks per part   [5] 1 = parts cut at row starts (dynamic_part_begin)   [6..7] reserved
 //   [kMdPartRow + q], q < NP: the row holding part q's first block (replaces a search per CTA)
+//   [kMdPartBegin + q], q <= NP: part q's first block (part NP: T)
 //   [kMdPrefix + r], r <= rows: P = prefix sums of blocks per row (P[0] = 0)
 // The fixed top-k kernels never read it: their schedule is closed form (FixedSchedule).
 inline constexpr int kMdHeaderInts = 8;
 inline constexpr int kMdPartRow = kMdHeaderInts;
-inline constexpr int kMdPrefix = kMdPartRow + kMaxDecodeParts;
+inline constexpr int kMdPartBegin = kMdPartRow + kMaxDecodeParts;
+inline constexpr int kMdPrefix = kMdPartBegin + kMaxDecodeParts + 1;
 inline constexpr int32_t kMdMagic = 0x5e1c0de6;
 
 // Part p of NP owns global blocks [part_begin(p), part_begin(p+1)): the balanced cut of total /
@@ -73,16 +81,25 @@ SELKV_DEC_HD int32_t row_containing(const int32_t* prefix, int32_t rows, int32_t
   return lo;
 }
 
+// Dynamic top-k, row-start cut: the balanced boundary of part q moved to the nearer start of the
+// row holding it (ties: the earlier start). Monotone in q, and it splits no row; the scheduler takes
+// it when its longest part is at most kSplitCostBlocks longer than the balanced cut's (then no
+// partial is written and the combine CTAs find nothing to merge).
+SELKV_DEC_HD int32_t row_start_part_begin(const int32_t* prefix, int32_t rows, int32_t total, int32_t np,
+                                          int32_t q) {
+  const int32_t g = part_begin(q, total, np);
+  if (g >= total) return total;
+  const int32_t r = row_containing(prefix, rows, g);
+  return g - prefix[r] <= prefix[r + 1] - g ? prefix[r] : prefix[r + 1];
+}
+
 // Two views of one schedule, with the same interface for the decode and combine kernels.
 // Fixed top-k: every row has K / 64 blocks, so the schedule is closed form (no metadata read on
 // the hot path; the host validated the shape the plan was made for).
-// Cutting the parts at row starts only leaves no row split: no partial is written and the combine
-// kernel is not launched. It costs the balance of the parts (whole rows per part instead of
-// total / np blocks), so it is taken when the longest part grows by at most kSplitCostBlocks
-// blocks: about what the partials of a split schedule cost (fp32 write in the decode kernel, read
-// in the combine: 28 us at H=128 B=64 S_q=2 and H=64 B=64 S_q=4, ncu, session 6, where a block
-// takes ~3 us per CTA). B=64 S_q=2 H=128 (128 rows over 66 parts): 64 instead of 63 blocks per part.
-inline constexpr int32_t kSplitCostBlocks = 8;
+// Fixed top-k: cutting the parts at row starts only leaves no row split: no partial is written and
+// the combine kernel is not launched. It costs the balance of the parts (whole rows per part
+// instead of total / np blocks), so it is taken when the longest part grows by at most
+// kSplitCostBlocks. B=64 S_q=2 H=128 (128 rows over 66 parts): 64 instead of 63 blocks per part.
 // (32-bit divisions: rows * blocks_per_row fits in int32, checked by the host API.)
 SELKV_DEC_HD int32_t fixed_part_unit(int32_t rows, int32_t blocks_per_row, int32_t np) {
   if (rows <= 0 || np <= 0) return 1;
@@ -111,8 +128,20 @@ struct DynamicSchedule {
   SELKV_DEC_HD DynamicSchedule(const int32_t* md_, int32_t rows_)
       : md(md_), rows(rows_), total(md_[0]), np(md_[1] < 1 ? 1 : md_[1]) {}
   SELKV_DEC_HD int32_t prefix(int32_t r) const { return md[kMdPrefix + (r < rows ? r : rows)]; }
-  SELKV_DEC_HD int32_t begin(int32_t q) const { return part_begin(q, total, np); }
-  SELKV_DEC_HD int32_t part_of_block(int32_t g) const { return part_of(g, total, np); }
+  // The scheduler's cut (balanced, or at row starts), clamped to [0, total].
+  SELKV_DEC_HD int32_t begin(int32_t q) const {
+    const int32_t b = md[kMdPartBegin + (q < 0 ? 0 : (q > np ? np : (q > kMaxDecodeParts ? kMaxDecodeParts : q)))];
+    return b < 0 ? 0 : (b > total ? total : b);
+  }
+  // The part owning block g: the last q < np with begin(q) <= g (a search; combine only).
+  SELKV_DEC_HD int32_t part_of_block(int32_t g) const {
+    int32_t lo = 0, hi = np - 1;
+    while (lo < hi) {
+      const int32_t mid = (lo + hi + 1) >> 1;
+      if (begin(mid) <= g) lo = mid; else hi = mid - 1;
+    }
+    return lo;
+  }
   SELKV_DEC_HD int32_t row_of_part(int32_t q) const {
     const int32_t r = md[kMdPartRow + (q < kMaxDecodeParts ? q : kMaxDecodeParts - 1)];
     return r < 0 ? 0 : (r < rows ? r : rows - 1);
@@ -130,6 +159,7 @@ SELKV_DEC_HD SplitRow split_row_of_part(const Schedule& s, int32_t q) {
   SplitRow sr;
   if (q + 1 >= s.np) return sr;  // no boundary after the last part
   const int32_t boundary = s.begin(q + 1);
+  if (boundary >= s.total || boundary <= s.begin(q)) return sr;  // empty part q or nothing after it
   const int32_t r = s.row_of_part(q + 1);  // the row holding block `boundary`
   const int32_t rb = s.prefix(r);
   if (rb == boundary) return sr;                      // the boundary is a row start

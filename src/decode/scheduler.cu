@@ -38,19 +38,37 @@ decode_scheduler_kernel(int32_t batch, int32_t seq_q, int32_t topk, const int32_
   }
   const int32_t T = carry;
   const int32_t np = effective_parts(T, min_blocks, num_sm_parts);
+  __shared__ int32_t s_begin[kMaxDecodeParts + 1];
+  __shared__ int32_t s_longest;
   if (threadIdx.x == 0) {
     prefix[0] = 0;
+    s_longest = 0;
+  }
+  __syncthreads();  // prefix complete and visible to the whole CTA
+  // Cut at row starts when that lengthens the longest part by at most kSplitCostBlocks blocks
+  // (no row split: no partials, nothing for the combine); else the balanced cut.
+  for (int32_t q = int32_t(threadIdx.x); q <= np; q += kSchedThreads)
+    s_begin[q] = row_start_part_begin(prefix, rows, T, np, q);
+  __syncthreads();
+  for (int32_t q = int32_t(threadIdx.x); q < np; q += kSchedThreads) atomicMax(&s_longest, s_begin[q + 1] - s_begin[q]);
+  __syncthreads();
+  const bool row_starts = s_longest <= (T - 1) / np + 1 + kSplitCostBlocks;
+  if (threadIdx.x == 0) {
     md[0] = T;
     md[1] = np;
     md[2] = rows;
     md[3] = kMdMagic;
     md[4] = min_blocks;
-    md[5] = md[6] = md[7] = 0;
+    md[5] = row_starts ? 1 : 0;
+    md[6] = md[7] = 0;
   }
-  __syncthreads();  // prefix complete and visible to the whole CTA
-  // Part table: the row of each part's first block, so that a decode CTA starts without a search.
-  for (int32_t q = int32_t(threadIdx.x); q < np; q += kSchedThreads)
-    md[kMdPartRow + q] = row_containing(prefix, rows, part_begin(q, T, np));
+  // Part tables: each part's first block, and the row holding it, so that a decode CTA starts
+  // without a search.
+  for (int32_t q = int32_t(threadIdx.x); q <= np; q += kSchedThreads) {
+    const int32_t b = row_starts ? s_begin[q] : part_begin(q, T, np);
+    md[kMdPartBegin + q] = b;
+    if (q < np) md[kMdPartRow + q] = row_containing(prefix, rows, b < T ? b : T - 1);
+  }
 }
 
 }  // namespace

@@ -209,18 +209,32 @@ TEST(DecodeChecks, SchedulerPartitionArithmetic) {
       int npe = std::min(np, std::max(1, (T + min_blocks - 1) / min_blocks));
       ASSERT_EQ(effective_parts(T, min_blocks, np), npe);
       const bool uniform = std::all_of(blocks.begin(), blocks.end(), [&](int n) { return n == blocks[0]; });
-      // Fixed top-k cuts at granules of `unit` blocks (whole rows when that is cheap); dynamic at 1.
+      // Three cuts: balanced (dynamic default), fixed top-k's granule (whole rows when cheap), and
+      // the dynamic row-start cut. Each as the list of part begins, checked by brute force.
       const int fixed_unit = uniform ? fixed_part_unit(rows, blocks[0], npe) : 1;
-      for (int unit : {1, fixed_unit}) {
+      std::vector<int> balanced(npe + 1), fixed_cut(npe + 1), row_start(npe + 1);
+      for (int q = 0; q <= npe; ++q) {
+        balanced[q] = part_begin(q, T, npe);
+        fixed_cut[q] = part_begin(q, T, npe, fixed_unit);
+        row_start[q] = row_start_part_begin(P.data(), rows, T, npe, q);
+      }
+      enum Cut { kBalanced, kFixed, kRowStart };
+      for (Cut cut : {kBalanced, kFixed, kRowStart}) {
+      if (cut == kFixed && !uniform) continue;
+      const std::vector<int>& begins = cut == kBalanced ? balanced : cut == kFixed ? fixed_cut : row_start;
+      ASSERT_EQ(begins[0], 0);
+      ASSERT_EQ(begins[npe], T);
       std::vector<int> owner(T, -1);
       std::set<std::pair<int, int>> kernel_slots;  // (row, slot) written by the kernel
       for (int p = 0; p < npe; ++p) {
-        const int g0 = part_begin(p, T, npe, unit), g1 = part_begin(p + 1, T, npe, unit);
-        ASSERT_EQ(g0 % unit, 0);
+        const int g0 = begins[p], g1 = begins[p + 1];
+        ASSERT_LE(g0, g1);
+        if (cut == kFixed) ASSERT_EQ(g0 % fixed_unit, 0);
+        if (cut == kRowStart) ASSERT_TRUE(std::binary_search(P.begin(), P.end(), g0)) << "part " << p;
         for (int g = g0; g < g1; ++g) {
           ASSERT_EQ(owner[g], -1);
           owner[g] = p;
-          ASSERT_EQ(part_of(g, T, npe, unit), p) << "g=" << g << " T=" << T << " np=" << npe << " unit=" << unit;
+          if (cut != kRowStart) ASSERT_EQ(part_of(g, T, npe, cut == kFixed ? fixed_unit : 1), p) << "g=" << g;
         }
         if (g0 >= g1) continue;
         int r = 0;
@@ -237,8 +251,8 @@ TEST(DecodeChecks, SchedulerPartitionArithmetic) {
         }
       }
       for (int g = 0; g < T; ++g) ASSERT_NE(owner[g], -1);
-      // Whole-row granules split no row (the launcher then skips the combine).
-      if (uniform && unit == blocks[0]) ASSERT_TRUE(kernel_slots.empty());
+      // Cuts at row starts split no row (fixed: the launcher then skips the combine).
+      if ((cut == kFixed && fixed_unit == blocks[0]) || cut == kRowStart) ASSERT_TRUE(kernel_slots.empty());
       // The schedule views the kernels read: the scheduler's tables (dynamic) and, when every row
       // has the same block count, the closed form (fixed); both must give the same rows and the
       // same split rows as the brute force above.
@@ -246,17 +260,19 @@ TEST(DecodeChecks, SchedulerPartitionArithmetic) {
       md[0] = T;
       md[1] = npe;
       for (int r = 0; r <= rows; ++r) md[size_t(kMdPrefix + r)] = P[r];
+      for (int q = 0; q <= npe; ++q) md[size_t(kMdPartBegin + q)] = begins[q];
       for (int q = 0; q < npe; ++q)
-        md[size_t(kMdPartRow + q)] = row_containing(md.data() + kMdPrefix, rows, part_begin(q, T, npe));
+        md[size_t(kMdPartRow + q)] = row_containing(md.data() + kMdPrefix, rows, std::min(begins[q], T - 1));
       const DynamicSchedule dyn(md.data(), rows);
       auto check_schedule = [&](const auto& sched) {
         ASSERT_EQ(sched.total, T);
         ASSERT_EQ(sched.np, npe);
         for (int r = 0; r <= rows; ++r) ASSERT_EQ(sched.prefix(r), P[r]);
-        for (int q = 0; q <= npe; ++q) ASSERT_EQ(sched.begin(q), part_begin(q, T, npe, unit));
+        for (int q = 0; q <= npe; ++q) ASSERT_EQ(sched.begin(q), begins[q]);
+        for (int g = 0; g < T; ++g) ASSERT_EQ(sched.part_of_block(g), owner[g]) << "g=" << g;
         for (int q = 0; q < npe; ++q) {
-          const int g0 = part_begin(q, T, npe, unit);
-          if (g0 >= T) continue;
+          const int g0 = begins[q];
+          if (g0 >= begins[q + 1]) continue;
           const int r = sched.row_of_part(q);
           ASSERT_TRUE(r >= 0 && r < rows && P[r] <= g0 && g0 < P[r + 1]) << "part " << q;
         }
@@ -267,7 +283,7 @@ TEST(DecodeChecks, SchedulerPartitionArithmetic) {
           const SplitRow sr = split_row_of_part(sched, q);
           if (sr.num_parts == 0) continue;
           const int r = sr.row;
-          const int first = part_of(P[r], T, npe, unit), last = part_of(P[r + 1] - 1, T, npe, unit);
+          const int first = owner[P[r]], last = owner[P[r + 1] - 1];
           ASSERT_NE(first, last) << "row " << r << " is not split";
           ASSERT_EQ(sr.first_part, first);
           ASSERT_EQ(sr.num_parts, last - first + 1);
@@ -276,25 +292,25 @@ TEST(DecodeChecks, SchedulerPartitionArithmetic) {
           ASSERT_TRUE(merged.insert(r).second) << "row " << r << " merged twice";
         }
         size_t split_rows = 0;
-        for (int r = 0; r < rows; ++r)
-          split_rows += part_of(P[r], T, npe, unit) != part_of(P[r + 1] - 1, T, npe, unit);
+        for (int r = 0; r < rows; ++r) split_rows += owner[P[r]] != owner[P[r + 1] - 1];
         ASSERT_EQ(merged.size(), split_rows);
       };
-      if (unit == 1) check_schedule(dyn);
-      if (uniform && unit == fixed_unit) {
+      if (cut != kFixed) check_schedule(dyn);
+      if (cut == kFixed) {
         const FixedSchedule fixed(rows, 64 * blocks[0], min_blocks, np);
         ASSERT_EQ(fixed.unit, fixed_unit);
-        ASSERT_EQ(fixed.has_split_rows(), !kernel_slots.empty() || fixed_unit != blocks[0]);
+        ASSERT_EQ(fixed.has_split_rows(), fixed_unit != blocks[0]);
         check_schedule(fixed);
       }
       // The combine's view of each split row.
       size_t combine_slots = 0;
       std::set<int> used_slots;
       for (int r = 0; r < rows; ++r) {
-        const int first = part_of(P[r], T, npe, unit), last = part_of(P[r + 1] - 1, T, npe, unit);
+        const int first = owner[P[r]], last = owner[P[r + 1] - 1];
         if (first == last) continue;
         for (int q = first; q <= last; ++q) {
-          const int slot = 2 * q + (part_begin(q, T, npe, unit) >= P[r] ? 0 : 1);
+          if (begins[q] >= begins[q + 1]) continue;  // an empty part holds nothing of the row
+          const int slot = 2 * q + (begins[q] >= P[r] ? 0 : 1);
           ASSERT_TRUE(kernel_slots.count({r, slot})) << "row " << r << " part " << q;
           ASSERT_TRUE(used_slots.insert(slot).second);
           ++combine_slots;
