@@ -43,7 +43,7 @@ inline constexpr int32_t kMaxDecodeParts = 1024;
 
 // Metadata buffer (int32, device), written by the scheduler kernel:
 //   [0] T = total blocks   [1] NP = effective number of parts   [2] rows   [3] magic
-//   [4] min blocks per part   [5] 1 = parts cut at row starts (dynamic_part_begin)   [6..7] reserved
+//   [4] min blocks per part   [5] 1 = parts cut at row starts (row_start_part_begin)   [6..7] reserved
 //   [kMdPartRow + q], q < NP: the row holding part q's first block (replaces a search per CTA)
 //   [kMdPartBegin + q], q <= NP: part q's first block (part NP: T)
 //   [kMdPrefix + r], r <= rows: P = prefix sums of blocks per row (P[0] = 0)
@@ -93,9 +93,6 @@ SELKV_DEC_HD int32_t row_start_part_begin(const int32_t* prefix, int32_t rows, i
   return g - prefix[r] <= prefix[r + 1] - g ? prefix[r] : prefix[r + 1];
 }
 
-// Two views of one schedule, with the same interface for the decode and combine kernels.
-// Fixed top-k: every row has K / 64 blocks, so the schedule is closed form (no metadata read on
-// the hot path; the host validated the shape the plan was made for).
 // Fixed top-k: cutting the parts at row starts only leaves no row split: no partial is written and
 // the combine kernel is not launched. It costs the balance of the parts (whole rows per part
 // instead of total / np blocks), so it is taken when the longest part grows by at most
@@ -107,6 +104,10 @@ SELKV_DEC_HD int32_t fixed_part_unit(int32_t rows, int32_t blocks_per_row, int32
   const int64_t whole_rows = int64_t((rows - 1) / np + 1) * blocks_per_row;
   return whole_rows <= int64_t(balanced) + kSplitCostBlocks ? blocks_per_row : 1;
 }
+
+// Two views of one schedule, with the same interface for the decode and combine kernels.
+// Fixed top-k: every row has K / 64 blocks, so the schedule is closed form (no metadata read on
+// the hot path; the host validated the shape the plan was made for).
 struct FixedSchedule {
   int32_t rows, blocks_per_row, total, np, unit;
   SELKV_DEC_HD FixedSchedule(int32_t rows_, int32_t topk, int32_t min_blocks, int32_t num_sm_parts)
@@ -126,11 +127,11 @@ struct DynamicSchedule {
   const int32_t* md;
   int32_t rows, total, np;
   SELKV_DEC_HD DynamicSchedule(const int32_t* md_, int32_t rows_)
-      : md(md_), rows(rows_), total(md_[0]), np(md_[1] < 1 ? 1 : md_[1]) {}
+      : md(md_), rows(rows_), total(md_[0]), np(md_[1] < 1 ? 1 : (md_[1] > kMaxDecodeParts ? kMaxDecodeParts : md_[1])) {}
   SELKV_DEC_HD int32_t prefix(int32_t r) const { return md[kMdPrefix + (r < rows ? r : rows)]; }
   // The scheduler's cut (balanced, or at row starts), clamped to [0, total].
   SELKV_DEC_HD int32_t begin(int32_t q) const {
-    const int32_t b = md[kMdPartBegin + (q < 0 ? 0 : (q > np ? np : (q > kMaxDecodeParts ? kMaxDecodeParts : q)))];
+    const int32_t b = md[kMdPartBegin + (q < 0 ? 0 : (q > np ? np : q))];  // np <= kMaxDecodeParts
     return b < 0 ? 0 : (b > total ? total : b);
   }
   // The part owning block g: the last q < np with begin(q) <= g (a search; combine only).
