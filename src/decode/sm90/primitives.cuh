@@ -60,29 +60,15 @@ __device__ __forceinline__ void bulk_copy_to_peer(uint32_t remote_dst, uint32_t 
 // of the previous round's conversion, or all before it), which costs either the loads' lead time
 // or two rounds of records in registers (spills at the producer's 120 registers). Volatile asm
 // with a memory clobber fixes the order in the PTX as well. Same bytes, same arithmetic.
-//
-// SELKV_DECODE_REC_L1 (A/B switch, default 0 = the generic ld above; 1 and 2 never run yet): a
-// record is 16-byte but not 32-byte aligned for odd slots (656 = 20.5 x 32), so one warp load's
-// 64-byte chunks share their edge sectors with the next load's; keeping them in L1 with
-// evict-last (FlashMLA's hint) may save the second L2 fetch. 1: ld.global.L1::evict_last.L2::256B
-// (still ordered, see above); 2: the same with .nc (FlashMLA's exact form; ptxas may regroup).
-#ifndef SELKV_DECODE_REC_L1
-#define SELKV_DECODE_REC_L1 0
-#endif
-#if SELKV_DECODE_REC_L1 == 1
-#define SELKV_REC_LD "ld.global.L1::evict_last.L2::256B.v4.u32"
-#elif SELKV_DECODE_REC_L1 == 2
-#define SELKV_REC_LD "ld.global.nc.L1::evict_last.L2::256B.v4.u32"
-#else
-#define SELKV_REC_LD "ld.v4.u32"
-#endif
+// FlashMLA's L1 evict-last + L2 256B hint on these loads measured +1..4 % at H=128 (session 6,
+// bench/results/2026-12-01_f2a3129_h200_ab_decode_rec_l1_softmax64.csv): not used.
 __device__ __forceinline__ uint4 ld_16_pred(const void* gptr, int32_t valid) {
   uint4 v;
   asm volatile(
       "{\n\t.reg .pred p;\n\t"
       "setp.ne.b32 p, %5, 0;\n\t"
       "mov.b32 %0, 0;\n\tmov.b32 %1, 0;\n\tmov.b32 %2, 0;\n\tmov.b32 %3, 0;\n\t"
-      "@p " SELKV_REC_LD " {%0, %1, %2, %3}, [%4];\n\t}\n"
+      "@p ld.v4.u32 {%0, %1, %2, %3}, [%4];\n\t}\n"
       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
       : "l"(gptr), "r"(valid)
       : "memory");
