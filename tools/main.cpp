@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <string>
@@ -32,6 +33,7 @@ using bench::Workload;
 struct Options {
   std::set<std::string> ops;  // empty = all
   std::string csv;
+  std::string cases;  // --cases REGEX: benchmark cases whose label matches (any grid, not only --quick's)
   bool bench = false, quick = false, graph = false, no_flush = false, list = false, cpu = false;
   bench::Params params;
 };
@@ -58,6 +60,8 @@ void print_help() {
       "  --ops LIST        comma-separated ops to run (default: all)\n"
       "  --bench           run the benchmark grid instead of the main job\n"
       "  --quick           fewer repetitions; with --bench, the quick subset of the grid\n"
+      "  --cases REGEX     with --bench, only the cases whose label (see --list) matches REGEX, from\n"
+      "                    the whole grid (--quick then only shortens the repetitions)\n"
       "  --csv FILE        also write CSV rows (op,shape,variant,median_us,...) to FILE ('-' = stdout)\n"
       "  --graph           time every case under CUDA-graph replay\n"
       "  --no-flush        do not flush L2 (512 MiB memset) before each timed call\n"
@@ -89,7 +93,7 @@ std::vector<std::string> split(const std::string& s, char sep) {
 
 // Returns false (after printing why) on a usage error.
 bool parse_args(int argc, char** argv, Options& o) {
-  std::set<std::string> value_flags = {"ops", "csv", "seed", "sample"};
+  std::set<std::string> value_flags = {"ops", "csv", "cases", "seed", "sample"};
   for (const OpSpec* op : bench::sorted_ops())
     for (const auto& p : op->params) value_flags.insert(p.name);
   for (int i = 1; i < argc; ++i) {
@@ -123,6 +127,14 @@ bool parse_args(int argc, char** argv, Options& o) {
         }
       } else if (name == "csv") {
         o.csv = value;
+      } else if (name == "cases") {
+        try {
+          (void)std::regex(value);
+        } catch (const std::regex_error&) {
+          std::fprintf(stderr, "selkv: --cases '%s' is not a valid regular expression\n", value.c_str());
+          return false;
+        }
+        o.cases = value;
       } else {
         o.params.set(name, value);
       }
@@ -155,8 +167,11 @@ std::vector<const BenchCase*> selected_cases(const Options& o) {
   std::vector<const BenchCase*> v;
   for (const OpSpec* op : bench::sorted_ops()) {
     if (!selected(o, op->key)) continue;
-    for (const auto& c : bench::case_registry())
-      if (c.op == op->key && (!o.quick || c.quick)) v.push_back(&c);
+    const std::regex re(o.cases.empty() ? std::string(".") : o.cases);
+    for (const auto& c : bench::case_registry()) {
+      if (c.op != op->key) continue;
+      if (o.cases.empty() ? (!o.quick || c.quick) : std::regex_search(c.label, re)) v.push_back(&c);
+    }
   }
   return v;
 }
@@ -405,6 +420,11 @@ int main(int argc, char** argv) {
   using namespace selkv::cli;
   Options o;
   if (!parse_args(argc, argv, o)) return 2;
+  if (!o.cases.empty() && selected_cases(o).empty()) {
+    std::fprintf(stderr, "selkv: --cases '%s' matches no benchmark case of the selected ops (see --list)\n",
+                 o.cases.c_str());
+    return 2;
+  }
   if (o.list) return list_all();
   if (!o.params.has("seed")) o.params.set("seed", std::to_string(std::random_device{}() & 0x7fffffff));
 
