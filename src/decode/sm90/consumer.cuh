@@ -298,11 +298,18 @@ __device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, Shar
       if (kEarlyQ ? !part_start : blk != w.blk_begin)
         cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(NamedBar::kPFree));
       part_start = false;
-      CUTE_UNROLL
-      for (int i = 0; i < size(tOrP); i += 2) {
-        const int row = ((i >> 1) & 1) ? r1 : r0;
-        const int col = 8 * (i >> 2) + 2 * (lane & 3);
-        *reinterpret_cast<uint32_t*>(ss.p + p_tile_offset(row, col)) = *reinterpret_cast<const uint32_t*>(&tOrP(i));
+      // P tile by stmatrix: 4 instructions per thread instead of 16 four-byte stores (ncu, session 6:
+      // 1.84 M shared-store instructions at H=64 B=64 S_q=4 against FlashMLA's 1.25 M). The u32 at
+      // tOrP(i) is (row half (i >> 1) & 1, column block i >> 2); store k writes column blocks 2k and
+      // 2k + 1 as matrices m = (half m & 1, block 2k + (m >> 1)), i.e. tOrP(8k + 2m).
+      {
+        const int m = lane >> 3;
+        const int srow = warp_wg * 16 + 8 * (m & 1) + (lane & 7);
+        auto u32_at = [&](int i) { return *reinterpret_cast<const uint32_t*>(&tOrP(i)); };
+        CUTE_UNROLL
+        for (int k = 0; k < 4; ++k)
+          stsm_x4(smem_u32(ss.p + p_tile_offset(srow, 8 * (2 * k + (m >> 1)))), u32_at(8 * k), u32_at(8 * k + 2),
+                  u32_at(8 * k + 4), u32_at(8 * k + 6));
       }
       if ((lane & 3) == 0) {
         ss.row_scale[r0] = sc0;

@@ -34,6 +34,15 @@ __device__ __forceinline__ uint2 dequant4(uint32_t w, float scale) {
 // ---- cluster helpers (H = 128: a 2-CTA cluster shares the dequantized KV tile) --------------
 __device__ __forceinline__ uint32_t smem_u32(const void* ptr) { return cute::cast_smem_ptr_to_uint(ptr); }
 
+// Warp scope: four 8x8 b16 matrices to shared memory (stmatrix .x4). Register m of every lane
+// holds row lane / 4, columns 2 (lane % 4) and + 1 of matrix m (a wgmma accumulator fragment's
+// layout); lanes 8m .. 8m + 7 give the 16-byte row addresses of matrix m.
+__device__ __forceinline__ void stsm_x4(uint32_t addr, uint32_t m0, uint32_t m1, uint32_t m2, uint32_t m3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(m0), "r"(m1),
+               "r"(m2), "r"(m3)
+               : "memory");
+}
+
 // Address of the same shared-memory offset in CTA `rank` of the cluster (shared::cluster window).
 __device__ __forceinline__ uint32_t map_smem_to_rank(uint32_t addr, uint32_t rank) {
   uint32_t out;
