@@ -44,33 +44,31 @@ __device__ __forceinline__ void ctl_finish(const DecodeKernelParams& p) {
 #define SELKV_CTL(...)
 #endif
 
-// One CTA per (part q, 4 heads): it merges the row split by the boundary at the end of part q
-// when q is that row's first part (split_row_of_part), else exits at once, so the grid is
-// parts x H / 4 whatever the batch (at most one split row per part boundary). Every load a CTA
-// needs is issued at once: the partial lse of all splits (one float4 = 4 heads per split) into
-// shared memory, and the partial rows kCombineBatch splits at a time, so a row split n ways costs
-// ~ceil(n / kCombineBatch) L2 round trips instead of ~n. The merge arithmetic and its order (max,
+// One CTA per (split row, 4 heads): column i merges entry i of the plan's split-row table (the
+// scheduler wrote it from split_row_of_part, in part order), so no CTA is launched just to find
+// that it has nothing to merge (the parts x H / 4 grid of before spent 11-21 us per call on those,
+// ncu, session 6). Every load a CTA needs is issued at once: the partial lse of all splits (one
+// float4 = 4 heads per split) into shared memory, and the partial rows kCombineBatch splits at a
+// time, so a row split n ways costs ~ceil(n / kCombineBatch) L2 round trips instead of ~n. The merge arithmetic and its order (max,
 // then w_i = exp(lse_i - max), sum and accumulation in split order) are fixed: deterministic.
-template <bool kDynamic>
 __global__ void __launch_bounds__(kCombineThreads, 2)
 decode_combine_kernel(const DecodeKernelParams p) {
 #if SELKV_DECODE_TIMELINE
   if (threadIdx.x == 0) atomicMin(&g_ctl[0], ctl_now());
 #endif
   extern __shared__ float4 s_lse[];  // [splits]: partial lse of the CTA's 4 heads
-  // The schedule (fixed: closed form; dynamic: metadata written by an earlier kernel that had
-  // completed before the decode kernel started) can be read before the dependency wait.
-  // One thread derives the CTA's row (a few 64-bit divisions): the grid is parts x H / 4 CTAs
-  // of 512 threads, most of which exit here, and every thread doing it cost 4-6 us per call
-  // (ncu at b8c19f6: H128 B=2 12 -> 16 us when the divisions grew by two).
-  __shared__ int32_t s_sr[4];
-  if (threadIdx.x == 0) {
-    const SplitRow t = split_row_of_part(make_schedule<kDynamic>(p), int32_t(blockIdx.x));
-    s_sr[0] = t.row, s_sr[1] = t.first_part, s_sr[2] = t.num_parts, s_sr[3] = t.first_slot;
-  }
-  __syncthreads();
+  // Split row blockIdx.x of the plan's table (metadata written by the scheduler kernel, which
+  // completed before the decode kernel started, so it can be read before the dependency wait).
+  // Entries are checked against the call's shape: a corrupt table gives wrong rows, never an
+  // out-of-bounds partial, out or lse access.
   SplitRow sr;
-  sr.row = s_sr[0], sr.first_part = s_sr[1], sr.num_parts = s_sr[2], sr.first_slot = s_sr[3];
+  const int32_t entry = int32_t(blockIdx.x);
+  if (entry < p.metadata[kMdSplitCount]) {
+    const int4 e = *reinterpret_cast<const int4*>(p.metadata + kMdSplitRows + 4 * entry);
+    const bool ok = e.x >= 0 && e.x < p.num_rows && e.y >= 0 && e.y < p.num_sm_parts && e.z >= 2 &&
+                    e.z <= p.num_sm_parts - e.y && (e.w == 2 * e.y || e.w == 2 * e.y + 1);
+    if (ok) sr.row = e.x, sr.first_part = e.y, sr.num_parts = e.z, sr.first_slot = e.w;
+  }
   if (sr.num_parts == 0) {
     SELKV_CTL(ctl_finish(p);)
     return;
@@ -139,9 +137,9 @@ decode_combine_kernel(const DecodeKernelParams p) {
 
 }  // namespace
 
-cudaError_t launch_decode_combine(const DecodeKernelParams& p, cudaStream_t stream) {
+cudaError_t launch_decode_combine(const DecodeKernelParams& p, int32_t max_split_rows, cudaStream_t stream) {
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(p.num_sm_parts, p.num_heads / kHeadsPerCombineCta, 1);
+  cfg.gridDim = dim3(max_split_rows > 0 ? max_split_rows : 1, p.num_heads / kHeadsPerCombineCta, 1);
   cfg.blockDim = dim3(kCombineThreads, 1, 1);
   cfg.dynamicSmemBytes = size_t(p.num_sm_parts) * sizeof(float4);  // a row has <= parts splits
   cfg.stream = stream;
@@ -152,8 +150,7 @@ cudaError_t launch_decode_combine(const DecodeKernelParams& p, cudaStream_t stre
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  const cudaError_t err = p.topk_length != nullptr ? cudaLaunchKernelEx(&cfg, decode_combine_kernel<true>, p)
-                                                   : cudaLaunchKernelEx(&cfg, decode_combine_kernel<false>, p);
+  const cudaError_t err = cudaLaunchKernelEx(&cfg, decode_combine_kernel, p);
   if (err != cudaSuccess) return err;
   return cudaGetLastError();
 }

@@ -9,6 +9,8 @@
 
 namespace selkv::decode {
 
-cudaError_t launch_decode_combine(const DecodeKernelParams& p, cudaStream_t stream);
+// One CTA column per entry of the plan's split-row table; `max_split_rows` bounds the entries
+// (columns past the table's count exit at once).
+cudaError_t launch_decode_combine(const DecodeKernelParams& p, int32_t max_split_rows, cudaStream_t stream);
 
 }  // namespace selkv::decode

@@ -1,4 +1,5 @@
 // C5 host API: validation, metadata planning, dispatch to the SM90 instantiations + combine.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -229,10 +230,13 @@ Status sparse_mla_decode(const SparseDecodeParams& p, const DecodeMetadata& md, 
               : decode::sm90::launch_sparse_decode_sm90<128, false>(k, stream);
   }
   SELKV_CUDA_RETURN(err, kOp);
-  // A fixed schedule of whole rows per part writes every row's out directly: no combine.
-  const bool combine = dyn || decode::FixedSchedule(k.num_rows, k.topk, k.min_blocks_per_part, k.num_sm_parts)
-                                  .has_split_rows();
-  if (combine) SELKV_CUDA_RETURN(decode::launch_decode_combine(k, stream), kOp);
+  // A fixed schedule of whole rows per part writes every row's out directly: no combine. Else
+  // at most one row is split per boundary between parts, and at most every row.
+  const decode::FixedSchedule fixed(k.num_rows, k.topk, k.min_blocks_per_part, k.num_sm_parts);
+  if (dyn || fixed.has_split_rows()) {
+    const int32_t boundaries = (dyn ? k.num_sm_parts : fixed.np) - 1;
+    SELKV_CUDA_RETURN(decode::launch_decode_combine(k, std::min(boundaries, k.num_rows), stream), kOp);
+  }
   return Status::Ok();
 }
 

@@ -43,15 +43,22 @@ inline constexpr int32_t kMaxDecodeParts = 1024;
 
 // Metadata buffer (int32, device), written by the scheduler kernel:
 //   [0] T = total blocks   [1] NP = effective number of parts   [2] rows   [3] magic
-//   [4] min blocks per part   [5] 1 = parts cut at row starts (row_start_part_begin)   [6..7] reserved
+//   [4] min blocks per part   [5] 1 = parts cut at row starts (row_start_part_begin)
+//   [6] S = split rows (rows merged by the combine)   [7] reserved
 //   [kMdPartRow + q], q < NP: the row holding part q's first block (replaces a search per CTA)
 //   [kMdPartBegin + q], q <= NP: part q's first block (part NP: T)
+//   [kMdSplitRows + 4 i .. + 3], i < S: split row i as {row, first_part, num_parts, first_slot}
+//     (split_row_of_part of the kernels' schedule view, in part order): combine CTA column i
 //   [kMdPrefix + r], r <= rows: P = prefix sums of blocks per row (P[0] = 0)
-// The fixed top-k kernels never read it: their schedule is closed form (FixedSchedule).
+// The fixed top-k decode kernels never read it: their schedule is closed form (FixedSchedule);
+// the combine reads the split-row table in both cases.
 inline constexpr int kMdHeaderInts = 8;
+inline constexpr int kMdSplitCount = 6;
 inline constexpr int kMdPartRow = kMdHeaderInts;
 inline constexpr int kMdPartBegin = kMdPartRow + kMaxDecodeParts;
-inline constexpr int kMdPrefix = kMdPartBegin + kMaxDecodeParts + 1;
+inline constexpr int kMdSplitRows = kMdPartBegin + kMaxDecodeParts + 4;  // 16-byte aligned entries
+inline constexpr int kMdPrefix = kMdSplitRows + 4 * kMaxDecodeParts;
+static_assert(kMdSplitRows % 4 == 0, "split-row entries are loaded as int4");
 inline constexpr int32_t kMdMagic = 0x5e1c0de6;
 
 // Part p of NP owns global blocks [part_begin(p), part_begin(p+1)): the balanced cut of total /

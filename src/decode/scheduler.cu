@@ -60,7 +60,7 @@ decode_scheduler_kernel(int32_t batch, int32_t seq_q, int32_t topk, const int32_
     md[3] = kMdMagic;
     md[4] = min_blocks;
     md[5] = row_starts ? 1 : 0;
-    md[6] = md[7] = 0;
+    md[7] = 0;
   }
   // Part tables: each part's first block, and the row holding it, so that a decode CTA starts
   // without a search.
@@ -69,6 +69,30 @@ decode_scheduler_kernel(int32_t batch, int32_t seq_q, int32_t topk, const int32_
     md[kMdPartBegin + q] = b;
     if (q < np) md[kMdPartRow + q] = row_containing(prefix, rows, b < T ? b : T - 1);
   }
+  __syncthreads();  // part tables visible to the whole CTA
+  // Split-row table for the combine, in part order, from the same schedule view the decode
+  // kernel walks (fixed: closed form; dynamic: the tables above). One combine CTA column per
+  // entry, so the combine launches no CTA that has nothing to merge.
+  int32_t count = 0;  // the same in every thread
+  for (int32_t base = 0; base < np; base += kSchedThreads) {
+    const int32_t q = base + int32_t(threadIdx.x);
+    SplitRow sr;
+    if (q < np) {
+      sr = topk_length != nullptr ? split_row_of_part(DynamicSchedule(md, rows), q)
+                                  : split_row_of_part(FixedSchedule(rows, topk, min_blocks, num_sm_parts), q);
+    }
+    const int32_t flag = sr.num_parts > 0 ? 1 : 0;
+    int32_t excl, total;
+    Scan(tmp).ExclusiveSum(flag, excl, total);
+    if (flag) {
+      int4 e;
+      e.x = sr.row, e.y = sr.first_part, e.z = sr.num_parts, e.w = sr.first_slot;
+      *reinterpret_cast<int4*>(md + kMdSplitRows + 4 * (count + excl)) = e;
+    }
+    count += total;
+    __syncthreads();  // tmp reuse
+  }
+  if (threadIdx.x == 0) md[kMdSplitCount] = count;
 }
 
 }  // namespace
