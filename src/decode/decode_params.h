@@ -49,6 +49,10 @@ inline constexpr int32_t kMaxDecodeParts = 1024;
 //   [kMdPartBegin + q], q <= NP: part q's first block (part NP: T)
 //   [kMdSplitRows + 4 i .. + 3], i < S: split row i as {row, first_part, num_parts, first_slot}
 //     (split_row_of_part of the kernels' schedule view, in part order): combine CTA column i
+//   [kMdPartEntry + 8 q .. + 7], q < NP: part q's start as PartStart {g0, g1, r, P[r], P[r + 1],
+//     P[r + 2], len(r), len(r + 1)} (r = its first row, len = clamped top-k length; indices past
+//     rows clamp to rows / give 0): a dynamic decode CTA reads its first two rows' bounds and
+//     lengths in one 32-byte sector, with no load that waits on another (docs/perf-log.md, session 7)
 //   [kMdPrefix + r], r <= rows: P = prefix sums of blocks per row (P[0] = 0)
 // The fixed top-k decode kernels never read it: their schedule is closed form (FixedSchedule);
 // the combine reads the split-row table in both cases.
@@ -57,8 +61,11 @@ inline constexpr int kMdSplitCount = 6;
 inline constexpr int kMdPartRow = kMdHeaderInts;
 inline constexpr int kMdPartBegin = kMdPartRow + kMaxDecodeParts;
 inline constexpr int kMdSplitRows = kMdPartBegin + kMaxDecodeParts + 4;  // 16-byte aligned entries
-inline constexpr int kMdPrefix = kMdSplitRows + 4 * kMaxDecodeParts;
+inline constexpr int kMdPartEntryInts = 8;
+inline constexpr int kMdPartEntry = kMdSplitRows + 4 * kMaxDecodeParts + 4;  // 32-byte aligned entries
+inline constexpr int kMdPrefix = kMdPartEntry + kMdPartEntryInts * kMaxDecodeParts;
 static_assert(kMdSplitRows % 4 == 0, "split-row entries are loaded as int4");
+static_assert(kMdPartEntry % 8 == 0, "part entries are two int4 loads of one 32-byte sector");
 inline constexpr int32_t kMdMagic = 0x5e1c0de6;
 
 // Part p of NP owns global blocks [part_begin(p), part_begin(p+1)): the balanced cut of total /
@@ -112,6 +119,12 @@ SELKV_DEC_HD int32_t fixed_part_unit(int32_t rows, int32_t blocks_per_row, int32
   return whole_rows <= int64_t(balanced) + kSplitCostBlocks ? blocks_per_row : 1;
 }
 
+// Where a part starts: its blocks [g0, g1), its first row r = blocks [rb, re), the next row
+// r + 1 = blocks [re, re2), and (dynamic top-k) the two rows' clamped top-k lengths.
+struct PartStart {
+  int32_t g0, g1, r, rb, re, re2, len, len2;
+};
+
 // Two views of one schedule, with the same interface for the decode and combine kernels.
 // Fixed top-k: every row has K / 64 blocks, so the schedule is closed form (no metadata read on
 // the hot path; the host validated the shape the plan was made for).
@@ -125,6 +138,17 @@ struct FixedSchedule {
   SELKV_DEC_HD int32_t begin(int32_t q) const { return part_begin(q, total, np, unit); }
   SELKV_DEC_HD int32_t part_of_block(int32_t g) const { return part_of(g, total, np, unit); }
   SELKV_DEC_HD int32_t row_of_part(int32_t q) const { return begin(q) / blocks_per_row; }
+  SELKV_DEC_HD PartStart start(int32_t q) const {
+    PartStart ps;
+    ps.g0 = begin(q);
+    ps.g1 = begin(q + 1);
+    ps.r = ps.g0 / blocks_per_row;
+    ps.rb = ps.r * blocks_per_row;
+    ps.re = ps.rb + blocks_per_row;
+    ps.re2 = ps.re + blocks_per_row;
+    ps.len = ps.len2 = blocks_per_row * kBlockTokens;
+    return ps;
+  }
   // Whole rows per part: nothing to combine.
   SELKV_DEC_HD bool has_split_rows() const { return unit != blocks_per_row; }
 };
@@ -153,6 +177,25 @@ struct DynamicSchedule {
   SELKV_DEC_HD int32_t row_of_part(int32_t q) const {
     const int32_t r = md[kMdPartRow + (q < kMaxDecodeParts ? q : kMaxDecodeParts - 1)];
     return r < 0 ? 0 : (r < rows ? r : rows - 1);
+  }
+  // Part q's entry (q < np: the caller checks). Its address does not depend on md[0..1], so the
+  // header and the entry are loaded together; block bounds are clamped to [0, total] and the row
+  // to [0, rows) like begin() / row_of_part(). The row bounds are not clamped: every warpgroup
+  // reads the same values, so a corrupt entry cannot desynchronize them, and the producer never
+  // addresses a block outside [0, K / 64).
+  SELKV_DEC_HD PartStart start(int32_t q) const {
+    const int32_t* e = md + kMdPartEntry + kMdPartEntryInts * (q < 0 ? 0 : (q < kMaxDecodeParts ? q : kMaxDecodeParts - 1));
+    PartStart ps;
+#if defined(__CUDA_ARCH__)
+    const int4 a = *reinterpret_cast<const int4*>(e), b = *reinterpret_cast<const int4*>(e + 4);
+    ps = PartStart{a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#else
+    ps = PartStart{e[0], e[1], e[2], e[3], e[4], e[5], e[6], e[7]};
+#endif
+    ps.g0 = ps.g0 < 0 ? 0 : (ps.g0 > total ? total : ps.g0);
+    ps.g1 = ps.g1 < 0 ? 0 : (ps.g1 > total ? total : ps.g1);
+    ps.r = ps.r < 0 ? 0 : (ps.r < rows ? ps.r : rows - 1);
+    return ps;
   }
 };
 

@@ -261,8 +261,14 @@ TEST(DecodeChecks, SchedulerPartitionArithmetic) {
       md[1] = npe;
       for (int r = 0; r <= rows; ++r) md[size_t(kMdPrefix + r)] = P[r];
       for (int q = 0; q <= npe; ++q) md[size_t(kMdPartBegin + q)] = begins[q];
-      for (int q = 0; q < npe; ++q)
-        md[size_t(kMdPartRow + q)] = row_containing(md.data() + kMdPrefix, rows, std::min(begins[q], T - 1));
+      for (int q = 0; q < npe; ++q) {
+        const int r = row_containing(md.data() + kMdPrefix, rows, std::min(begins[q], T - 1));
+        md[size_t(kMdPartRow + q)] = r;
+        // The scheduler's entry (lengths: any value; the kernels only pass them through).
+        const int32_t e[kMdPartEntryInts] = {begins[q], begins[q + 1], r, P[r], P[r + 1],
+                                             P[std::min(r + 2, rows)], 64 * r + 1, 64 * r + 65};
+        std::copy(e, e + kMdPartEntryInts, md.begin() + kMdPartEntry + kMdPartEntryInts * q);
+      }
       const DynamicSchedule dyn(md.data(), rows);
       auto check_schedule = [&](const auto& sched) {
         ASSERT_EQ(sched.total, T);
@@ -275,6 +281,14 @@ TEST(DecodeChecks, SchedulerPartitionArithmetic) {
           if (g0 >= begins[q + 1]) continue;
           const int r = sched.row_of_part(q);
           ASSERT_TRUE(r >= 0 && r < rows && P[r] <= g0 && g0 < P[r + 1]) << "part " << q;
+          // The part's start (what a decode CTA reads first): its blocks and first two rows.
+          const PartStart ps = sched.start(q);
+          ASSERT_EQ(ps.g0, g0);
+          ASSERT_EQ(ps.g1, begins[q + 1]);
+          ASSERT_EQ(ps.r, r);
+          ASSERT_EQ(ps.rb, P[r]);
+          ASSERT_EQ(ps.re, P[r + 1]);
+          if (r + 2 <= rows) ASSERT_EQ(ps.re2, P[r + 2]) << "part " << q;
         }
         // Every split row is merged by exactly one combine CTA (the one of its first part), with
         // the kernel's slots.

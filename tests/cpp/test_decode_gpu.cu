@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "decode/decode_params.h"
 #include "gpu_test_util.h"
 #include "reference/oracle.h"
 #include "selkv/decode.h"
@@ -327,6 +328,96 @@ TEST(DecodeGpu, GraphReplayAndRerunAreBitwiseEqual) {
     EXPECT_EQ(0, std::memcmp(a.out.data(), g.out.data(), a.out.size() * 2));
     EXPECT_EQ(0, std::memcmp(a.lse.data(), g.lse.data(), a.lse.size() * 4));
   }
+}
+
+// The scheduler kernel's metadata, read back and checked entry by entry against the host's view
+// of the same partition: header, prefix sums, the cut (balanced or at row starts, and whether
+// the row-start rule was applied right), part rows, the part start entries the dynamic decode
+// reads first, and the combine's split-row table.
+TEST(DecodeGpu, SchedulerTablesMatchHost) {
+  SELKV_REQUIRE_GPU();
+  using namespace selkv::decode;
+  std::mt19937_64 rng(0x5c4ed);
+  struct Sh { int B, S, H, K; bool dyn; };
+  const Sh shapes[] = {{1, 1, 64, 2048, false}, {8, 1, 64, 2048, false}, {74, 2, 128, 2048, false},
+                       {2, 2, 128, 576, false},  {256, 1, 128, 2048, true}, {9, 3, 64, 512, true},
+                       {1, 4, 64, 2048, true},   {600, 1, 64, 128, true}};
+  for (const Sh& sh : shapes)
+    for (int num_sms : {0, 9, 132})
+      for (int min_blocks : {0, 1, 3}) {
+        const int rows = sh.B * sh.S, mb = sh.K / 64;
+        std::vector<int32_t> len(size_t(sh.B), sh.K);
+        if (sh.dyn)
+          for (auto& l : len) {
+            const int k = int(rng() % 8);
+            l = k == 0 ? 0 : k == 1 ? -5 : k == 2 ? sh.K + 77 : k == 3 ? sh.K : int(rng() % uint64_t(sh.K + 1));
+          }
+        DevBuf dl(len.size() * 4);
+        up(dl, len);
+        DecodeShape shape{sh.B, sh.S, sh.H, sh.K, sh.dyn ? dl.as<int32_t>() : nullptr, num_sms};
+        shape.min_blocks_per_part = min_blocks;
+        DevBuf dmd(decode_metadata_size(sh.B, sh.S));
+        CUDA_OK(cudaMemset(dmd.ptr, 0xA5, dmd.bytes));  // nothing read back may be left over
+        DecodeMetadata plan;
+        ST_OK(make_decode_metadata(shape, dmd.ptr, dmd.bytes, &plan, nullptr));
+        CUDA_OK(cudaDeviceSynchronize());
+        std::vector<int32_t> md(dmd.bytes / 4);
+        CUDA_OK(cudaMemcpy(md.data(), dmd.ptr, dmd.bytes, cudaMemcpyDeviceToHost));
+        const std::string what = "B=" + std::to_string(sh.B) + " S=" + std::to_string(sh.S) + " H=" +
+                                 std::to_string(sh.H) + " K=" + std::to_string(sh.K) + (sh.dyn ? " dyn" : "") +
+                                 " sms=" + std::to_string(num_sms) + " mb=" + std::to_string(min_blocks);
+        // Host view: per-row lengths and blocks, prefix sums.
+        auto len_of = [&](int r) {
+          if (r >= rows) return 0;
+          const int l = len[size_t(row_coord(r, sh.B).b)];
+          return std::clamp(l, 0, sh.K);
+        };
+        std::vector<int32_t> P(size_t(rows) + 1, 0);
+        for (int r = 0; r < rows; ++r) P[r + 1] = P[r] + (sh.dyn ? std::max((len_of(r) + 63) / 64, 1) : mb);
+        const int T = P[rows];
+        const int np = md[1];
+        ASSERT_EQ(md[0], T) << what;
+        ASSERT_EQ(np, effective_parts(T, plan.min_blocks_per_part, plan.num_sm_parts)) << what;
+        ASSERT_EQ(md[2], rows) << what;
+        ASSERT_EQ(md[3], kMdMagic) << what;
+        for (int r = 0; r <= rows; ++r) ASSERT_EQ(md[kMdPrefix + r], P[r]) << what << " r=" << r;
+        // The cut: at row starts exactly when that lengthens the longest part by <= kSplitCostBlocks.
+        std::vector<int32_t> balanced(size_t(np) + 1), row_start(size_t(np) + 1);
+        int longest = 0;
+        for (int q = 0; q <= np; ++q) {
+          balanced[q] = part_begin(q, T, np);
+          row_start[q] = row_start_part_begin(P.data(), rows, T, np, q);
+          if (q > 0) longest = std::max(longest, row_start[q] - row_start[q - 1]);
+        }
+        const bool rs = longest <= (T - 1) / np + 1 + kSplitCostBlocks;
+        ASSERT_EQ(md[5], rs ? 1 : 0) << what;
+        const std::vector<int32_t>& begins = rs ? row_start : balanced;
+        for (int q = 0; q <= np; ++q) ASSERT_EQ(md[kMdPartBegin + q], begins[q]) << what << " q=" << q;
+        for (int q = 0; q < np; ++q) {
+          const int r = row_containing(P.data(), rows, std::min(begins[q], T - 1));
+          ASSERT_EQ(md[kMdPartRow + q], r) << what << " q=" << q;
+          const int32_t want[kMdPartEntryInts] = {begins[q], begins[q + 1], r, P[r], P[r + 1],
+                                                  P[std::min(r + 2, rows)], len_of(r), len_of(r + 1)};
+          for (int i = 0; i < kMdPartEntryInts; ++i)
+            ASSERT_EQ(md[kMdPartEntry + kMdPartEntryInts * q + i], want[i]) << what << " q=" << q << " i=" << i;
+        }
+        // Split-row table: split_row_of_part of the schedule view the kernels use, in part order.
+        std::vector<SplitRow> want;
+        for (int q = 0; q < np; ++q) {
+          const SplitRow sr = sh.dyn ? split_row_of_part(DynamicSchedule(md.data(), rows), q)
+                                     : split_row_of_part(FixedSchedule(rows, sh.K, plan.min_blocks_per_part,
+                                                                       plan.num_sm_parts), q);
+          if (sr.num_parts > 0) want.push_back(sr);
+        }
+        ASSERT_EQ(md[kMdSplitCount], int(want.size())) << what;
+        for (size_t i = 0; i < want.size(); ++i) {
+          const int32_t* e = md.data() + kMdSplitRows + 4 * i;
+          ASSERT_EQ(e[0], want[i].row) << what << " split " << i;
+          ASSERT_EQ(e[1], want[i].first_part) << what << " split " << i;
+          ASSERT_EQ(e[2], want[i].num_parts) << what << " split " << i;
+          ASSERT_EQ(e[3], want[i].first_slot) << what << " split " << i;
+        }
+      }
 }
 
 // Golden vectors (independent torch fp64 reference), with and without topk_length.

@@ -29,23 +29,39 @@ struct RoundRaw {
   int valid;
 };
 
-// Walks (row, block) of the part in block order; identical in every CTA of a cluster.
-template <class Schedule>
+// Walks (row, block) of the part in block order; identical in every CTA of a cluster. With
+// dynamic top-k it holds the clamped top-k lengths of rows row and row + 1, loading the next one
+// when it steps to a new row, a whole row before it is needed: the index stage of a new row never
+// waits on a topk_length load (it had cost a dependent DRAM round trip per row after the L2
+// flush; docs/perf-log.md, session 7). A row's block count follows from its length exactly as
+// the scheduler derived the prefix sums the consumers walk (max(ceil(len / 64), 1)), so the
+// producer reads no metadata after the part's entry.
+template <bool kDynamic, class Schedule>
 struct BlockCursor {
   Schedule sched;
   int32_t g, g1, row, row_begin, row_end;
+  int32_t len, next_len;  // dynamic: clamped top-k lengths of rows row and row + 1
 
   __device__ __forceinline__ explicit BlockCursor(const PartIter<Schedule>& it)
-      : sched(it.sched), g(it.g0), g1(it.g1), row(it.r) {
-    row_begin = sched.prefix(row);
-    row_end = sched.prefix(row + 1);
-  }
-  __device__ __forceinline__ void advance() {
+      : sched(it.sched), g(it.g0), g1(it.g1), row(it.r), row_begin(it.rb), row_end(it.re),
+        len(it.len0), next_len(it.len1) {}
+  __device__ __forceinline__ void advance(const DecodeKernelParams& p) {
     ++g;
-    while (g < g1 && g >= row_end) {
+    // (row + 1 < rows: corrupt row bounds cannot walk past the last row or loop forever)
+    while (g < g1 && g >= row_end && row + 1 < p.num_rows) {
       ++row;
       row_begin = row_end;
-      row_end = sched.prefix(row + 1);
+      if constexpr (kDynamic) {
+        len = next_len;
+        const int32_t nblk = (len + kBlockN - 1) / kBlockN;
+        row_end = row_begin + (nblk > 1 ? nblk : 1);
+        // Row row + 1's length, clamped like the scheduler's (past the last row: the last row's).
+        const int32_t nr = row + 1 < p.num_rows ? row + 1 : p.num_rows - 1;
+        const int32_t raw = __ldg(p.topk_length + row_coord(nr, p.batch).b);
+        next_len = raw < 0 ? 0 : (raw > p.topk ? p.topk : raw);
+      } else {
+        row_end = sched.prefix(row + 1);
+      }
     }
   }
 };
@@ -71,7 +87,7 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
   uint32_t peer_smem = 0;
   if constexpr (kCluster == 2) peer_smem = map_smem_to_rank(smem_u32(&ss), rank ^ 1u);
 
-  BlockCursor<Schedule> cur(it);
+  BlockCursor<kDynamic, Schedule> cur(it);
   int stage_round = 0;  // round (within its block) of the cursor's next index load
 
   // Index stage: the index of this thread's token in the cursor's round (and, H = 128, the
@@ -90,11 +106,9 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
     const bool in_part = cur.g < cur.g1 && uint32_t(blk) < uint32_t(max_blocks);
     const int32_t* idx_row = p.indices + b * p.indices_batch_stride + s * p.indices_seq_stride +
                              int64_t(in_part ? blk : 0) * kBlockN;
-    int32_t len = p.topk;  // fixed: blk < K / 64, so every position is < K = len (no tail predicate)
-    if constexpr (kDynamic) {
-      len = __ldg(p.topk_length + b);
-      len = len < 0 ? 0 : (len > p.topk ? p.topk : len);
-    }
+    // fixed: blk < K / 64, so every position is < K = len (no tail predicate); dynamic: the row's
+    // clamped top-k length, loaded a row ahead (BlockCursor).
+    const int32_t len = kDynamic ? cur.len : p.topk;
     auto wanted = [&](int t) -> int32_t { return in_part && (!kDynamic || blk * kBlockN + t < len); };
     idx = ld_s32_pred_or_neg1(idx_row + tok, wanted(tok));
     if constexpr (kCluster == 2) {
@@ -105,7 +119,7 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
     }
     if (++stage_round == kRounds) {
       stage_round = 0;
-      cur.advance();
+      cur.advance(p);
     }
   };
 
