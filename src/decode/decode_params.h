@@ -21,14 +21,15 @@ inline constexpr int kHeadsPerCta = 64;      // query heads per CTA (one wgmma M
 // DecodeShape::min_blocks_per_part). Each part costs a Q load, a partial write and a combine read,
 // and more parts cost more than their shorter main loops save once the grid is ~half full.
 // H = 128 (2-CTA clusters): 4 (B = 2 S_q = 2: 1 / 2 / 3 / 4 / 6 / 8 blocks: 32.1 / 31.4 / 28.5 /
-// 25.7 / 30.7 / 33.3 us). H = 64: T / 64 clamped to [2, 4] for T blocks in the call (at most: the
-// fixed top-k count), so small calls keep 2-block parts and ~64 parts or more get 4. Measured on the
-// H200 at 8695b2b, us for 1 / 2 / 3 / 4 / 6 / 8 blocks: B = 1 S_q = 4 (T = 128): 31.6 / 23.2 / 28.5 /
-// 27.8 / 33.5 / 40.0; B = 8 S_q = 1 (T = 256): 33.7 / 33.1 / 31.0 / 29.1 / 38.3 / 40.8; B = 8 S_q = 2
-// (T = 512): 40.0 / 40.1 / 39.9 / 38.5 / 43.1 / 45.5; B = 8 S_q = 4 and B = 64: flat within 2 %.
+// 25.7 / 30.7 / 33.3 us). H = 64: T / 128 clamped to [2, 4] for T blocks in the call (at most: the
+// fixed top-k count), so calls up to ~256 blocks keep 2-block parts (all SMs busy) and larger ones
+// get 4. Measured on the H200 at 7aa8e68 (combine split-row table), us for 1 / 2 / 4 / 8 blocks:
+// B = 8 S_q = 1 (T = 256): 27.8 / 27.8 / 29.2 / 40.9; B = 8 S_q = 2 (T = 512): 33.4 / 33.2 / 32.6 /
+// 42.0; B = 1 S_q = 4 (T = 128): 27.4 / 22.4 / 22.5 / 39.3; B = 8 S_q = 4: flat within 2 %. (Before
+// the table, at 8695b2b, T = 256 was best at 4 blocks: 33.7 / 33.1 / 29.1 / 40.8, so T / 64.)
 SELKV_DEC_HD constexpr int min_blocks_per_part(int num_heads, int64_t total_blocks) {
   if (num_heads == 128) return 4;
-  const int64_t m = total_blocks / 64;
+  const int64_t m = total_blocks / 128;
   return m < 2 ? 2 : (m > 4 ? 4 : int(m));
 }
 

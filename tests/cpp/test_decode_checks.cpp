@@ -168,8 +168,9 @@ TEST(DecodeChecks, DefaultMinBlocksPerPart) {
   EXPECT_EQ(min_blocks_per_part(64, 1), 2);
   EXPECT_EQ(min_blocks_per_part(64, 32), 2);
   EXPECT_EQ(min_blocks_per_part(64, 128), 2);
-  EXPECT_EQ(min_blocks_per_part(64, 192), 3);
-  EXPECT_EQ(min_blocks_per_part(64, 256), 4);
+  EXPECT_EQ(min_blocks_per_part(64, 256), 2);
+  EXPECT_EQ(min_blocks_per_part(64, 384), 3);
+  EXPECT_EQ(min_blocks_per_part(64, 512), 4);
   EXPECT_EQ(min_blocks_per_part(64, int64_t(1) << 40), 4);
 }
 

@@ -43,15 +43,24 @@ struct BlockCursor {
   int32_t len, next_len;  // dynamic: clamped top-k lengths of rows row and row + 1
 
   __device__ __forceinline__ explicit BlockCursor(const PartIter<Schedule>& it)
-      : sched(it.sched), g(it.g0), g1(it.g1), row(it.r), row_begin(it.rb), row_end(it.re),
-        len(it.len0), next_len(it.len1) {}
+      : sched(it.sched), g(it.g0), g1(it.g1), row(it.r) {
+    if constexpr (kDynamic) {
+      row_begin = it.rb;
+      row_end = it.re;
+      len = it.len0;
+      next_len = it.len1;
+    } else {
+      row_begin = sched.prefix(row);
+      row_end = sched.prefix(row + 1);
+    }
+  }
   __device__ __forceinline__ void advance(const DecodeKernelParams& p) {
     ++g;
-    // (row + 1 < rows: corrupt row bounds cannot walk past the last row or loop forever)
-    while (g < g1 && g >= row_end && row + 1 < p.num_rows) {
-      ++row;
-      row_begin = row_end;
-      if constexpr (kDynamic) {
+    if constexpr (kDynamic) {
+      // (row + 1 < rows: corrupt row bounds cannot walk past the last row or loop forever)
+      while (g < g1 && g >= row_end && row + 1 < p.num_rows) {
+        ++row;
+        row_begin = row_end;
         len = next_len;
         const int32_t nblk = (len + kBlockN - 1) / kBlockN;
         row_end = row_begin + (nblk > 1 ? nblk : 1);
@@ -59,7 +68,11 @@ struct BlockCursor {
         const int32_t nr = row + 1 < p.num_rows ? row + 1 : p.num_rows - 1;
         const int32_t raw = __ldg(p.topk_length + row_coord(nr, p.batch).b);
         next_len = raw < 0 ? 0 : (raw > p.topk ? p.topk : raw);
-      } else {
+      }
+    } else {
+      while (g < g1 && g >= row_end) {  // closed-form bounds: every row has K / 64 blocks
+        ++row;
+        row_begin = row_end;
         row_end = sched.prefix(row + 1);
       }
     }
