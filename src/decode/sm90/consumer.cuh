@@ -30,8 +30,15 @@
 #define SELKV_DECODE_EARLY_Q 0
 #endif
 
+// L2 prefetch of the part's next row's Q tile by the PV WG at the start of a row's last block
+// (A/B switch, default 0; 1 = prefetch_q_tile_l2, first measured in session 7).
+#ifndef SELKV_DECODE_Q_PREFETCH
+#define SELKV_DECODE_Q_PREFETCH 0
+#endif
+
 namespace selkv::decode::sm90 {
 
+inline constexpr bool kQPrefetch = SELKV_DECODE_Q_PREFETCH != 0;
 inline constexpr bool kIndexPrefetch = SELKV_DECODE_INDEX_PREFETCH != 0;
 inline constexpr bool kEarlyQ = SELKV_DECODE_EARLY_Q != 0;
 
@@ -139,6 +146,23 @@ __device__ __forceinline__ void issue_q_tile(const DecodeKernelParams& p, Shared
     selkv::sm90::cp_async_16(sq + 2u * uint32_t(k_tile_offset(h, cc * 8)),
                              qrow + int64_t(head_base + h) * p.q_head_stride + cc * 8, true);
   }
+}
+
+// L2 prefetch of this CTA's Q tile of `row` (64 heads x 1152 bytes = 9 lines of 128 bytes each,
+// lines when the rows are 128-byte aligned, as a contiguous q is), issued by the PV WG at the
+// start of a row's last block when the part has another row: the row switch's Q copies then hit
+// L2 instead of waiting a DRAM latency after the L2 flush, with no smem or barrier cost. Two
+// threads per head, 5 / 4 lines each from one pointer (the PV WG holds O in 128 of its 168
+// registers: a looped form spilled).
+__device__ __forceinline__ void prefetch_q_tile_l2(const DecodeKernelParams& p, int32_t row, int tid) {
+  const auto [b, s] = row_coord(row < p.num_rows ? row : p.num_rows - 1, p.batch);
+  const int h = int(blockIdx.x) * kBlockM + (tid >> 1), half = tid & 1;
+  const uint8_t* line = reinterpret_cast<const uint8_t*>(p.q + b * p.q_batch_stride + s * p.q_seq_stride +
+                                                         int64_t(h) * p.q_head_stride) + 640 * half;
+  static_assert(kDimQK * 2 == 9 * 128);
+  CUTE_UNROLL
+  for (int l = 0; l < 5; ++l)
+    if (half == 0 || l < 4) asm volatile("prefetch.global.L2 [%0];" ::"l"(line + 128 * l));
 }
 
 // Q of row `w` by both consumer warpgroups (256 threads, 18 copies each), waited. The caller
@@ -400,6 +424,7 @@ __device__ __forceinline__ void run_pv_wg(const DecodeKernelParams& p, SharedSto
         for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= ((i >> 1) & 1) ? sc1 : sc0;
       }
 
+      if (kQPrefetch && blk + 1 == w.blk_end && it.g < it.g1) prefetch_q_tile_l2(p, it.r, tid_wg);  // next row's Q
       pv_gemm_wait(mma_pv, thr_pv, tOrP, ss.k[buf] + kVHalfDimOffset, tOrO);
       SELKV_PROBE(pc[1] += probe_clk() - c1; pc[2] += 1;)
 
