@@ -371,6 +371,7 @@ __device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, Shar
     cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(NamedBar::kRowSum));
     // WG2 reads row_sum / row_max right after kRowSum; WG1 rewrites them only after the next
     // row's kQReady barrier (early Q: its first kPFree), which WG2 reaches after that read.
+    SELKV_TL(if (tid_wg == 0) tl_stamp(6);)  // overwritten per row: the last row's remains
     store_row<kNumHeads>(p, w, 0, lane, r0, r1, RowStats{m0, m1, l0, l1}, tOrO);
   }
   SELKV_TL(if (tid_wg == 0) { tl_stamp(5); tl_finish(p); })

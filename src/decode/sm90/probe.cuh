@@ -36,12 +36,12 @@ __device__ __forceinline__ unsigned long long probe_clk() {
 // the critical path; the last CTA to finish prints min / median / max of every stamp relative to
 // the first CTA's entry, for the first launches of the process (run one case per process). Stamps:
 // 0 entry, 1 producer's first publish, 2 producer end, 3 softmax WG's first Q ready, 4 its first S
-// done, 5 its end. The combine kernel adds entry / after griddepcontrol.wait / end (combine.cu).
+// done, 5 its end, 6 the start of its last row's epilogue (store_row). The combine kernel adds entry / after griddepcontrol.wait / end (combine.cu).
 #ifndef SELKV_DECODE_TIMELINE
 #define SELKV_DECODE_TIMELINE 0
 #endif
 #if SELKV_DECODE_TIMELINE
-inline constexpr int kTlStamps = 6;
+inline constexpr int kTlStamps = 7;
 __device__ unsigned long long g_tl[2 * 132][kTlStamps];
 __device__ unsigned int g_tl_done;
 __device__ unsigned int g_tl_prints;
@@ -68,7 +68,8 @@ __device__ __forceinline__ void tl_finish(const DecodeKernelParams& p) {
     if (g_tl[c][0] != 0 && g_tl[c][0] < t0) t0 = g_tl[c][0];
   g_tl_t0 = t0;
   printf("TIMELINE decode rows=%d ctas=%d t0=%llu ns (us from t0: min / median / max)\n", p.num_rows, n, t0);
-  const char* names[kTlStamps] = {"entry", "producer_first_publish", "producer_end", "q_ready", "first_S", "end"};
+  const char* names[kTlStamps] = {"entry", "producer_first_publish", "producer_end", "q_ready", "first_S", "end",
+                                  "last_epilogue_start"};
   for (int k = 0; k < kTlStamps; ++k) {
     unsigned long long v[2 * 132];
     int m = 0;
