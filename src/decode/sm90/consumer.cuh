@@ -91,33 +91,48 @@ __device__ __forceinline__ void store_row(const DecodeKernelParams& p, const Row
   const float lse1 = any1 ? st.m1 * p.sm_scale + logf(st.l1) : kNegInf;
   float f0 = any0 ? 1.f / st.l0 : 0.f, f1 = any1 ? 1.f / st.l1 : 0.f;
   const int h0 = head_base + r0, h1 = head_base + r1;
-  const int col0 = cw * kDimVPerConsumer + 2 * (lane & 3);
+  // Lane q of a quad holds word q (columns 2q, 2q + 1) of every 8-column chunk of rows r0 and r1.
+  // Both paths store 16 contiguous bytes per lane, so a warp instruction writes 64 contiguous
+  // bytes of each of its 8 rows (whole sectors): the plain per-pair stores wrote 16 (bf16) / 32
+  // (fp32) bytes per row per instruction, and a row's epilogue took 3-6 us for 64 KB per CTA
+  // (timeline, session 7).
+  const int q4 = lane & 3;
   if (w.split) {
-    float* acc0 = p.accum_out + (int64_t(w.slot) * kNumHeads + h0) * kDimV + col0;
-    float* acc1 = p.accum_out + (int64_t(w.slot) * kNumHeads + h1) * kDimV + col0;
+    // fp32 partial in the workspace's head-pair layout (decode_params.h, partial_word): the four
+    // accumulator registers of chunk j, rows r0 / r1 = r0 + 8, columns 2q, 2q + 1, are one 16-byte
+    // vector in register order (no shuffle, no register moves), and a quad writes 64 contiguous bytes.
+    float* acc = p.accum_out + int64_t(w.slot) * kNumHeads * kDimV + partial_word(h0, cw * kDimVPerConsumer + 2 * q4);
     CUTE_UNROLL
-    for (int i = 0; i < size(tOrO); i += 4) {
-      const int c = 8 * (i >> 2);
-      *reinterpret_cast<float2*>(acc0 + c) = make_float2(tOrO(i) * f0, tOrO(i + 1) * f0);
-      *reinterpret_cast<float2*>(acc1 + c) = make_float2(tOrO(i + 2) * f1, tOrO(i + 3) * f1);
-    }
+    for (int j = 0; j < 32; ++j)
+      *reinterpret_cast<float4*>(acc + 16 * j) =
+          make_float4(tOrO(4 * j) * f0, tOrO(4 * j + 1) * f0, tOrO(4 * j + 2) * f1, tOrO(4 * j + 3) * f1);
     if (cw == 0 && (lane & 3) == 0) {
-      p.accum_lse[int64_t(w.slot) * kNumHeads + h0] = lse0;
-      p.accum_lse[int64_t(w.slot) * kNumHeads + h1] = lse1;
+      p.accum_lse[int64_t(w.slot) * kNumHeads + partial_lse_word(h0)] = lse0;
+      p.accum_lse[int64_t(w.slot) * kNumHeads + partial_lse_word(h1)] = lse1;
     }
   } else {
     if (p.attn_sink != nullptr) {
       if (any0) f0 *= 1.f / (1.f + expf(p.attn_sink[h0] - lse0));
       if (any1) f1 *= 1.f / (1.f + expf(p.attn_sink[h1] - lse1));
     }
+    // bf16: a 4 x 4 word transpose over the quad gives lane q all four words of chunk 4c + q.
     uint16_t* orow = p.out + b * p.out_batch_stride + s * p.out_seq_stride;
-    uint16_t* o0 = orow + int64_t(h0) * p.out_head_stride + col0;
-    uint16_t* o1 = orow + int64_t(h1) * p.out_head_stride + col0;
+    uint16_t* o0 = orow + int64_t(h0) * p.out_head_stride + cw * kDimVPerConsumer + q4 * 8;
+    uint16_t* o1 = orow + int64_t(h1) * p.out_head_stride + cw * kDimVPerConsumer + q4 * 8;
     CUTE_UNROLL
-    for (int i = 0; i < size(tOrO); i += 4) {
-      const int c = 8 * (i >> 2);
-      *reinterpret_cast<uint32_t*>(o0 + c) = bf16x2_bits(tOrO(i) * f0, tOrO(i + 1) * f0);
-      *reinterpret_cast<uint32_t*>(o1 + c) = bf16x2_bits(tOrO(i + 2) * f1, tOrO(i + 3) * f1);
+    for (int c = 0; c < 8; ++c) {
+      CUTE_UNROLL
+      for (int r = 0; r < 2; ++r) {
+        const float f = r ? f1 : f0;
+        uint32_t wd[4];  // word q4 of chunk 4c + k
+        CUTE_UNROLL
+        for (int k = 0; k < 4; ++k) {
+          const int i = 4 * (4 * c + k) + 2 * r;
+          wd[k] = bf16x2_bits(tOrO(i) * f, tOrO(i + 1) * f);
+        }
+        selkv::sm90::quad_transpose4(wd, q4);
+        *reinterpret_cast<uint4*>((r ? o1 : o0) + 32 * c) = make_uint4(wd[0], wd[1], wd[2], wd[3]);
+      }
     }
     if (cw == 0 && (lane & 3) == 0) {
       float* lrow = p.lse + b * p.lse_batch_stride + s * p.lse_seq_stride;
