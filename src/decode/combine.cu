@@ -56,7 +56,7 @@ decode_combine_kernel(const DecodeKernelParams p) {
 #if SELKV_DECODE_TIMELINE
   if (threadIdx.x == 0) atomicMin(&g_ctl[0], ctl_now());
 #endif
-  extern __shared__ float4 s_lse[];  // [splits]: partial lse of the CTA's 4 heads (2 head pairs)
+  extern __shared__ float4 s_lse[];  // [splits]: partial lse of the CTA's 4 heads
   // Split row blockIdx.x of the plan's table (metadata written by the scheduler kernel, which
   // completed before the decode kernel started, so it can be read before the dependency wait).
   // Entries are checked against the call's shape: a corrupt table gives wrong rows, never an
@@ -74,15 +74,12 @@ decode_combine_kernel(const DecodeKernelParams p) {
     return;
   }
   const int32_t n = sr.num_parts;
-  // The CTA's 4 heads are head pairs 2y, 2y + 1 (partial_head_pair): thread (pair hl, column pair
-  // cp) merges (h, 2cp), (h, 2cp + 1), (h + 8, 2cp), (h + 8, 2cp + 1), one float4 per split.
-  const int hl = int(threadIdx.x) / 256, cp = int(threadIdx.x) % 256;
-  const int hp = 2 * int(blockIdx.y) + hl;
-  const int ha = (hp >> 3) * 16 + (hp & 7), hb = ha + 8;
-  static_assert(partial_word(8, 0) == 2 && partial_word(1, 3) == 1024 + 5 && partial_lse_word(9) == 3);
+  const int h0 = int(blockIdx.y) * kHeadsPerCombineCta;
+  const int hl = int(threadIdx.x) / 128, h = h0 + hl;
+  const int d = (int(threadIdx.x) % 128) * 4;
   const int64_t split_stride = int64_t(p.num_heads) * 512;  // floats per accumulator slot
   auto slot = [&](int32_t i) -> int64_t { return i == 0 ? sr.first_slot : 2 * (sr.first_part + i); };
-  const float* po = p.accum_out + int64_t(hp) * 1024 + 4 * cp;
+  const float* po = p.accum_out + int64_t(h) * 512 + d;
 
   // Launched as a programmatic dependent of the decode kernel: wait for its completion (and the
   // visibility of its partials) before reading them.
@@ -91,9 +88,8 @@ decode_combine_kernel(const DecodeKernelParams p) {
   if (threadIdx.x == 0) atomicMin(&g_ctl[1], ctl_now());
 #endif
 
-  // lse words 4y .. 4y + 3 of a slot: heads (pair 2y: ha, hb), (pair 2y + 1: ha + 1, hb + 1).
   for (int32_t i = int32_t(threadIdx.x); i < n; i += kCombineThreads)
-    s_lse[i] = *reinterpret_cast<const float4*>(p.accum_lse + slot(i) * p.num_heads + 4 * int(blockIdx.y));
+    s_lse[i] = *reinterpret_cast<const float4*>(p.accum_lse + slot(i) * p.num_heads + h0);
   float4 o[kCombineBatch];
   auto load_batch = [&](int32_t base) {
     #pragma unroll
@@ -102,50 +98,40 @@ decode_combine_kernel(const DecodeKernelParams p) {
   };
   load_batch(0);  // in flight with the lse loads
   __syncthreads();
-  const float* lse_of = reinterpret_cast<const float*>(s_lse) + 2 * hl;  // split i: lse_of[4 i] (ha), [4 i + 1] (hb)
+  const float* lse_of = reinterpret_cast<const float*>(s_lse) + hl;  // split i: lse_of[4 * i]
 
-  float max_a = -INFINITY, max_b = -INFINITY;
-  for (int32_t i = 0; i < n; ++i) {
-    max_a = fmaxf(max_a, lse_of[4 * i]);
-    max_b = fmaxf(max_b, lse_of[4 * i + 1]);
-  }
-  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);  // (ha, c), (ha, c + 1), (hb, c), (hb, c + 1)
-  float sum_a = 0.f, sum_b = 0.f;
-  for (int32_t base = 0; base < n; base += kCombineBatch) {
-    if (base != 0) load_batch(base);
-    #pragma unroll
-    for (int j = 0; j < kCombineBatch; ++j) {
-      if (base + j < n) {
-        // 0 for an empty split (lse = -inf), and for a head with nothing valid at all (max = -inf)
-        const float wa = max_a == -INFINITY ? 0.f : expf(lse_of[4 * (base + j)] - max_a);
-        const float wb = max_b == -INFINITY ? 0.f : expf(lse_of[4 * (base + j) + 1] - max_b);
-        sum_a += wa;
-        sum_b += wb;
-        acc.x += wa * o[j].x; acc.y += wa * o[j].y; acc.z += wb * o[j].z; acc.w += wb * o[j].w;
+  float max_lse = -INFINITY;
+  for (int32_t i = 0; i < n; ++i) max_lse = fmaxf(max_lse, lse_of[4 * i]);
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  float sum_w = 0.f;
+  if (max_lse != -INFINITY) {
+    for (int32_t base = 0; base < n; base += kCombineBatch) {
+      if (base != 0) load_batch(base);
+      #pragma unroll
+      for (int j = 0; j < kCombineBatch; ++j) {
+        if (base + j < n) {
+          const float w = expf(lse_of[4 * (base + j)] - max_lse);  // 0 for an empty split (lse = -inf)
+          sum_w += w;
+          acc.x += w * o[j].x; acc.y += w * o[j].y; acc.z += w * o[j].z; acc.w += w * o[j].w;
+        }
       }
     }
   }
-  auto finish = [&](float max_lse, float sum_w, int h, float& lse) -> float {
-    lse = -INFINITY;
-    if (max_lse == -INFINITY) return 0.f;
+  float lse = -INFINITY, f = 0.f;
+  if (max_lse != -INFINITY) {
     lse = max_lse + logf(sum_w);
-    float f = 1.f / sum_w;
+    f = 1.f / sum_w;
     if (p.attn_sink != nullptr) f *= 1.f / (1.f + expf(p.attn_sink[h] - lse));
-    return f;
-  };
-  float lse_a, lse_b;
-  const float fa = finish(max_a, sum_a, ha, lse_a), fb = finish(max_b, sum_b, hb, lse_b);
-  __nv_bfloat162 va = __floats2bfloat162_rn(acc.x * fa, acc.y * fa);
-  __nv_bfloat162 vb = __floats2bfloat162_rn(acc.z * fb, acc.w * fb);
-  const auto [b, s] = row_coord(sr.row, p.batch);
-  uint16_t* orow = p.out + b * p.out_batch_stride + s * p.out_seq_stride + 2 * cp;
-  *reinterpret_cast<uint32_t*>(orow + ha * p.out_head_stride) = *reinterpret_cast<uint32_t*>(&va);
-  *reinterpret_cast<uint32_t*>(orow + hb * p.out_head_stride) = *reinterpret_cast<uint32_t*>(&vb);
-  if (cp == 0) {
-    float* lrow = p.lse + b * p.lse_batch_stride + s * p.lse_seq_stride;
-    lrow[ha] = lse_a;
-    lrow[hb] = lse_b;
   }
+  __nv_bfloat162 lo = __floats2bfloat162_rn(acc.x * f, acc.y * f);
+  __nv_bfloat162 hi = __floats2bfloat162_rn(acc.z * f, acc.w * f);
+  uint2 packed;
+  packed.x = *reinterpret_cast<uint32_t*>(&lo);
+  packed.y = *reinterpret_cast<uint32_t*>(&hi);
+  const auto [b, s] = row_coord(sr.row, p.batch);
+  uint16_t* out = p.out + b * p.out_batch_stride + s * p.out_seq_stride + h * p.out_head_stride + d;
+  *reinterpret_cast<uint2*>(out) = packed;
+  if (d == 0) p.lse[b * p.lse_batch_stride + s * p.lse_seq_stride + h] = lse;
   SELKV_CTL(ctl_finish(p);)
 }
 

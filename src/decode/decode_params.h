@@ -225,20 +225,6 @@ SELKV_DEC_HD SplitRow split_row_of_part(const Schedule& s, int32_t q) {
   return sr;
 }
 
-// Layout of one fp32 partial slot in the workspace (internal to the decode kernel and the
-// combine). Heads h and h + 8 of each 16-head group form pair hp = (h / 16) * 8 + h % 8; element
-// (h, c) is word hp * 1024 + 4 * (c / 2) + 2 * ((h / 8) % 2) + c % 2, i.e. per column pair the
-// four words (h, c), (h, c + 1), (h + 8, c), (h + 8, c + 1). That is the register order of an
-// m64nN wgmma accumulator (lane quad q holds rows r, r + 8, columns 2q, 2q + 1 of each 8-column
-// chunk), so the decode epilogue stores 16-byte vectors straight from the accumulators and the
-// combine reads one float4 per (head pair, column pair). The partial lse of head h is word
-// 2 * hp + (h / 8) % 2: heads h, h + 8, h + 1, h + 9 (h even) are one float4.
-SELKV_DEC_HD constexpr int partial_head_pair(int h) { return (h >> 4) * 8 + (h & 7); }
-SELKV_DEC_HD constexpr int64_t partial_word(int h, int c) {
-  return int64_t(partial_head_pair(h)) * 1024 + 4 * (c >> 1) + 2 * ((h >> 3) & 1) + (c & 1);
-}
-SELKV_DEC_HD constexpr int partial_lse_word(int h) { return 2 * partial_head_pair(h) + ((h >> 3) & 1); }
-
 // Schedule rows are query-position-major: row = s * batch + b. A part is a contiguous run of rows,
 // so (S_q dividing the part count) the S_q query positions of one batch entry are worked on at the
 // same time by different CTAs, which then share that entry's cache pages in L2; batch-major rows
@@ -280,8 +266,8 @@ struct DecodeKernelParams {
   const int32_t* metadata;  // see layout above (read by the dynamic top-k kernels only)
   int32_t num_sm_parts;     // grid parts; parts >= NP exit at once
   int32_t min_blocks_per_part;  // the plan's (FixedSchedule recomputes NP from it)
-  float* accum_out;         // [2 * num_sm_parts, H * 512] fp32 (normalized partial out, partial_word)
-  float* accum_lse;         // [2 * num_sm_parts, H] (partial_lse_word order)
+  float* accum_out;         // [2 * num_sm_parts, H, 512] fp32 (normalized partial out)
+  float* accum_lse;         // [2 * num_sm_parts, H]
 };
 
 // The schedule view of an instantiation: closed form for fixed top-k, the metadata for dynamic.

@@ -196,35 +196,6 @@ TEST(DecodeChecks, FixedScheduleWholeRows) {
   EXPECT_EQ(s.begin(66), 128 * 32);
 }
 
-// The workspace's partial layout is a bijection onto [0, H * 512) (and [0, H) for the lse) for both
-// head counts, and a wgmma accumulator quad's registers of one chunk are 4 consecutive words.
-TEST(DecodeChecks, PartialLayoutIsABijection) {
-  using namespace selkv::decode;
-  for (int H : {64, 128}) {
-    std::vector<int> seen(size_t(H) * 512, 0), seen_lse(size_t(H), 0);
-    for (int h = 0; h < H; ++h) {
-      const int l = partial_lse_word(h);
-      ASSERT_TRUE(l >= 0 && l < H);
-      ++seen_lse[size_t(l)];
-      for (int c = 0; c < 512; ++c) {
-        const int64_t w = partial_word(h, c);
-        ASSERT_TRUE(w >= 0 && w < int64_t(H) * 512);
-        ++seen[size_t(w)];
-      }
-    }
-    for (int v : seen) ASSERT_EQ(v, 1);
-    for (int v : seen_lse) ASSERT_EQ(v, 1);
-    for (int r = 0; r < 64; r += 16)  // rows r0 = 16 w + l / 4 and r0 + 8, columns 2q, 2q + 1
-      for (int q = 0; q < 4; ++q) {
-        const int64_t w0 = partial_word(r + 3, 8 * 5 + 2 * q);
-        EXPECT_EQ(w0 % 4, 0);
-        EXPECT_EQ(partial_word(r + 3, 8 * 5 + 2 * q + 1), w0 + 1);
-        EXPECT_EQ(partial_word(r + 11, 8 * 5 + 2 * q), w0 + 2);
-        EXPECT_EQ(partial_word(r + 11, 8 * 5 + 2 * q + 1), w0 + 3);
-      }
-  }
-}
-
 TEST(DecodeChecks, SchedulerPartitionArithmetic) {
   using namespace selkv::decode;
   for (int min_blocks : {1, 2, 3, 4, 7})

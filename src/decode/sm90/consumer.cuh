@@ -30,15 +30,8 @@
 #define SELKV_DECODE_EARLY_Q 0
 #endif
 
-// L2 prefetch of the part's next row's Q tile by the PV WG at the start of a row's last block
-// (A/B switch, default 0; 1 = prefetch_q_tile_l2, first measured in session 7).
-#ifndef SELKV_DECODE_Q_PREFETCH
-#define SELKV_DECODE_Q_PREFETCH 0
-#endif
-
 namespace selkv::decode::sm90 {
 
-inline constexpr bool kQPrefetch = SELKV_DECODE_Q_PREFETCH != 0;
 inline constexpr bool kIndexPrefetch = SELKV_DECODE_INDEX_PREFETCH != 0;
 inline constexpr bool kEarlyQ = SELKV_DECODE_EARLY_Q != 0;
 
@@ -92,30 +85,31 @@ __device__ __forceinline__ void store_row(const DecodeKernelParams& p, const Row
   float f0 = any0 ? 1.f / st.l0 : 0.f, f1 = any1 ? 1.f / st.l1 : 0.f;
   const int h0 = head_base + r0, h1 = head_base + r1;
   // Lane q of a quad holds word q (columns 2q, 2q + 1) of every 8-column chunk of rows r0 and r1.
-  // Both paths store 16 contiguous bytes per lane, so a warp instruction writes 64 contiguous
-  // bytes of each of its 8 rows (whole sectors): the plain per-pair stores wrote 16 (bf16) / 32
-  // (fp32) bytes per row per instruction, and a row's epilogue took 3-6 us for 64 KB per CTA
-  // (timeline, session 7).
   const int q4 = lane & 3;
   if (w.split) {
-    // fp32 partial in the workspace's head-pair layout (decode_params.h, partial_word): the four
-    // accumulator registers of chunk j, rows r0 / r1 = r0 + 8, columns 2q, 2q + 1, are one 16-byte
-    // vector in register order (no shuffle, no register moves), and a quad writes 64 contiguous bytes.
-    float* acc = p.accum_out + int64_t(w.slot) * kNumHeads * kDimV + partial_word(h0, cw * kDimVPerConsumer + 2 * q4);
+    // fp32 partial: 8-byte stores of the accumulator pairs (the fp32 epilogue is bound by the write
+    // bandwidth of all CTAs finishing at once, ~16 MB at H=64 B=8: a 16-byte layout did not pay).
+    float* acc0 = p.accum_out + (int64_t(w.slot) * kNumHeads + h0) * kDimV + cw * kDimVPerConsumer + 2 * q4;
+    float* acc1 = p.accum_out + (int64_t(w.slot) * kNumHeads + h1) * kDimV + cw * kDimVPerConsumer + 2 * q4;
     CUTE_UNROLL
-    for (int j = 0; j < 32; ++j)
-      *reinterpret_cast<float4*>(acc + 16 * j) =
-          make_float4(tOrO(4 * j) * f0, tOrO(4 * j + 1) * f0, tOrO(4 * j + 2) * f1, tOrO(4 * j + 3) * f1);
+    for (int i = 0; i < size(tOrO); i += 4) {
+      const int c = 8 * (i >> 2);
+      *reinterpret_cast<float2*>(acc0 + c) = make_float2(tOrO(i) * f0, tOrO(i + 1) * f0);
+      *reinterpret_cast<float2*>(acc1 + c) = make_float2(tOrO(i + 2) * f1, tOrO(i + 3) * f1);
+    }
     if (cw == 0 && (lane & 3) == 0) {
-      p.accum_lse[int64_t(w.slot) * kNumHeads + partial_lse_word(h0)] = lse0;
-      p.accum_lse[int64_t(w.slot) * kNumHeads + partial_lse_word(h1)] = lse1;
+      p.accum_lse[int64_t(w.slot) * kNumHeads + h0] = lse0;
+      p.accum_lse[int64_t(w.slot) * kNumHeads + h1] = lse1;
     }
   } else {
     if (p.attn_sink != nullptr) {
       if (any0) f0 *= 1.f / (1.f + expf(p.attn_sink[h0] - lse0));
       if (any1) f1 *= 1.f / (1.f + expf(p.attn_sink[h1] - lse1));
     }
-    // bf16: a 4 x 4 word transpose over the quad gives lane q all four words of chunk 4c + q.
+    // bf16: a 4 x 4 word transpose over the quad gives lane q all four words of chunk 4c + q, so a
+    // warp instruction writes 64 contiguous bytes of each of its 8 rows (whole sectors) instead of
+    // 16 (half sectors, each written twice): a row's epilogue took ~6 us for 64 KB per CTA at
+    // H=64 B=64 S_q=2, 2 us after (timeline, session 7).
     uint16_t* orow = p.out + b * p.out_batch_stride + s * p.out_seq_stride;
     uint16_t* o0 = orow + int64_t(h0) * p.out_head_stride + cw * kDimVPerConsumer + q4 * 8;
     uint16_t* o1 = orow + int64_t(h1) * p.out_head_stride + cw * kDimVPerConsumer + q4 * 8;
@@ -161,23 +155,6 @@ __device__ __forceinline__ void issue_q_tile(const DecodeKernelParams& p, Shared
     selkv::sm90::cp_async_16(sq + 2u * uint32_t(k_tile_offset(h, cc * 8)),
                              qrow + int64_t(head_base + h) * p.q_head_stride + cc * 8, true);
   }
-}
-
-// L2 prefetch of this CTA's Q tile of `row` (64 heads x 1152 bytes = 9 lines of 128 bytes each,
-// lines when the rows are 128-byte aligned, as a contiguous q is), issued by the PV WG at the
-// start of a row's last block when the part has another row: the row switch's Q copies then hit
-// L2 instead of waiting a DRAM latency after the L2 flush, with no smem or barrier cost. Two
-// threads per head, 5 / 4 lines each from one pointer (the PV WG holds O in 128 of its 168
-// registers: a looped form spilled).
-__device__ __forceinline__ void prefetch_q_tile_l2(const DecodeKernelParams& p, int32_t row, int tid) {
-  const auto [b, s] = row_coord(row < p.num_rows ? row : p.num_rows - 1, p.batch);
-  const int h = int(blockIdx.x) * kBlockM + (tid >> 1), half = tid & 1;
-  const uint8_t* line = reinterpret_cast<const uint8_t*>(p.q + b * p.q_batch_stride + s * p.q_seq_stride +
-                                                         int64_t(h) * p.q_head_stride) + 640 * half;
-  static_assert(kDimQK * 2 == 9 * 128);
-  CUTE_UNROLL
-  for (int l = 0; l < 5; ++l)
-    if (half == 0 || l < 4) asm volatile("prefetch.global.L2 [%0];" ::"l"(line + 128 * l));
 }
 
 // Q of row `w` by both consumer warpgroups (256 threads, 18 copies each), waited. The caller
@@ -440,7 +417,6 @@ __device__ __forceinline__ void run_pv_wg(const DecodeKernelParams& p, SharedSto
         for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= ((i >> 1) & 1) ? sc1 : sc0;
       }
 
-      if (kQPrefetch && blk + 1 == w.blk_end && it.g < it.g1) prefetch_q_tile_l2(p, it.r, tid_wg);  // next row's Q
       pv_gemm_wait(mma_pv, thr_pv, tOrP, ss.k[buf] + kVHalfDimOffset, tOrO);
       SELKV_PROBE(pc[1] += probe_clk() - c1; pc[2] += 1;)
 
