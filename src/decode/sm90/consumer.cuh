@@ -87,8 +87,10 @@ __device__ __forceinline__ void store_row(const DecodeKernelParams& p, const Row
   // Lane q of a quad holds word q (columns 2q, 2q + 1) of every 8-column chunk of rows r0 and r1.
   const int q4 = lane & 3;
   if (w.split) {
-    // fp32 partial: 8-byte stores of the accumulator pairs (the fp32 epilogue is bound by the write
-    // bandwidth of all CTAs finishing at once, ~16 MB at H=64 B=8: a 16-byte layout did not pay).
+    // fp32 partial: 8-byte stores of the accumulator pairs. The fp32 epilogue is bound by the write
+    // bandwidth of all CTAs finishing at once (16 MB in ~4 us at H=64 B=8 S_q=1); a head-pair
+    // workspace layout with 16-byte stores measured slower (H=64 B=1 22.1 vs 21.8 us, B=64 S_q=1
+    // 81.1 vs 79.6; a288085 vs 19a530b, session 7).
     float* acc0 = p.accum_out + (int64_t(w.slot) * kNumHeads + h0) * kDimV + cw * kDimVPerConsumer + 2 * q4;
     float* acc1 = p.accum_out + (int64_t(w.slot) * kNumHeads + h1) * kDimV + cw * kDimVPerConsumer + 2 * q4;
     CUTE_UNROLL
