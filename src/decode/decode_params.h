@@ -108,6 +108,13 @@ SELKV_DEC_HD int32_t row_start_part_begin(const int32_t* prefix, int32_t rows, i
   return g - prefix[r] <= prefix[r + 1] - g ? prefix[r] : prefix[r + 1];
 }
 
+// The rule of both row-start cuts (fixed_part_unit, and the scheduler's for dynamic top-k): taken
+// when the cut's longest part is at most kSplitCostBlocks blocks longer than the balanced cut's,
+// ceil(total / np). total >= 1, np >= 1.
+SELKV_DEC_HD bool row_start_cut_pays(int64_t longest, int32_t total, int32_t np) {
+  return longest <= int64_t((total - 1) / np + 1) + kSplitCostBlocks;
+}
+
 // Fixed top-k: cutting the parts at row starts only leaves no row split: no partial is written and
 // the combine kernel is not launched. It costs the balance of the parts (whole rows per part
 // instead of total / np blocks), so it is taken when the longest part grows by at most
@@ -115,9 +122,8 @@ SELKV_DEC_HD int32_t row_start_part_begin(const int32_t* prefix, int32_t rows, i
 // (32-bit divisions: rows * blocks_per_row fits in int32, checked by the host API.)
 SELKV_DEC_HD int32_t fixed_part_unit(int32_t rows, int32_t blocks_per_row, int32_t np) {
   if (rows <= 0 || np <= 0) return 1;
-  const int32_t balanced = (rows * blocks_per_row - 1) / np + 1;
   const int64_t whole_rows = int64_t((rows - 1) / np + 1) * blocks_per_row;
-  return whole_rows <= int64_t(balanced) + kSplitCostBlocks ? blocks_per_row : 1;
+  return row_start_cut_pays(whole_rows, rows * blocks_per_row, np) ? blocks_per_row : 1;
 }
 
 // Where a part starts: its blocks [g0, g1), its first row r = blocks [rb, re), the next row

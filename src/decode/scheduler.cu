@@ -52,7 +52,7 @@ decode_scheduler_kernel(int32_t batch, int32_t seq_q, int32_t topk, const int32_
   __syncthreads();
   for (int32_t q = int32_t(threadIdx.x); q < np; q += kSchedThreads) atomicMax(&s_longest, s_begin[q + 1] - s_begin[q]);
   __syncthreads();
-  const bool row_starts = s_longest <= (T - 1) / np + 1 + kSplitCostBlocks;
+  const bool row_starts = row_start_cut_pays(s_longest, T, np);
   if (threadIdx.x == 0) {
     md[0] = T;
     md[1] = np;
