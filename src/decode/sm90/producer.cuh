@@ -21,7 +21,7 @@ namespace selkv::decode::sm90 {
 // flight per thread, each issued one round ahead of its conversion (software pipeline: indices
 // two rounds ahead, records one round ahead, convert + store the current round; the loads of
 // round n + 1 are interleaved with the conversion of round n, chunk by chunk, so that about one
-// round of records, not two, is live in registers: no spills at 120 registers).
+// round of records, not two, is live in registers: no spills at the producer's 128 registers).
 struct RoundRaw {
   uint4 nope[8];
   float4 sc;
