@@ -222,7 +222,8 @@ class Row:
     max_abs: float | None = None
 
 
-def run_decode(c: DecodeCase, fm, timer: Timer, gen: torch.Generator, min_blocks: int) -> list[Row]:
+def run_decode(c: DecodeCase, fm, timer: Timer, gen: torch.Generator, min_blocks: int,
+               probe_pairing: bool = False) -> list[Row]:
     x = decode_inputs(c, gen)
     q, cache, idx = x["q"], x["cache"], x["indices"]
     scale = D_QK**-0.55
@@ -249,6 +250,14 @@ def run_decode(c: DecodeCase, fm, timer: Timer, gen: torch.Generator, min_blocks
         s_med, f_med = timer(ours)[0], None
     variant = "fixed" + (" -1 suffix" if c.eff_k else "")
     rows.append(Row("decode", c.shape(), variant, s_med, f_med, flops, cos, mad))
+    if probe_pairing:
+        # Where does the interleaving cost come from? selkv alone, and selkv interleaved with itself
+        # (a second plan and workspace on the same tensors), next to the row above.
+        md2 = selkv.get_decode_metadata(c.B, c.S, c.H, c.K, min_blocks_per_part=min_blocks)
+        ours2 = lambda: selkv.sparse_mla_decode(q, cache, idx, md2, scale)  # noqa: E731
+        rows.append(Row("decode", c.shape(), variant + ", selkv alone", timer(ours)[0], None, flops, None, None))
+        a_med, _ = timer.pair(ours, ours2)
+        rows.append(Row("decode", c.shape(), variant + ", selkv interleaved with selkv", a_med, None, flops, None, None))
 
     if c.eff_k:  # selkv's dynamic top-k on the same shape (FlashMLA's SM90 V3.2 path has none)
         tl, dyn_idx = x["topk_length"], x["indices_dyn"]
@@ -306,6 +315,8 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--graph", action="store_true", help="time CUDA-graph replays of the calls")
     ap.add_argument("--min-blocks", type=int, default=0, help="selkv decode split granularity (0 = default)")
+    ap.add_argument("--probe-pairing", action="store_true",
+                    help="decode: also time selkv alone and interleaved with itself (the pairing cost)")
     ap.add_argument("--flash-mla-module", default="flash_mla")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--prefill-sweep", action="store_true",
@@ -330,7 +341,7 @@ def main() -> int:
         if "decode" in ops:
             for c in DECODE_CASES:
                 if (not args.quick or c.quick) and picked(c):
-                    rows += run_decode(c, fm, timer, gen, args.min_blocks)
+                    rows += run_decode(c, fm, timer, gen, args.min_blocks, args.probe_pairing)
                     torch.cuda.empty_cache()
         if "prefill" in ops:
             for c in PREFILL_CASES + (PREFILL_SWEEP if args.prefill_sweep else []):
