@@ -126,8 +126,9 @@ SELKV_DEC_HD int32_t fixed_part_unit(int32_t rows, int32_t blocks_per_row, int32
   return row_start_cut_pays(whole_rows, rows * blocks_per_row, np) ? blocks_per_row : 1;
 }
 
-// Where a part starts: its blocks [g0, g1), its first row r = blocks [rb, re), the next row
-// r + 1 = blocks [re, re2), and (dynamic top-k) the two rows' clamped top-k lengths.
+// Where a dynamic-top-k part starts (DynamicSchedule::start, the scheduler's part entry): its
+// blocks [g0, g1), its first row r = blocks [rb, re), the next row r + 1 = blocks [re, re2), and
+// the two rows' clamped top-k lengths.
 struct PartStart {
   int32_t g0, g1, r, rb, re, re2, len, len2;
 };
@@ -145,17 +146,6 @@ struct FixedSchedule {
   SELKV_DEC_HD int32_t begin(int32_t q) const { return part_begin(q, total, np, unit); }
   SELKV_DEC_HD int32_t part_of_block(int32_t g) const { return part_of(g, total, np, unit); }
   SELKV_DEC_HD int32_t row_of_part(int32_t q) const { return begin(q) / blocks_per_row; }
-  SELKV_DEC_HD PartStart start(int32_t q) const {
-    PartStart ps;
-    ps.g0 = begin(q);
-    ps.g1 = begin(q + 1);
-    ps.r = ps.g0 / blocks_per_row;
-    ps.rb = ps.r * blocks_per_row;
-    ps.re = ps.rb + blocks_per_row;
-    ps.re2 = ps.re + blocks_per_row;
-    ps.len = ps.len2 = blocks_per_row * kBlockTokens;
-    return ps;
-  }
   // Whole rows per part: nothing to combine.
   SELKV_DEC_HD bool has_split_rows() const { return unit != blocks_per_row; }
 };

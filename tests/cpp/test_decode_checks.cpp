@@ -6,6 +6,7 @@
 #include <cmath>
 #include <set>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "decode/decode_params.h"
@@ -282,14 +283,18 @@ TEST(DecodeChecks, SchedulerPartitionArithmetic) {
           if (g0 >= begins[q + 1]) continue;
           const int r = sched.row_of_part(q);
           ASSERT_TRUE(r >= 0 && r < rows && P[r] <= g0 && g0 < P[r + 1]) << "part " << q;
-          // The part's start (what a decode CTA reads first): its blocks and first two rows.
-          const PartStart ps = sched.start(q);
-          ASSERT_EQ(ps.g0, g0);
-          ASSERT_EQ(ps.g1, begins[q + 1]);
-          ASSERT_EQ(ps.r, r);
-          ASSERT_EQ(ps.rb, P[r]);
-          ASSERT_EQ(ps.re, P[r + 1]);
-          if (r + 2 <= rows) ASSERT_EQ(ps.re2, P[r + 2]) << "part " << q;
+          // Dynamic: the part's start entry (what a decode CTA reads first), decoded by start().
+          if constexpr (std::is_same_v<std::decay_t<decltype(sched)>, DynamicSchedule>) {
+            const PartStart ps = sched.start(q);
+            ASSERT_EQ(ps.g0, g0);
+            ASSERT_EQ(ps.g1, begins[q + 1]);
+            ASSERT_EQ(ps.r, r);
+            ASSERT_EQ(ps.rb, P[r]);
+            ASSERT_EQ(ps.re, P[r + 1]);
+            ASSERT_EQ(ps.re2, P[std::min(r + 2, rows)]) << "part " << q;
+            ASSERT_EQ(ps.len, 64 * r + 1);
+            ASSERT_EQ(ps.len2, 64 * r + 65);
+          }
         }
         // Every split row is merged by exactly one combine CTA (the one of its first part), with
         // the kernel's slots.
