@@ -46,8 +46,6 @@ inline constexpr int32_t kMaxDecodeParts = 1024;
 //   [0] T = total blocks   [1] NP = effective number of parts   [2] rows   [3] magic
 //   [4] min blocks per part   [5] 1 = parts cut at row starts (row_start_part_begin)
 //   [6] S = split rows (rows merged by the combine)   [7] reserved
-//   [kMdPartRow + q], q < NP: the row holding part q's first block (replaces a search per CTA)
-//   [kMdPartBegin + q], q <= NP: part q's first block (part NP: T)
 //   [kMdSplitRows + 4 i .. + 3], i < S: split row i as {row, first_part, num_parts, first_slot}
 //     (split_row_of_part of the kernels' schedule view, in part order): combine CTA column i
 //   [kMdPartEntry + 8 q .. + 7], q < NP: part q's start as PartStart {g0, g1, r, P[r], P[r + 1],
@@ -59,11 +57,9 @@ inline constexpr int32_t kMaxDecodeParts = 1024;
 // the combine reads the split-row table in both cases.
 inline constexpr int kMdHeaderInts = 8;
 inline constexpr int kMdSplitCount = 6;
-inline constexpr int kMdPartRow = kMdHeaderInts;
-inline constexpr int kMdPartBegin = kMdPartRow + kMaxDecodeParts;
-inline constexpr int kMdSplitRows = kMdPartBegin + kMaxDecodeParts + 4;  // 16-byte aligned entries
+inline constexpr int kMdSplitRows = kMdHeaderInts;  // 16-byte aligned entries
 inline constexpr int kMdPartEntryInts = 8;
-inline constexpr int kMdPartEntry = kMdSplitRows + 4 * kMaxDecodeParts + 4;  // 32-byte aligned entries
+inline constexpr int kMdPartEntry = kMdSplitRows + 4 * kMaxDecodeParts;  // 32-byte aligned entries
 inline constexpr int kMdPrefix = kMdPartEntry + kMdPartEntryInts * kMaxDecodeParts;
 static_assert(kMdSplitRows % 4 == 0, "split-row entries are loaded as int4");
 static_assert(kMdPartEntry % 8 == 0, "part entries are two int4 loads of one 32-byte sector");
@@ -157,12 +153,14 @@ struct DynamicSchedule {
   SELKV_DEC_HD DynamicSchedule(const int32_t* md_, int32_t rows_)
       : md(md_), rows(rows_), total(md_[0]), np(md_[1] < 1 ? 1 : (md_[1] > kMaxDecodeParts ? kMaxDecodeParts : md_[1])) {}
   SELKV_DEC_HD int32_t prefix(int32_t r) const { return md[kMdPrefix + (r < rows ? r : rows)]; }
-  // The scheduler's cut (balanced, or at row starts), clamped to [0, total].
+  // The scheduler's cut (balanced, or at row starts): part q's first block from its entry, clamped
+  // to [0, total]; part np (and past it) begins at total.
   SELKV_DEC_HD int32_t begin(int32_t q) const {
-    const int32_t b = md[kMdPartBegin + (q < 0 ? 0 : (q > np ? np : q))];  // np <= kMaxDecodeParts
+    if (q >= np) return total;
+    const int32_t b = md[kMdPartEntry + kMdPartEntryInts * (q < 0 ? 0 : q)];  // q < np <= kMaxDecodeParts
     return b < 0 ? 0 : (b > total ? total : b);
   }
-  // The part owning block g: the last q < np with begin(q) <= g (a search; combine only).
+  // The part owning block g: the last q < np with begin(q) <= g (a search; scheduler only).
   SELKV_DEC_HD int32_t part_of_block(int32_t g) const {
     int32_t lo = 0, hi = np - 1;
     while (lo < hi) {
@@ -171,13 +169,10 @@ struct DynamicSchedule {
     }
     return lo;
   }
-  SELKV_DEC_HD int32_t row_of_part(int32_t q) const {
-    const int32_t r = md[kMdPartRow + (q < kMaxDecodeParts ? q : kMaxDecodeParts - 1)];
-    return r < 0 ? 0 : (r < rows ? r : rows - 1);
-  }
+  SELKV_DEC_HD int32_t row_of_part(int32_t q) const { return start(q).r; }
   // Part q's entry (q < np: the caller checks). Its address does not depend on md[0..1], so the
   // header and the entry are loaded together; block bounds are clamped to [0, total] and the row
-  // to [0, rows) like begin() / row_of_part(). The row bounds are not clamped: every warpgroup
+  // to [0, rows). The row bounds are not clamped: every warpgroup
   // reads the same values, so a corrupt entry cannot desynchronize them, and the producer never
   // addresses a block outside [0, K / 64).
   SELKV_DEC_HD PartStart start(int32_t q) const {

@@ -62,30 +62,26 @@ decode_scheduler_kernel(int32_t batch, int32_t seq_q, int32_t topk, const int32_
     md[5] = row_starts ? 1 : 0;
     md[7] = 0;
   }
-  // Part tables: each part's first block, the row holding it, and the part's start entry (its
-  // first two rows' bounds and top-k lengths), so that a decode CTA starts without a search and
-  // without a load that waits on another.
+  // Part entries: each part's blocks, the row holding its first block and the first two rows'
+  // bounds and top-k lengths, so that a decode CTA starts without a search and without a load
+  // that waits on another.
   auto len_of = [&](int32_t r) -> int32_t {
     if (r >= rows) return 0;
     if (topk_length == nullptr) return topk;
     const int32_t len = topk_length[row_coord(r, batch).b];
     return len < 0 ? 0 : (len > topk ? topk : len);
   };
-  for (int32_t q = int32_t(threadIdx.x); q <= np; q += kSchedThreads) {
+  for (int32_t q = int32_t(threadIdx.x); q < np; q += kSchedThreads) {
     const int32_t b = row_starts ? s_begin[q] : part_begin(q, T, np);
-    md[kMdPartBegin + q] = b;
-    if (q < np) {
-      const int32_t r = row_containing(prefix, rows, b < T ? b : T - 1);
-      md[kMdPartRow + q] = r;
-      const int32_t e = row_starts ? s_begin[q + 1] : part_begin(q + 1, T, np);
-      int4* entry = reinterpret_cast<int4*>(md + kMdPartEntry + kMdPartEntryInts * q);
-      entry[0] = make_int4(b, e, r, prefix[r]);
-      entry[1] = make_int4(prefix[r + 1], prefix[r + 2 < rows ? r + 2 : rows], len_of(r), len_of(r + 1));
-    }
+    const int32_t e = row_starts ? s_begin[q + 1] : part_begin(q + 1, T, np);
+    const int32_t r = row_containing(prefix, rows, b < T ? b : T - 1);
+    int4* entry = reinterpret_cast<int4*>(md + kMdPartEntry + kMdPartEntryInts * q);
+    entry[0] = make_int4(b, e, r, prefix[r]);
+    entry[1] = make_int4(prefix[r + 1], prefix[r + 2 < rows ? r + 2 : rows], len_of(r), len_of(r + 1));
   }
-  __syncthreads();  // part tables visible to the whole CTA
+  __syncthreads();  // part entries visible to the whole CTA
   // Split-row table for the combine, in part order, from the same schedule view the decode
-  // kernel walks (fixed: closed form; dynamic: the tables above). One combine CTA column per
+  // kernel walks (fixed: closed form; dynamic: the entries above). One combine CTA column per
   // entry, so the combine launches no CTA that has nothing to merge.
   int32_t count = 0;  // the same in every thread
   for (int32_t base = 0; base < np; base += kSchedThreads) {

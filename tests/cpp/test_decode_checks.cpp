@@ -262,10 +262,8 @@ TEST(DecodeChecks, SchedulerPartitionArithmetic) {
       md[0] = T;
       md[1] = npe;
       for (int r = 0; r <= rows; ++r) md[size_t(kMdPrefix + r)] = P[r];
-      for (int q = 0; q <= npe; ++q) md[size_t(kMdPartBegin + q)] = begins[q];
       for (int q = 0; q < npe; ++q) {
         const int r = row_containing(md.data() + kMdPrefix, rows, std::min(begins[q], T - 1));
-        md[size_t(kMdPartRow + q)] = r;
         // The scheduler's entry (lengths: any value; the kernels only pass them through).
         const int32_t e[kMdPartEntryInts] = {begins[q], begins[q + 1], r, P[r], P[r + 1],
                                              P[std::min(r + 2, rows)], 64 * r + 1, 64 * r + 65};
