@@ -144,6 +144,10 @@ std::vector<int32_t> permutation(int32_t n, Rng& rng);
 void device_fill_random_bytes(void* ptr, size_t bytes, uint64_t seed, cudaStream_t stream);
 // Reads `bytes` (a multiple of 16) once; used to leave the L2 full of clean lines.
 void device_read_sweep(const void* ptr, size_t bytes, void* sink, cudaStream_t stream);
+// Runs 256 KB of straight-line code on every SM (4 warps per SM): evicts the SMs' instruction
+// caches (the flush's memset leaves them holding the previous call's code). `sink` is written
+// only for an impossible value.
+void device_icache_sweep(void* sink, cudaStream_t stream);
 // bf16 uniform in [-1, 1) (never all zeros: timing on zeros is not representative).
 void device_fill_random_bf16(void* ptr, size_t count, uint64_t seed, cudaStream_t stream);
 

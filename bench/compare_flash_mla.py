@@ -258,6 +258,9 @@ def run_decode(c: DecodeCase, fm, timer: Timer, gen: torch.Generator, min_blocks
         rows.append(Row("decode", c.shape(), variant + ", selkv alone", timer(ours)[0], None, flops, None, None))
         a_med, _ = timer.pair(ours, ours2)
         rows.append(Row("decode", c.shape(), variant + ", selkv interleaved with selkv", a_med, None, flops, None, None))
+        if fm is not None:  # and FlashMLA alone: what the interleaving costs it
+            rows.append(Row("decode", c.shape(), variant + ", flash_mla alone", float("nan"), timer(theirs)[0], flops,
+                            None, None))
 
     if c.eff_k:  # selkv's dynamic top-k on the same shape (FlashMLA's SM90 V3.2 path has none)
         tl, dyn_idx = x["topk_length"], x["indices_dyn"]

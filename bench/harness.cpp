@@ -21,13 +21,29 @@ Timer::~Timer() {
 // DESIGN §6 flush: write a buffer > 2x L2. That leaves the L2 full of dirty lines, which the
 // timed op then pays to write back (measurable up to ~2x the traffic of a 15-30 MB op).
 // SELKV_BENCH_FLUSH=clean adds a read sweep over half the buffer after the memset, so the op
-// starts with a cold *and clean* L2; the mode is recorded in the timing column.
+// starts with a cold *and clean* L2. SELKV_BENCH_FLUSH=icache (or clean,icache) then runs a kernel
+// of 256 KB of straight-line code on every SM: the memset leaves the SMs' instruction caches
+// holding the op's own code from its previous call, which a serving engine (other kernels between
+// two calls of one layer) never gives it. The mode is recorded in the timing column.
+namespace {
+bool flush_env_has(const char* word) {
+  const char* env = std::getenv("SELKV_BENCH_FLUSH");
+  return env && std::string(env).find(word) != std::string::npos;
+}
+}  // namespace
+
 bool Timer::clean_flush() {
-  static const bool clean = [] {
-    const char* env = std::getenv("SELKV_BENCH_FLUSH");
-    return env && std::string(env) == "clean";
-  }();
+  static const bool clean = flush_env_has("clean");
   return clean;
+}
+
+bool Timer::icache_flush() {
+  static const bool icache = flush_env_has("icache");
+  return icache;
+}
+
+std::string Timer::flush_mode() {
+  return std::string(clean_flush() ? ",clean-flush" : "") + (icache_flush() ? ",icache-flush" : "");
 }
 
 void Timer::flush(cudaStream_t s) {
@@ -36,6 +52,7 @@ void Timer::flush(cudaStream_t s) {
     const size_t half = (flush_buf_.bytes() / 2) & ~size_t(15);
     device_read_sweep(flush_buf_.get(), half, static_cast<uint8_t*>(flush_buf_.get()) + half, s);
   }
+  if (icache_flush()) device_icache_sweep(flush_buf_.get(), s);
 }
 
 void Timer::ensure_events(size_t n) {
@@ -115,7 +132,7 @@ Timing Timer::time_eager(const LaunchFn& fn, const TimingConfig& cfg) {
     groups.push_back(us / cfg.reps);
   }
   return summarize(std::move(groups), cfg.groups * cfg.reps,
-                   cfg.flush_l2 ? (clean_flush() ? "eager,clean-flush" : "eager") : "eager,warm-L2");
+                   cfg.flush_l2 ? "eager" + flush_mode() : "eager,warm-L2");
 }
 
 // The same group captured once into a graph (event records become graph nodes through
@@ -173,7 +190,7 @@ Timing Timer::time_graph(const LaunchFn& fn, const TimingConfig& cfg, bool event
     groups.push_back(us / cfg.reps);
   }
   return summarize(std::move(groups), cfg.groups * cfg.reps,
-                   cfg.flush_l2 ? (clean_flush() ? "graph,clean-flush" : "graph") : event_nodes ? "graph,warm-L2" : "graph-replay,warm-L2");
+                   cfg.flush_l2 ? "graph" + flush_mode() : event_nodes ? "graph,warm-L2" : "graph-replay,warm-L2");
 }
 
 // ---- ceilings ---------------------------------------------------------------------------------

@@ -47,6 +47,8 @@ class Timer {
  private:
   void flush(cudaStream_t s);
   static bool clean_flush();
+  static bool icache_flush();
+  static std::string flush_mode();  // ",clean-flush" / ",icache-flush" suffixes of the timing column
   void ensure_events(size_t n);
   Timing time_eager(const LaunchFn& fn, const TimingConfig& cfg);
   Timing time_graph(const LaunchFn& fn, const TimingConfig& cfg, bool event_nodes = true);
