@@ -229,37 +229,43 @@ SELKV_DEC_HD RowCoord row_coord(int32_t row, int32_t batch) {
   return {row - s * batch, s};
 }
 
+// Field order follows first use: a kernel parameter is read through the constant cache, where a
+// cold line stalls the warp (it is not scoreboarded). At entry every CTA computes its part from the
+// first 16 bytes; the producer's first index load then needs the next two lines, the consumers'
+// Q load the third. (The old declaration order cost three serial constant misses before any
+// work: ncu, session 8.)
 struct DecodeKernelParams {
-  const uint16_t* q;  // bf16
-  int64_t q_batch_stride, q_seq_stride, q_head_stride;
-  int32_t batch, seq_q, num_heads, topk;
-  int32_t num_rows;  // batch * seq_q, numbered s * batch + b (row_coord)
-
-  const uint8_t* cache;
-  int64_t num_slots;
-  int32_t page_size;
-  FastDivmod page;  // slot -> (block, offset) without an integer division on the index path
-  int64_t block_stride_bytes;
+  int32_t num_rows;             // batch * seq_q, numbered s * batch + b (row_coord)
+  int32_t topk;
+  int32_t min_blocks_per_part;  // the plan's (FixedSchedule recomputes NP from it)
+  int32_t num_sm_parts;         // grid parts; parts >= NP exit at once
+  const int32_t* metadata;      // see layout above (read by the dynamic top-k kernels only)
+  int32_t batch, seq_q;
 
   const int32_t* indices;
   int64_t indices_batch_stride, indices_seq_stride;
   const int32_t* topk_length;  // only read by the dynamic specialization
-  const float* attn_sink;      // [H] or null
+  const uint8_t* cache;
+  int64_t num_slots;
+  FastDivmod page;  // slot -> (block, offset) without an integer division on the index path
+  int32_t page_size;
+  int64_t block_stride_bytes;
 
+  const uint16_t* q;  // bf16
+  int64_t q_batch_stride, q_seq_stride, q_head_stride;
   float sm_scale;
   float sm_scale_log2;  // sm_scale * log2(e)
+  int32_t num_heads;
+  const float* attn_sink;  // [H] or null
 
   uint16_t* out;  // bf16
   int64_t out_batch_stride, out_seq_stride, out_head_stride;
   float* lse;
   int64_t lse_batch_stride, lse_seq_stride;
-
-  const int32_t* metadata;  // see layout above (read by the dynamic top-k kernels only)
-  int32_t num_sm_parts;     // grid parts; parts >= NP exit at once
-  int32_t min_blocks_per_part;  // the plan's (FixedSchedule recomputes NP from it)
-  float* accum_out;         // [2 * num_sm_parts, H, 512] fp32 (normalized partial out)
-  float* accum_lse;         // [2 * num_sm_parts, H]
+  float* accum_out;  // [2 * num_sm_parts, H, 512] fp32 (normalized partial out)
+  float* accum_lse;  // [2 * num_sm_parts, H]
 };
+static_assert(sizeof(FastDivmod) == 12, "DecodeKernelParams packs page with page_size into 16 bytes");
 
 // The schedule view of an instantiation: closed form for fixed top-k, the metadata for dynamic.
 template <bool kDynamic>
