@@ -21,6 +21,14 @@
 #include "decode/sm90/part_iter.cuh"
 #include "decode/sm90/producer.cuh"
 
+// Code layout A/B switch (default 0): SELKV_DECODE_PRODUCER_FIRST=1 places the producer's code
+// first. Under an instruction-cache flush (SELKV_BENCH_FLUSH=icache) the producer's first publish
+// came 4-6.5 us later than with warm instruction caches while the consumers' phases moved by
+// < 0.4 us (timeline, session 8); its code sat last, 52 KB past the entry.
+#ifndef SELKV_DECODE_PRODUCER_FIRST
+#define SELKV_DECODE_PRODUCER_FIRST 0
+#endif
+
 namespace selkv::decode::sm90 {
 
 // ---- kernel ---------------------------------------------------------------------------------
@@ -64,6 +72,21 @@ sparse_decode_sm90_kernel(const __grid_constant__ DecodeKernelParams p) {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 
   const int wg = int(threadIdx.x) / 128;
+#if SELKV_DECODE_PRODUCER_FIRST && !SELKV_DECODE_PINGPONG
+  // Same roles, branches swapped: ptxas lays out the else path of a branch first, so this puts the
+  // producer's code right after the prologue, then the softmax WG's, then the PV WG's.
+  if (wg != 0) {
+    if (wg == 2) {
+      run_pv_wg<kNumHeads>(p, ss, it);  // stays at the launch budget (kPvWgRegs)
+    } else {
+      cutlass::arch::warpgroup_reg_alloc<kSoftmaxWgRegs>();
+      run_softmax_wg<kNumHeads>(p, ss, it);
+    }
+  } else {
+    cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
+    run_producer<kNumHeads, kDynamic>(p, ss, it, rank);
+  }
+#else
   if (wg == 0) {
     cutlass::arch::warpgroup_reg_dealloc<kPingPong ? kPingPongProducerRegs : kProducerRegs>();
     run_producer<kNumHeads, kDynamic>(p, ss, it, rank);
@@ -85,6 +108,7 @@ sparse_decode_sm90_kernel(const __grid_constant__ DecodeKernelParams p) {
       run_pv_wg<kNumHeads>(p, ss, it);  // stays at the launch budget (kPvWgRegs)
     }
   }
+#endif
   if constexpr (kCluster == 2) {
     // No CTA exits while its peer may still write its smem or arrive on its barriers.
     cute::cluster_arrive_relaxed();
