@@ -9,7 +9,13 @@
 #include "decode/sm90/primitives.cuh"
 #include "decode/sm90/probe.cuh"
 
+#ifndef SELKV_DECODE_PREFETCH_R1
+#define SELKV_DECODE_PREFETCH_R1 0
+#endif
+
 namespace selkv::decode::sm90 {
+
+inline constexpr bool kPrefetchRound1 = SELKV_DECODE_PREFETCH_R1 != 0;  // A/B switch, default 0
 
 // ---- producer warpgroup ---------------------------------------------------------------------
 // The producer walks the part's blocks in rounds of 32 tokens (H = 64: two rounds per block, the
@@ -247,22 +253,6 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
 
   auto valid2 = [&](int32_t idx2) -> int32_t { return idx2 >= 0 && int64_t(idx2) < p.num_slots; };
 
-  SELKV_PROBE(const unsigned long long pt0 = probe_clk();)
-  // Index ring of two slots (slot of round m = m & 1), rotated by the main loop's 2-step unroll,
-  // so a loop-carried index never moves between registers (a move of a value still in flight
-  // waits for it; 6693a0a lost ~15 % of the producer's stall samples on one per step). At the
-  // start of step n, slot (n + 1) & 1 holds round n + 1's indices (their records are loaded in
-  // step n) and slot n & 1 round n + 2's (prefetched into L2 in step n); step n then loads round
-  // n + 3's into slot (n + 1) & 1. Prologue: rounds 0, 1 and 2, records of round 0.
-  int32_t s0, s0p, s1, s1p;  // slot 0 / slot 1: this thread's index and the peer-half index
-  RoundRaw x0, x1;
-  int32_t v2_0 = 0, v2_1 = 0;
-  load_index(s0, s0p);  // round 0
-  load_index(s1, s1p);  // round 1
-  issue_loads(s0, x0);
-  v2_0 = valid2(s0p);
-  load_index(s0, s0p);  // round 2
-
   // L2 prefetch of a round's record (index known two rounds ahead, registers not needed): the
   // register loads issued one round later then hit L2 instead of waiting a full DRAM latency.
   // Thread quarter q touches the record's 128-byte lines q and q + 4 (656 bytes span <= 7 lines:
@@ -278,6 +268,26 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
       if (b <= last) asm volatile("prefetch.global.L2 [%0];" ::"l"(b));
     }
   };
+
+  SELKV_PROBE(const unsigned long long pt0 = probe_clk();)
+  // Index ring of two slots (slot of round m = m & 1), rotated by the main loop's 2-step unroll,
+  // so a loop-carried index never moves between registers (a move of a value still in flight
+  // waits for it; 6693a0a lost ~15 % of the producer's stall samples on one per step). At the
+  // start of step n, slot (n + 1) & 1 holds round n + 1's indices (their records are loaded in
+  // step n) and slot n & 1 round n + 2's (prefetched into L2 in step n); step n then loads round
+  // n + 3's into slot (n + 1) & 1. Prologue: rounds 0, 1 and 2, records of round 0.
+  int32_t s0, s0p, s1, s1p;  // slot 0 / slot 1: this thread's index and the peer-half index
+  RoundRaw x0, x1;
+  int32_t v2_0 = 0, v2_1 = 0;
+  load_index(s0, s0p);  // round 0
+  load_index(s1, s1p);  // round 1
+  issue_loads(s0, x0);
+  // SELKV_DECODE_PREFETCH_R1: round 1's records to L2 now, alongside round 0's, instead of in step 0
+  // after round 0 landed: the first block of an H = 64 part needs both rounds.
+  if constexpr (kPrefetchRound1) prefetch_record(s1);
+  v2_0 = valid2(s0p);
+  load_index(s0, s0p);  // round 2
+
 
   // One step: convert round n from `cx` while loading the records of round n + 1 into `nx`
   // (index slot `ni`, peer `ni2`) and prefetching round n + 2's into L2 (slot `pi`), then load

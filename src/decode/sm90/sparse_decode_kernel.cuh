@@ -21,14 +21,6 @@
 #include "decode/sm90/part_iter.cuh"
 #include "decode/sm90/producer.cuh"
 
-// Code layout A/B switch (default 0): SELKV_DECODE_PRODUCER_FIRST=1 places the producer's code
-// first. Under an instruction-cache flush (SELKV_BENCH_FLUSH=icache) the producer's first publish
-// came 4-6.5 us later than with warm instruction caches while the consumers' phases moved by
-// < 0.4 us (timeline, session 8); its code sat last, 52 KB past the entry.
-#ifndef SELKV_DECODE_PRODUCER_FIRST
-#define SELKV_DECODE_PRODUCER_FIRST 0
-#endif
-
 namespace selkv::decode::sm90 {
 
 // ---- kernel ---------------------------------------------------------------------------------
@@ -72,9 +64,12 @@ sparse_decode_sm90_kernel(const __grid_constant__ DecodeKernelParams p) {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 
   const int wg = int(threadIdx.x) / 128;
-#if SELKV_DECODE_PRODUCER_FIRST && !SELKV_DECODE_PINGPONG
-  // Same roles, branches swapped: ptxas lays out the else path of a branch first, so this puts the
-  // producer's code right after the prologue, then the softmax WG's, then the PV WG's.
+#if !SELKV_DECODE_PINGPONG
+  // Branch order sets the code layout (ptxas places the else path first): the producer's code right
+  // after the prologue, then the softmax WG's, then the PV WG's. With the producer's code last
+  // (52 KB past the entry), a call whose instruction caches do not hold the kernel (any other
+  // kernel ran since its previous call, as in a serving engine) got its first KV block 4-6.5 us
+  // later and took 2.5-4.6 us longer (H=64 B=8 S_q=1 31.2 -> 27.6 us; docs/perf-log.md, session 8).
   if (wg != 0) {
     if (wg == 2) {
       run_pv_wg<kNumHeads>(p, ss, it);  // stays at the launch budget (kPvWgRegs)
@@ -86,27 +81,16 @@ sparse_decode_sm90_kernel(const __grid_constant__ DecodeKernelParams p) {
     cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
     run_producer<kNumHeads, kDynamic>(p, ss, it, rank);
   }
-#else
+#else  // the ping-pong experiment (default off)
   if (wg == 0) {
-    cutlass::arch::warpgroup_reg_dealloc<kPingPong ? kPingPongProducerRegs : kProducerRegs>();
+    cutlass::arch::warpgroup_reg_dealloc<kPingPongProducerRegs>();
     run_producer<kNumHeads, kDynamic>(p, ss, it, rank);
-#if SELKV_DECODE_PINGPONG
-  } else if constexpr (kPingPong) {
-    if (wg == 1) {
-      cutlass::arch::warpgroup_reg_alloc<kPingPongARegs>();
-      run_pingpong_consumer<kNumHeads, 0>(p, ss, it);
-    } else {
-      cutlass::arch::warpgroup_reg_alloc<kPingPongBRegs>();
-      run_pingpong_consumer<kNumHeads, 1>(p, ss, it);
-    }
-#endif
+  } else if (wg == 1) {
+    cutlass::arch::warpgroup_reg_alloc<kPingPongARegs>();
+    run_pingpong_consumer<kNumHeads, 0>(p, ss, it);
   } else {
-    if (wg == 1) {
-      cutlass::arch::warpgroup_reg_alloc<kSoftmaxWgRegs>();
-      run_softmax_wg<kNumHeads>(p, ss, it);
-    } else {
-      run_pv_wg<kNumHeads>(p, ss, it);  // stays at the launch budget (kPvWgRegs)
-    }
+    cutlass::arch::warpgroup_reg_alloc<kPingPongBRegs>();
+    run_pingpong_consumer<kNumHeads, 1>(p, ss, it);
   }
 #endif
   if constexpr (kCluster == 2) {
