@@ -9,13 +9,7 @@
 #include "decode/sm90/primitives.cuh"
 #include "decode/sm90/probe.cuh"
 
-#ifndef SELKV_DECODE_PREFETCH_R1
-#define SELKV_DECODE_PREFETCH_R1 0
-#endif
-
 namespace selkv::decode::sm90 {
-
-inline constexpr bool kPrefetchRound1 = SELKV_DECODE_PREFETCH_R1 != 0;  // A/B switch, default 0
 
 // ---- producer warpgroup ---------------------------------------------------------------------
 // The producer walks the part's blocks in rounds of 32 tokens (H = 64: two rounds per block, the
@@ -282,9 +276,9 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
   load_index(s0, s0p);  // round 0
   load_index(s1, s1p);  // round 1
   issue_loads(s0, x0);
-  // SELKV_DECODE_PREFETCH_R1: round 1's records to L2 now, alongside round 0's, instead of in step 0
-  // after round 0 landed: the first block of an H = 64 part needs both rounds.
-  if constexpr (kPrefetchRound1) prefetch_record(s1);
+  // Round 1's records to L2 now, alongside round 0's, not in step 0 after round 0 landed: the first
+  // block of an H = 64 part needs both rounds (H=64 B=8 S_q=1 27.5 -> 27.0 us, session 8).
+  prefetch_record(s1);
   v2_0 = valid2(s0p);
   load_index(s0, s0p);  // round 2
 
