@@ -11,28 +11,6 @@
 
 namespace selkv::decode::sm90 {
 
-// Entry prefetch (A/B switch SELKV_DECODE_ENTRY_INDEX_PREFETCH, default 0): threads 0-3 of the CTA,
-// before the barrier init and cluster sync, prefetch to L2 the index lines of the part's first two
-// blocks (two 128-byte lines per block), so the producer's first index loads, issued after the
-// sync, hit L2. Lines outside the row's K indices or past the part are not touched.
-template <class Schedule>
-__device__ __forceinline__ void prefetch_first_index_lines(const DecodeKernelParams& p, const PartIter<Schedule>& it,
-                                                           int t) {
-  int32_t rb;
-  if constexpr (PartIter<Schedule>::kDynamic) {
-    rb = it.rb;
-  } else {
-    rb = it.sched.prefix(it.r);
-  }
-  const int32_t row = it.r < p.num_rows ? it.r : p.num_rows - 1;
-  const int32_t blk = it.g0 - rb + (t >> 1);
-  if (uint32_t(blk) >= uint32_t(p.topk / kBlockN) || it.g0 + (t >> 1) >= it.g1) return;
-  const auto [b, s] = row_coord(row, p.batch);
-  const int32_t* a = p.indices + b * p.indices_batch_stride + s * p.indices_seq_stride + int64_t(blk) * kBlockN +
-                     32 * (t & 1);
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
-}
-
 // ---- producer warpgroup ---------------------------------------------------------------------
 // The producer walks the part's blocks in rounds of 32 tokens (H = 64: two rounds per block, the
 // CTA dequantizes all 64 tokens; H = 128: one round per block, CTA rank c of the cluster

@@ -21,10 +21,6 @@
 #include "decode/sm90/part_iter.cuh"
 #include "decode/sm90/producer.cuh"
 
-#ifndef SELKV_DECODE_ENTRY_INDEX_PREFETCH
-#define SELKV_DECODE_ENTRY_INDEX_PREFETCH 0  // A/B switch (producer.cuh, prefetch_first_index_lines)
-#endif
-
 namespace selkv::decode::sm90 {
 
 // ---- kernel ---------------------------------------------------------------------------------
@@ -44,9 +40,6 @@ sparse_decode_sm90_kernel(const __grid_constant__ DecodeKernelParams p) {
     SELKV_TL(if (threadIdx.x == 0) { if (tl_cta() < 2 * 132) g_tl[tl_cta()][0] = 0; tl_finish(p); })
     return;
   }
-#if SELKV_DECODE_ENTRY_INDEX_PREFETCH
-  if (threadIdx.x < 4) prefetch_first_index_lines(p, it, int(threadIdx.x));
-#endif
   constexpr int kCluster = kNumHeads == 128 ? 2 : 1;
   const uint32_t rank = kCluster == 2 ? uint32_t(blockIdx.x) : 0u;
 
