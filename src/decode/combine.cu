@@ -79,7 +79,11 @@ decode_combine_kernel(const DecodeKernelParams p) {
   const int d = (int(threadIdx.x) % 128) * 4;
   const int64_t split_stride = int64_t(p.num_heads) * 512;  // floats per accumulator slot
   auto slot = [&](int32_t i) -> int64_t { return i == 0 ? sr.first_slot : 2 * (sr.first_part + i); };
+#if SELKV_DECODE_BF16_PARTIALS  // (decode_params.h) partials stored as bf16, same element offsets
+  const uint16_t* po = reinterpret_cast<const uint16_t*>(p.accum_out) + int64_t(h) * 512 + d;
+#else
   const float* po = p.accum_out + int64_t(h) * 512 + d;
+#endif
 
   // Launched as a programmatic dependent of the decode kernel: wait for its completion (and the
   // visibility of its partials) before reading them.
@@ -90,12 +94,26 @@ decode_combine_kernel(const DecodeKernelParams p) {
 
   for (int32_t i = int32_t(threadIdx.x); i < n; i += kCombineThreads)
     s_lse[i] = *reinterpret_cast<const float4*>(p.accum_lse + slot(i) * p.num_heads + h0);
+#if SELKV_DECODE_BF16_PARTIALS
+  uint2 o[kCombineBatch];  // 4 bf16
+  auto load_batch = [&](int32_t base) {
+    #pragma unroll
+    for (int j = 0; j < kCombineBatch; ++j)
+      if (base + j < n) o[j] = *reinterpret_cast<const uint2*>(po + slot(base + j) * split_stride);
+  };
+  auto value = [&](int j) {
+    return make_float4(__uint_as_float(o[j].x << 16), __uint_as_float(o[j].x & 0xffff0000u),
+                       __uint_as_float(o[j].y << 16), __uint_as_float(o[j].y & 0xffff0000u));
+  };
+#else
   float4 o[kCombineBatch];
   auto load_batch = [&](int32_t base) {
     #pragma unroll
     for (int j = 0; j < kCombineBatch; ++j)
       if (base + j < n) o[j] = *reinterpret_cast<const float4*>(po + slot(base + j) * split_stride);
   };
+  auto value = [&](int j) { return o[j]; };
+#endif
   load_batch(0);  // in flight with the lse loads
   __syncthreads();
   const float* lse_of = reinterpret_cast<const float*>(s_lse) + hl;  // split i: lse_of[4 * i]
@@ -112,7 +130,8 @@ decode_combine_kernel(const DecodeKernelParams p) {
         if (base + j < n) {
           const float w = expf(lse_of[4 * (base + j)] - max_lse);  // 0 for an empty split (lse = -inf)
           sum_w += w;
-          acc.x += w * o[j].x; acc.y += w * o[j].y; acc.z += w * o[j].z; acc.w += w * o[j].w;
+          const float4 v = value(j);
+          acc.x += w * v.x; acc.y += w * v.y; acc.z += w * v.z; acc.w += w * v.w;
         }
       }
     }

@@ -13,6 +13,15 @@
 #define SELKV_DEC_HD inline
 #endif
 
+// Split rows' partial outputs in bf16 instead of fp32 (A/B switch, default 0 = fp32, FlashMLA's
+// choice; UNMEASURED). Small batches are bound by writing the partials and reading them back (16 MB
+// at H=64 B=8 S_q=1: 3.5 us of epilogue plus the combine); bf16 halves both. It adds one bf16
+// rounding (relative 2^-9) to split rows only, well inside DESIGN §5's out tolerance; measure the
+// cosine distance against FlashMLA before taking it. Shared by the decode kernel and the combine.
+#ifndef SELKV_DECODE_BF16_PARTIALS
+#define SELKV_DECODE_BF16_PARTIALS 0
+#endif
+
 namespace selkv::decode {
 
 inline constexpr int kBlockTokens = 64;      // selected tokens per KV block (TOPK_BLOCK_SIZE)
@@ -262,7 +271,8 @@ struct DecodeKernelParams {
   int64_t out_batch_stride, out_seq_stride, out_head_stride;
   float* lse;
   int64_t lse_batch_stride, lse_seq_stride;
-  float* accum_out;  // [2 * num_sm_parts, H, 512] fp32 (normalized partial out)
+  float* accum_out;  // [2 * num_sm_parts, H, 512] fp32 (normalized partial out; bf16 in its first half
+                     // with SELKV_DECODE_BF16_PARTIALS)
   float* accum_lse;  // [2 * num_sm_parts, H]
 };
 static_assert(sizeof(FastDivmod) == 12, "DecodeKernelParams packs page with page_size into 16 bytes");

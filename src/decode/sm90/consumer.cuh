@@ -33,6 +33,7 @@
 namespace selkv::decode::sm90 {
 
 inline constexpr bool kIndexPrefetch = SELKV_DECODE_INDEX_PREFETCH != 0;
+inline constexpr bool kBf16Partials = SELKV_DECODE_BF16_PARTIALS != 0;
 inline constexpr bool kEarlyQ = SELKV_DECODE_EARLY_Q != 0;
 
 // Prefetch into L2 the index lines of every (row, block) of the part (blocks clamped to K / 64,
@@ -87,17 +88,32 @@ __device__ __forceinline__ void store_row(const DecodeKernelParams& p, const Row
   // Lane q of a quad holds word q (columns 2q, 2q + 1) of every 8-column chunk of rows r0 and r1.
   const int q4 = lane & 3;
   if (w.split) {
-    // fp32 partial: 8-byte stores of the accumulator pairs. The fp32 epilogue is bound by the write
-    // bandwidth of all CTAs finishing at once (16 MB in ~4 us at H=64 B=8 S_q=1); a head-pair
-    // workspace layout with 16-byte stores measured slower (H=64 B=1 22.1 vs 21.8 us, B=64 S_q=1
-    // 81.1 vs 79.6; a288085 vs 19a530b, session 7).
-    float* acc0 = p.accum_out + (int64_t(w.slot) * kNumHeads + h0) * kDimV + cw * kDimVPerConsumer + 2 * q4;
-    float* acc1 = p.accum_out + (int64_t(w.slot) * kNumHeads + h1) * kDimV + cw * kDimVPerConsumer + 2 * q4;
-    CUTE_UNROLL
-    for (int i = 0; i < size(tOrO); i += 4) {
-      const int c = 8 * (i >> 2);
-      *reinterpret_cast<float2*>(acc0 + c) = make_float2(tOrO(i) * f0, tOrO(i + 1) * f0);
-      *reinterpret_cast<float2*>(acc1 + c) = make_float2(tOrO(i + 2) * f1, tOrO(i + 3) * f1);
+    if constexpr (kBf16Partials) {
+      // bf16 partial (A/B switch SELKV_DECODE_BF16_PARTIALS): half the bytes of the fp32 one, in
+      // 4-byte pair stores (the 16-byte quad-transposed form of the out epilogue spilled 28 bytes in
+      // the producer at H=64); the combine reads it back as bf16.
+      uint16_t* slot = reinterpret_cast<uint16_t*>(p.accum_out) + int64_t(w.slot) * kNumHeads * kDimV;
+      uint16_t* acc0 = slot + int64_t(h0) * kDimV + cw * kDimVPerConsumer + 2 * q4;
+      uint16_t* acc1 = slot + int64_t(h1) * kDimV + cw * kDimVPerConsumer + 2 * q4;
+      CUTE_UNROLL
+      for (int i = 0; i < size(tOrO); i += 4) {
+        const int c = 8 * (i >> 2);
+        *reinterpret_cast<uint32_t*>(acc0 + c) = bf16x2_bits(tOrO(i) * f0, tOrO(i + 1) * f0);
+        *reinterpret_cast<uint32_t*>(acc1 + c) = bf16x2_bits(tOrO(i + 2) * f1, tOrO(i + 3) * f1);
+      }
+    } else {
+      // fp32 partial: 8-byte stores of the accumulator pairs. The fp32 epilogue is bound by the
+      // write bandwidth of all CTAs finishing at once (16 MB in ~4 us at H=64 B=8 S_q=1); a head-pair
+      // workspace layout with 16-byte stores measured slower (H=64 B=1 22.1 vs 21.8 us, B=64 S_q=1
+      // 81.1 vs 79.6; a288085 vs 19a530b, session 7).
+      float* acc0 = p.accum_out + (int64_t(w.slot) * kNumHeads + h0) * kDimV + cw * kDimVPerConsumer + 2 * q4;
+      float* acc1 = p.accum_out + (int64_t(w.slot) * kNumHeads + h1) * kDimV + cw * kDimVPerConsumer + 2 * q4;
+      CUTE_UNROLL
+      for (int i = 0; i < size(tOrO); i += 4) {
+        const int c = 8 * (i >> 2);
+        *reinterpret_cast<float2*>(acc0 + c) = make_float2(tOrO(i) * f0, tOrO(i + 1) * f0);
+        *reinterpret_cast<float2*>(acc1 + c) = make_float2(tOrO(i + 2) * f1, tOrO(i + 3) * f1);
+      }
     }
     if (cw == 0 && (lane & 3) == 0) {
       p.accum_lse[int64_t(w.slot) * kNumHeads + h0] = lse0;
@@ -110,8 +126,8 @@ __device__ __forceinline__ void store_row(const DecodeKernelParams& p, const Row
     }
     // bf16: a 4 x 4 word transpose over the quad gives lane q all four words of chunk 4c + q, so a
     // warp instruction writes 64 contiguous bytes of each of its 8 rows (whole sectors) instead of
-    // 16 (half sectors, each written twice): a row's epilogue took ~6 us for 64 KB per CTA at
-    // H=64 B=64 S_q=2, 2 us after (timeline, session 7).
+    // 16 (half sectors, each written twice): a row's epilogue took ~6 us for 64 KB per CTA at H=64
+    // B=64 S_q=2, 2 us after (timeline, session 7).
     uint16_t* orow = p.out + b * p.out_batch_stride + s * p.out_seq_stride;
     uint16_t* o0 = orow + int64_t(h0) * p.out_head_stride + cw * kDimVPerConsumer + q4 * 8;
     uint16_t* o1 = orow + int64_t(h1) * p.out_head_stride + cw * kDimVPerConsumer + q4 * 8;
