@@ -2,6 +2,7 @@
 // by the scheduler, the decode kernel and the combine kernel. Arch-neutral.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "common/fast_divmod.h"
@@ -276,6 +277,8 @@ struct DecodeKernelParams {
   float* accum_lse;  // [2 * num_sm_parts, H]
 };
 static_assert(sizeof(FastDivmod) == 12, "DecodeKernelParams packs page with page_size into 16 bytes");
+static_assert(offsetof(DecodeKernelParams, num_rows) == 0 && offsetof(DecodeKernelParams, num_sm_parts) == 12,
+              "the schedule's fields stay in the first 16 bytes of the parameters (first-use order)");
 
 // The schedule view of an instantiation: closed form for fixed top-k, the metadata for dynamic.
 template <bool kDynamic>
