@@ -9,6 +9,10 @@
 #include "decode/sm90/primitives.cuh"
 #include "decode/sm90/probe.cuh"
 
+#ifndef SELKV_DECODE_WARP_FORWARD
+#define SELKV_DECODE_WARP_FORWARD 0
+#endif
+
 namespace selkv::decode::sm90 {
 
 // ---- producer warpgroup ---------------------------------------------------------------------
@@ -235,12 +239,24 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
       cutlass::arch::ClusterBarrier::arrive(&ss.bar_full[buf]);
       SELKV_TL(if (threadIdx.x == 0 && n == kRounds - 1) tl_stamp(1);)
       if constexpr (kCluster == 2) {
+#if SELKV_DECODE_WARP_FORWARD
+        // A/B switch (default 0, UNMEASURED; H=128 fixed spills 2 bytes in the round loop with it):
+        // each warp ships its own 8 tokens (one 9 KB row group
+        // of the tile) as soon as its lanes have fenced their stores, instead of one 36 KB copy
+        // after all four warps: the copy overlaps the slower warps' conversion.
+        __syncwarp();
+        if (lane == 0) {
+          const uint32_t off = uint32_t(half * kHalfOff + warp * kKRowGroupStride) * uint32_t(sizeof(bf16_t));
+          bulk_copy_to_peer(peer_k + off, smem_u32(sk) + off, uint32_t(kKRowGroupStride * sizeof(bf16_t)), peer_bar);
+        }
+#else
         // Every producer thread's half-tile stores are fenced: one thread ships the half.
         cutlass::arch::NamedBarrier::sync(128, uint32_t(NamedBar::kProducerHalfDone));
         if (threadIdx.x == 0) {
           const uint32_t off = uint32_t(half * kHalfOff) * uint32_t(sizeof(bf16_t));
           bulk_copy_to_peer(peer_k + off, smem_u32(sk) + off, uint32_t(kHalfOff * sizeof(bf16_t)), peer_bar);
         }
+#endif
       }
     }
   };
