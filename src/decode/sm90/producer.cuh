@@ -241,9 +241,9 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
       if constexpr (kCluster == 2) {
 #if SELKV_DECODE_WARP_FORWARD
         // A/B switch (default 0, UNMEASURED; H=128 fixed spills 2 bytes in the round loop with it):
-        // each warp ships its own 8 tokens (one 9 KB row group
-        // of the tile) as soon as its lanes have fenced their stores, instead of one 36 KB copy
-        // after all four warps: the copy overlaps the slower warps' conversion.
+        // each warp ships its own 8 tokens (one 9 KB row group of the tile) as soon as its lanes
+        // have fenced their stores, instead of one 36 KB copy after all four warps: the copy
+        // overlaps the slower warps' conversion.
         __syncwarp();
         if (lane == 0) {
           const uint32_t off = uint32_t(half * kHalfOff + warp * kKRowGroupStride) * uint32_t(sizeof(bf16_t));
