@@ -64,35 +64,32 @@ sparse_decode_sm90_kernel(const __grid_constant__ DecodeKernelParams p) {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 
   const int wg = int(threadIdx.x) / 128;
-#if !SELKV_DECODE_PINGPONG
   // Branch order sets the code layout (ptxas places the else path first): the producer's code right
   // after the prologue, then the softmax WG's, then the PV WG's. With the producer's code last
   // (52 KB past the entry), a call whose instruction caches do not hold the kernel (any other
   // kernel ran since its previous call, as in a serving engine) got its first KV block 4-6.5 us
   // later and took 2.5-4.6 us longer (H=64 B=8 S_q=1 31.2 -> 27.6 us; docs/perf-log.md, session 8).
   if (wg != 0) {
+#if SELKV_DECODE_PINGPONG
+    if (wg == 2) {
+      cutlass::arch::warpgroup_reg_alloc<kPingPongBRegs>();
+      run_pingpong_consumer<kNumHeads, 1>(p, ss, it);
+    } else {
+      cutlass::arch::warpgroup_reg_alloc<kPingPongARegs>();
+      run_pingpong_consumer<kNumHeads, 0>(p, ss, it);
+    }
+#else
     if (wg == 2) {
       run_pv_wg<kNumHeads>(p, ss, it);  // stays at the launch budget (kPvWgRegs)
     } else {
       cutlass::arch::warpgroup_reg_alloc<kSoftmaxWgRegs>();
       run_softmax_wg<kNumHeads>(p, ss, it);
     }
-  } else {
-    cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
-    run_producer<kNumHeads, kDynamic>(p, ss, it, rank);
-  }
-#else  // the ping-pong experiment (default off)
-  if (wg == 0) {
-    cutlass::arch::warpgroup_reg_dealloc<kPingPongProducerRegs>();
-    run_producer<kNumHeads, kDynamic>(p, ss, it, rank);
-  } else if (wg == 1) {
-    cutlass::arch::warpgroup_reg_alloc<kPingPongARegs>();
-    run_pingpong_consumer<kNumHeads, 0>(p, ss, it);
-  } else {
-    cutlass::arch::warpgroup_reg_alloc<kPingPongBRegs>();
-    run_pingpong_consumer<kNumHeads, 1>(p, ss, it);
-  }
 #endif
+  } else {
+    cutlass::arch::warpgroup_reg_dealloc<kPingPong ? kPingPongProducerRegs : kProducerRegs>();
+    run_producer<kNumHeads, kDynamic>(p, ss, it, rank);
+  }
   if constexpr (kCluster == 2) {
     // No CTA exits while its peer may still write its smem or arrive on its barriers.
     cute::cluster_arrive_relaxed();
