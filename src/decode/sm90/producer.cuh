@@ -298,7 +298,6 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
   v2_0 = valid2(s0p);
   load_index(s0, s0p);  // round 2
 
-
   // One step: convert round n from `cx` while loading the records of round n + 1 into `nx`
   // (index slot `ni`, peer `ni2`) and prefetching round n + 2's into L2 (slot `pi`), then load
   // round n + 3's indices into the slot just used.
