@@ -1,6 +1,6 @@
 // Helpers shared by the SM90 micro-probes in this folder (dsmem_probe, tma_row_probe): the CK error
 // macro, timer, shared addresses, cluster rank / barrier / mapa, mbarrier init / expect_tx / wait.
-// the library (which has its own in src/sm90/common.cuh and CUTLASS's barrier.h).
+// Not part of the library (which has its own in src/sm90/common.cuh and CUTLASS's barrier.h).
 #pragma once
 
 #include <cuda_runtime.h>
