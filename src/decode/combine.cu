@@ -10,7 +10,15 @@ namespace {
 
 constexpr int kHeadsPerCombineCta = 4;
 constexpr int kCombineThreads = 128 * kHeadsPerCombineCta;  // 128 threads x 4 floats = 512 dims
-constexpr int kCombineBatch = 8;  // partial rows in flight per thread (64 registers at 2 CTAs / SM)
+// A/B switches (default = measured): partial rows in flight per thread, and CTAs per SM the
+// register budget is sized for (8 rows = 32 registers fits 2 CTAs / SM).
+#ifndef SELKV_COMBINE_BATCH
+#define SELKV_COMBINE_BATCH 8
+#endif
+#ifndef SELKV_COMBINE_MIN_CTAS
+#define SELKV_COMBINE_MIN_CTAS 2
+#endif
+constexpr int kCombineBatch = SELKV_COMBINE_BATCH;
 
 #ifndef SELKV_DECODE_TIMELINE
 #define SELKV_DECODE_TIMELINE 0
@@ -51,7 +59,7 @@ __device__ __forceinline__ void ctl_finish(const DecodeKernelParams& p) {
 // float4 = 4 heads per split) into shared memory, and the partial rows kCombineBatch splits at a
 // time, so a row split n ways costs ~ceil(n / kCombineBatch) L2 round trips instead of ~n. The merge arithmetic and its order (max,
 // then w_i = exp(lse_i - max), sum and accumulation in split order) are fixed: deterministic.
-__global__ void __launch_bounds__(kCombineThreads, 2)
+__global__ void __launch_bounds__(kCombineThreads, SELKV_COMBINE_MIN_CTAS)
 decode_combine_kernel(const DecodeKernelParams p) {
 #if SELKV_DECODE_TIMELINE
   if (threadIdx.x == 0) atomicMin(&g_ctl[0], ctl_now());
