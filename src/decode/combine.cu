@@ -10,16 +10,18 @@ namespace {
 
 constexpr int kHeadsPerCombineCta = 4;
 constexpr int kCombineThreads = 128 * kHeadsPerCombineCta;  // 128 threads x 4 floats = 512 dims
-// A/B switches (default = measured): partial rows in flight per thread, and CTAs per SM the
-// register budget is sized for (8 rows = 32 registers fits 2 CTAs / SM).
-#ifndef SELKV_COMBINE_BATCH
-#define SELKV_COMBINE_BATCH 8
-#endif
-#ifndef SELKV_COMBINE_MIN_CTAS
-#define SELKV_COMBINE_MIN_CTAS 2
-#endif
-constexpr int kCombineBatch = SELKV_COMBINE_BATCH;
-
+// Two shapes of the kernel, picked at launch from the plan's grid (shape only, never data):
+// a grid that fits one CTA per SM keeps all 16 partial rows of a thread in flight at once (104
+// registers, one L2 round trip for rows split up to 16 ways); a larger grid keeps 8 in flight at
+// 2 CTAs / SM (64 registers) so twice as many CTAs run at once. Measured on the H200 (3ee9909,
+// one shape for every call): 16 / 1 vs 8 / 2 gave H=64 B=8 S_q=1 27.35 -> 25.36 us, H=128 B=2
+// 25.15 -> 24.45, H=64 B=1 -2 %, but H=64 B=64 S_q=1 +9 % and B=8 S_q=4 +6 % (grids of 2-8 waves).
+struct CombineWide {
+  static constexpr int kBatch = 16, kMinCtas = 1;
+};
+struct CombineNarrow {
+  static constexpr int kBatch = 8, kMinCtas = 2;
+};
 #ifndef SELKV_DECODE_TIMELINE
 #define SELKV_DECODE_TIMELINE 0
 #endif
@@ -59,8 +61,10 @@ __device__ __forceinline__ void ctl_finish(const DecodeKernelParams& p) {
 // float4 = 4 heads per split) into shared memory, and the partial rows kCombineBatch splits at a
 // time, so a row split n ways costs ~ceil(n / kCombineBatch) L2 round trips instead of ~n. The merge arithmetic and its order (max,
 // then w_i = exp(lse_i - max), sum and accumulation in split order) are fixed: deterministic.
-__global__ void __launch_bounds__(kCombineThreads, SELKV_COMBINE_MIN_CTAS)
+template <class Shape>
+__global__ void __launch_bounds__(kCombineThreads, Shape::kMinCtas)
 decode_combine_kernel(const DecodeKernelParams p) {
+  constexpr int kCombineBatch = Shape::kBatch;
 #if SELKV_DECODE_TIMELINE
   if (threadIdx.x == 0) atomicMin(&g_ctl[0], ctl_now());
 #endif
@@ -177,7 +181,11 @@ cudaError_t launch_decode_combine(const DecodeKernelParams& p, int32_t max_split
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  const cudaError_t err = cudaLaunchKernelEx(&cfg, decode_combine_kernel, p);
+  // Heads x parts = CTAs the decode grid had (H=128: 2 per cluster part): the SMs in use.
+  const int64_t ctas = int64_t(cfg.gridDim.x) * cfg.gridDim.y;
+  const bool wide = ctas <= int64_t(p.num_sm_parts) * (p.num_heads / kHeadsPerCta);
+  const cudaError_t err = wide ? cudaLaunchKernelEx(&cfg, decode_combine_kernel<CombineWide>, p)
+                               : cudaLaunchKernelEx(&cfg, decode_combine_kernel<CombineNarrow>, p);
   if (err != cudaSuccess) return err;
   return cudaGetLastError();
 }
