@@ -30,15 +30,19 @@ inline constexpr int kHeadsPerCta = 64;      // query heads per CTA (one wgmma M
 // Scheduler: do not split finer than this many 64-token blocks per part (the default of
 // DecodeShape::min_blocks_per_part). Each part costs a Q load, a partial write and a combine read,
 // and more parts cost more than their shorter main loops save once the grid is ~half full.
-// H = 128 (2-CTA clusters): 4 (B = 2 S_q = 2: 1 / 2 / 3 / 4 / 6 / 8 blocks: 32.1 / 31.4 / 28.5 /
-// 25.7 / 30.7 / 33.3 us). H = 64: T / 128 clamped to [2, 4] for T blocks in the call (at most: the
-// fixed top-k count), so calls up to ~256 blocks keep 2-block parts (all SMs busy) and larger ones
-// get 4. Measured on the H200 at 7aa8e68 (combine split-row table), us for 1 / 2 / 4 / 8 blocks:
-// B = 8 S_q = 1 (T = 256): 27.8 / 27.8 / 29.2 / 40.9; B = 8 S_q = 2 (T = 512): 33.4 / 33.2 / 32.6 /
-// 42.0; B = 1 S_q = 4 (T = 128): 27.4 / 22.4 / 22.5 / 39.3; B = 8 S_q = 4: flat within 2 %. (Before
-// the table, at 8695b2b, T = 256 was best at 4 blocks: 33.7 / 33.1 / 29.1 / 40.8, so T / 64.)
+// H = 128 (2-CTA clusters): 4, and 2 for calls under 256 blocks. B = 2 S_q = 2 (T = 128), us for
+// 1 / 2 / 3 / 4 / 6 / 8 blocks: 32.1 / 31.4 / 28.5 / 25.7 / 30.7 / 33.3 with the 8-row combine;
+// with the 16-row one-wave combine (0fc61a9): 1 / 2 / 4 blocks 24.83 / 24.12 / 25.10, while B = 64
+// / 74 / 256 are flat or worse at 2 (173.6 / 219.2 / 319.9 vs 173.6 / 218.5 / 319.8). H = 64: T / 128
+// clamped to [2, 4] for T blocks in the call (at most: the fixed top-k count), so calls up to
+// ~256 blocks keep 2-block parts (all SMs busy) and larger ones get 4. Measured on the H200 at
+// 7aa8e68 (combine split-row table), us for 1 / 2 / 4 / 8 blocks: B = 8 S_q = 1 (T = 256): 27.8 /
+// 27.8 / 29.2 / 40.9; B = 8 S_q = 2 (T = 512): 33.4 / 33.2 / 32.6 / 42.0; B = 1 S_q = 4 (T = 128):
+// 27.4 / 22.4 / 22.5 / 39.3; B = 8 S_q = 4: flat within 2 %; re-checked at 0fc61a9 with the new
+// combine: 2 blocks stays best or level (B = 8 S_q = 1 1 / 2 blocks: 26.22 / 25.38). (Before the
+// table, at 8695b2b, T = 256 was best at 4 blocks: 33.7 / 33.1 / 29.1 / 40.8, so T / 64.)
 SELKV_DEC_HD constexpr int min_blocks_per_part(int num_heads, int64_t total_blocks) {
-  if (num_heads == 128) return 4;
+  if (num_heads == 128) return total_blocks < 256 ? 2 : 4;
   const int64_t m = total_blocks / 128;
   return m < 2 ? 2 : (m > 4 ? 4 : int(m));
 }

@@ -160,12 +160,15 @@ TEST(DecodeChecks, SmemLayoutsAgreeWithCute) {
 
 #endif  // SELKV_HAVE_CUTLASS
 
-// The default split granularity (decode_params.h, measured): 4 blocks at H = 128; at H = 64 the
-// call's block count / 64 clamped to [2, 4] (B = 1: 2; B = 8 S_q = 1, T = 256: 4).
+// The default split granularity (decode_params.h, measured): at H = 128 2 blocks under 256 blocks
+// in the call, else 4; at H = 64 the call's block count / 128 clamped to [2, 4].
 TEST(DecodeChecks, DefaultMinBlocksPerPart) {
   using selkv::decode::min_blocks_per_part;
-  EXPECT_EQ(min_blocks_per_part(128, 4 * 32), 4);
-  EXPECT_EQ(min_blocks_per_part(128, 1), 4);
+  EXPECT_EQ(min_blocks_per_part(128, 4 * 32), 2);   // B = 2 S_q = 2, K = 2048
+  EXPECT_EQ(min_blocks_per_part(128, 1), 2);
+  EXPECT_EQ(min_blocks_per_part(128, 255), 2);
+  EXPECT_EQ(min_blocks_per_part(128, 256), 4);
+  EXPECT_EQ(min_blocks_per_part(128, 128 * 32), 4);  // B = 64 S_q = 2
   EXPECT_EQ(min_blocks_per_part(64, 1), 2);
   EXPECT_EQ(min_blocks_per_part(64, 32), 2);
   EXPECT_EQ(min_blocks_per_part(64, 128), 2);
