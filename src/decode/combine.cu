@@ -1,4 +1,5 @@
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <cmath>
 #include <cstdio>
@@ -91,7 +92,7 @@ decode_combine_kernel(const DecodeKernelParams p) {
   const int d = (int(threadIdx.x) % 128) * 4;
   const int64_t split_stride = int64_t(p.num_heads) * 512;  // floats per accumulator slot
   auto slot = [&](int32_t i) -> int64_t { return i == 0 ? sr.first_slot : 2 * (sr.first_part + i); };
-#if SELKV_DECODE_BF16_PARTIALS  // (decode_params.h) partials stored as bf16, same element offsets
+#if SELKV_DECODE_BF16_PARTIALS || SELKV_DECODE_F16_PARTIALS  // (decode_params.h) 16-bit partials, same element offsets
   const uint16_t* po = reinterpret_cast<const uint16_t*>(p.accum_out) + int64_t(h) * 512 + d;
 #else
   const float* po = p.accum_out + int64_t(h) * 512 + d;
@@ -106,7 +107,26 @@ decode_combine_kernel(const DecodeKernelParams p) {
 
   for (int32_t i = int32_t(threadIdx.x); i < n; i += kCombineThreads)
     s_lse[i] = *reinterpret_cast<const float4*>(p.accum_lse + slot(i) * p.num_heads + h0);
-#if SELKV_DECODE_BF16_PARTIALS
+#if SELKV_DECODE_F16_PARTIALS
+  // Inverse scales of the fp16 partials: [split][4 heads][2 halves] after the lse table.
+  float* s_inv = reinterpret_cast<float*>(s_lse + p.num_sm_parts);
+  {
+    const float* inv = p.accum_out + int64_t(p.num_sm_parts) * p.num_heads * 512;
+    for (int32_t k = int32_t(threadIdx.x); k < 8 * n; k += kCombineThreads)
+      s_inv[k] = inv[(slot(k >> 3) * p.num_heads + h0 + ((k & 7) >> 1)) * 2 + (k & 1)];
+  }
+  uint2 o[kCombineBatch];  // 4 fp16
+  auto load_batch = [&](int32_t base) {
+    #pragma unroll
+    for (int j = 0; j < kCombineBatch; ++j)
+      if (base + j < n) o[j] = *reinterpret_cast<const uint2*>(po + slot(base + j) * split_stride);
+  };
+  auto value = [&](int j) {
+    const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&o[j].x));
+    const float2 c = __half22float2(*reinterpret_cast<const __half2*>(&o[j].y));
+    return make_float4(a.x, a.y, c.x, c.y);
+  };
+#elif SELKV_DECODE_BF16_PARTIALS
   uint2 o[kCombineBatch];  // 4 bf16
   auto load_batch = [&](int32_t base) {
     #pragma unroll
@@ -142,7 +162,13 @@ decode_combine_kernel(const DecodeKernelParams p) {
         if (base + j < n) {
           const float w = expf(lse_of[4 * (base + j)] - max_lse);  // 0 for an empty split (lse = -inf)
           sum_w += w;
+#if SELKV_DECODE_F16_PARTIALS
+          const float4 v0 = value(j);
+          const float is = s_inv[8 * (base + j) + 2 * hl + (d >> 8)];
+          const float4 v = make_float4(v0.x * is, v0.y * is, v0.z * is, v0.w * is);
+#else
           const float4 v = value(j);
+#endif
           acc.x += w * v.x; acc.y += w * v.y; acc.z += w * v.z; acc.w += w * v.w;
         }
       }
@@ -172,7 +198,9 @@ cudaError_t launch_decode_combine(const DecodeKernelParams& p, int32_t max_split
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(max_split_rows > 0 ? max_split_rows : 1, p.num_heads / kHeadsPerCombineCta, 1);
   cfg.blockDim = dim3(kCombineThreads, 1, 1);
-  cfg.dynamicSmemBytes = size_t(p.num_sm_parts) * sizeof(float4);  // a row has <= parts splits
+  // A row has <= parts splits: their lse (float4 of 4 heads), and with fp16 partials the
+  // inverse scales (8 floats).
+  cfg.dynamicSmemBytes = size_t(p.num_sm_parts) * sizeof(float4) * (SELKV_DECODE_F16_PARTIALS ? 3 : 1);
   cfg.stream = stream;
   // Programmatic dependent launch: the launch overlaps the decode kernel's tail (small batches
   // are latency-bound); correctness comes from griddepcontrol.wait in the kernel.

@@ -2,6 +2,7 @@
 // the PV WG (O[:, 256:512]); row epilogue (docs/decode-design.md §2).
 #pragma once
 
+#include <cuda_fp16.h>
 #include <cutlass/arch/barrier.h>
 
 #include "decode/sm90/config.h"
@@ -38,6 +39,21 @@ inline constexpr bool kBf16Partials = SELKV_DECODE_BF16_PARTIALS != 0;
 // form by one lane-pair exchange per two chunks (8-byte stores).
 inline constexpr bool kBf16PartialsPaired = SELKV_DECODE_BF16_PARTIALS == 2;
 inline constexpr bool kBf16PartialsShuffled = SELKV_DECODE_BF16_PARTIALS == 3;
+inline constexpr bool kF16Partials = SELKV_DECODE_F16_PARTIALS != 0;
+
+// Power-of-two scale that brings a nonnegative max m into [2^13, 2^14) (1 for 0, inf, nan), and
+// its exact inverse.
+__device__ __forceinline__ float2 f16_partial_scale(float m) {
+  const int e = int((__float_as_uint(m) >> 23) & 0xffu);  // biased exponent
+  if (e == 0xff || m == 0.f) return make_float2(1.f, 1.f);
+  int k = 13 - (e - 127);
+  k = k > 126 ? 126 : (k < -126 ? -126 : k);
+  return make_float2(__uint_as_float(uint32_t(127 + k) << 23), __uint_as_float(uint32_t(127 - k) << 23));
+}
+__device__ __forceinline__ uint32_t f16x2_bits(float lo, float hi) {
+  __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
 inline constexpr bool kEarlyQ = SELKV_DECODE_EARLY_Q != 0;
 
 // Prefetch into L2 the index lines of every (row, block) of the part (blocks clamped to K / 64,
@@ -92,7 +108,28 @@ __device__ __forceinline__ void store_row(const DecodeKernelParams& p, const Row
   // Lane q of a quad holds word q (columns 2q, 2q + 1) of every 8-column chunk of rows r0 and r1.
   const int q4 = lane & 3;
   if (w.split) {
-    if constexpr (kBf16PartialsPaired) {
+    if constexpr (kF16Partials) {
+      // (SELKV_DECODE_F16_PARTIALS=1) the half-row max over the quad sets the scale, written
+      // beside the partial; the values are stored below by the out code, into the slot.
+      float m0 = 0.f, m1 = 0.f;
+      CUTE_UNROLL
+      for (int i = 0; i < size(tOrO); i += 4) {
+        m0 = fmaxf(m0, fmaxf(fabsf(tOrO(i)), fabsf(tOrO(i + 1))));
+        m1 = fmaxf(m1, fmaxf(fabsf(tOrO(i + 2)), fabsf(tOrO(i + 3))));
+      }
+      m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, 1));
+      m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, 1));
+      m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, 2));
+      m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, 2));
+      const float2 s0 = f16_partial_scale(m0 * f0), s1 = f16_partial_scale(m1 * f1);
+      f0 *= s0.x;
+      f1 *= s1.x;
+      if (q4 == 0) {
+        float* inv = p.accum_out + int64_t(p.num_sm_parts) * kNumHeads * kDimV;  // past the fp16 half
+        inv[(int64_t(w.slot) * kNumHeads + h0) * 2 + cw] = s0.y;
+        inv[(int64_t(w.slot) * kNumHeads + h1) * 2 + cw] = s1.y;
+      }
+    } else if constexpr (kBf16PartialsPaired) {
       // (SELKV_DECODE_BF16_PARTIALS=2) stored below by the bf16 out code, into the slot
     } else if constexpr (kBf16PartialsShuffled) {
       // bf16 partial in whole 32-byte sectors (SELKV_DECODE_BF16_PARTIALS=3): lanes q and q ^ 1
@@ -149,7 +186,7 @@ __device__ __forceinline__ void store_row(const DecodeKernelParams& p, const Row
       p.accum_lse[int64_t(w.slot) * kNumHeads + h1] = lse1;
     }
   }
-  if (kBf16PartialsPaired || !w.split) {
+  if (kF16Partials || kBf16PartialsPaired || !w.split) {
     if (!w.split && p.attn_sink != nullptr) {
       if (any0) f0 *= 1.f / (1.f + expf(p.attn_sink[h0] - lse0));
       if (any1) f1 *= 1.f / (1.f + expf(p.attn_sink[h1] - lse1));
@@ -160,7 +197,7 @@ __device__ __forceinline__ void store_row(const DecodeKernelParams& p, const Row
     // B=64 S_q=2, 2 us after (timeline, session 7).
     // (SELKV_DECODE_BF16_PARTIALS=2: a split row's bf16 partial goes the same way into its slot,
     // [H, 512] contiguous.)
-    const bool to_slot = kBf16PartialsPaired && w.split;
+    const bool to_slot = (kF16Partials || kBf16PartialsPaired) && w.split;
     uint16_t* orow = to_slot ? reinterpret_cast<uint16_t*>(p.accum_out) + int64_t(w.slot) * kNumHeads * kDimV
                              : p.out + b * p.out_batch_stride + s * p.out_seq_stride;
     const int64_t hs = to_slot ? int64_t(kDimV) : p.out_head_stride;
@@ -175,7 +212,8 @@ __device__ __forceinline__ void store_row(const DecodeKernelParams& p, const Row
         CUTE_UNROLL
         for (int k = 0; k < 4; ++k) {
           const int i = 4 * (4 * c + k) + 2 * r;
-          wd[k] = bf16x2_bits(tOrO(i) * f, tOrO(i + 1) * f);
+          wd[k] = kF16Partials && to_slot ? f16x2_bits(tOrO(i) * f, tOrO(i + 1) * f)
+                                          : bf16x2_bits(tOrO(i) * f, tOrO(i + 1) * f);
         }
         selkv::sm90::quad_transpose4(wd, q4);
         *reinterpret_cast<uint4*>((r ? o1 : o0) + 32 * c) = make_uint4(wd[0], wd[1], wd[2], wd[3]);
