@@ -15,18 +15,18 @@
 #endif
 
 // Split rows' partial outputs in bf16 instead of fp32 (A/B switch, default 0 = fp32, FlashMLA's
-// choice; UNMEASURED). Small batches are bound by writing the partials and reading them back (16 MB
-// at H=64 B=8 S_q=1: 3.5 us of epilogue plus the combine); bf16 halves both. It adds one bf16
-// rounding (relative 2^-9) to split rows only, well inside DESIGN §5's out tolerance; measure the
-// cosine distance against FlashMLA before taking it. Shared by the decode kernel and the combine.
+// choice), written with the bf16 out path's whole-sector 16-byte stores. Measured (session 9,
+// 350f9a3): H=128 B=2 24.2 -> 20.3 us, H=64 B=8 S_q=1 25.2 -> 21.5, large cases flat; but the extra
+// bf16 rounding (~2.5e-6 of cosine distance) puts split rows at DESIGN §5's 5e-6 limit (with a
+// random seed, SplitGranularity failed at 5.19e-6 in a build with the same rounding), so it is not
+// the default. Shared by the decode kernel and the combine.
 #ifndef SELKV_DECODE_BF16_PARTIALS
 #define SELKV_DECODE_BF16_PARTIALS 0
 #endif
 // Split rows' partials in fp16 with a power-of-two scale per (slot, head, d_v half) (A/B switch,
-// default 0). bf16 partials (above, mode 2: 20.3 vs 24.2 us at H=128 B=2) put the cosine distance
-// at DESIGN §5's 5e-6 limit (a test failed at 5.19e-6): one more bf16 rounding costs ~2.5e-6. fp16
-// rounds 8x finer; the scale (the half-row max lands in [2^13, 2^14)) keeps any data scale in
-// range. The scales live in the second half of the fp32-sized accum_out workspace.
+// default 0; never run yet). fp16 rounds 8x finer than bf16 (above); the scale (the half-row max
+// lands in [2^13, 2^14)) keeps any data scale in range. The scales live in the second half of the
+// fp32-sized accum_out workspace.
 #ifndef SELKV_DECODE_F16_PARTIALS
 #define SELKV_DECODE_F16_PARTIALS 0
 #endif
@@ -284,8 +284,9 @@ struct DecodeKernelParams {
   int64_t out_batch_stride, out_seq_stride, out_head_stride;
   float* lse;
   int64_t lse_batch_stride, lse_seq_stride;
-  float* accum_out;  // [2 * num_sm_parts, H, 512] fp32 (normalized partial out; bf16 in its first half
-                     // with SELKV_DECODE_BF16_PARTIALS)
+  float* accum_out;  // [2 * num_sm_parts, H, 512] fp32 (normalized partial out; 16-bit in its first
+                     // half with SELKV_DECODE_BF16_PARTIALS / _F16_PARTIALS, fp16's inverse scales
+                     // [2 * num_sm_parts, H, 2] after it)
   float* accum_lse;  // [2 * num_sm_parts, H]
 };
 static_assert(sizeof(FastDivmod) == 12, "DecodeKernelParams packs page with page_size into 16 bytes");

@@ -53,6 +53,7 @@ struct CaseSpec {
   bool all_invalid_row = true;   // one row with no valid index
   bool dynamic = false;
   bool sink = false;
+  float data_std = 0.1f;         // std of the cached latent and rope values
 };
 
 // Builds q, a NaN-filled cache with real records only at referenced slots, and indices.
@@ -97,8 +98,8 @@ Problem make_problem(const CaseSpec& c, std::mt19937_64& rng) {
   view.num_blocks = p.num_blocks; view.page_size = p.page; view.block_stride_bytes = p.block_stride;
   for (int64_t slot = 0; slot < ns; ++slot) {
     if (!referenced[slot]) continue;
-    auto latent = test::randn_bf16(fmt::kNopeDim, 0.1f, rng);
-    auto rope = test::randn_bf16(fmt::kRopeDim, 0.1f, rng);
+    auto latent = test::randn_bf16(fmt::kNopeDim, c.data_std, rng);
+    auto rope = test::randn_bf16(fmt::kRopeDim, c.data_std, rng);
     ref::encode_record(latent.data(), rope.data(), KvFormat::kDsMlaFp8, ScaleMode::kPow2,
                        p.cache.data() + view.slot_offset(slot));
   }
@@ -234,6 +235,7 @@ std::string name(const CaseSpec& c, int num_sms, int min_blocks = 0) {
          " skv" + std::to_string(c.s_kv) + " K" + std::to_string(c.K) + " page" +
          std::to_string(c.page) + (c.dynamic ? " dyn" : "") + (c.sink ? " sink" : "") +
          " sms" + std::to_string(num_sms) + " minblk" + std::to_string(min_blocks) +
+         (c.data_std != 0.1f ? " std" + std::to_string(c.data_std) : "") +
          " seed" + std::to_string(test::test_seed());
 }
 
@@ -291,6 +293,19 @@ TEST(DecodeGpu, SplitGranularity) {
   for (const auto& c : cases)
     for (int min_blocks : {1, 3, 17}) check_case(c, 0, min_blocks);
   check_case(cases[0], 9, 1);  // 9 parts: 9 splits of one row (one full batch + 1)
+}
+
+// Split rows at any data scale: the partials' format (fp32 by default; the 16-bit A/B formats of
+// decode_params.h) must neither overflow (|V| beyond fp16's 65504) nor lose precision to
+// subnormals (|out| ~ 1e-8). compare()'s cosine distance is the scale-free check of DESIGN §5.
+TEST(DecodeGpu, SplitRowsAtAnyDataScale) {
+  SELKV_REQUIRE_GPU();
+  for (float std_dev : {3e4f, 1e-6f})
+    for (int H : {64, 128}) {
+      CaseSpec c{2, 2, H, 1024, 576, 64, 0, true, false, false, false, std_dev};
+      check_case(c, 0, 1);   // 1-block parts: every row split 9 ways
+      check_case(c, 0, 0);
+    }
 }
 
 // Dynamic top-k == fixed top-k with the suffix set to -1, bit for bit. With one part (no split

@@ -35,10 +35,6 @@ namespace selkv::decode::sm90 {
 
 inline constexpr bool kIndexPrefetch = SELKV_DECODE_INDEX_PREFETCH != 0;
 inline constexpr bool kBf16Partials = SELKV_DECODE_BF16_PARTIALS != 0;
-// 2: whole-sector form through the bf16 out code (16-byte stores into the slot); 3: whole-sector
-// form by one lane-pair exchange per two chunks (8-byte stores).
-inline constexpr bool kBf16PartialsPaired = SELKV_DECODE_BF16_PARTIALS == 2;
-inline constexpr bool kBf16PartialsShuffled = SELKV_DECODE_BF16_PARTIALS == 3;
 inline constexpr bool kF16Partials = SELKV_DECODE_F16_PARTIALS != 0;
 
 // Power-of-two scale that brings a nonnegative max m into [2^13, 2^14) (1 for 0, inf, nan), and
@@ -129,44 +125,10 @@ __device__ __forceinline__ void store_row(const DecodeKernelParams& p, const Row
         inv[(int64_t(w.slot) * kNumHeads + h0) * 2 + cw] = s0.y;
         inv[(int64_t(w.slot) * kNumHeads + h1) * 2 + cw] = s1.y;
       }
-    } else if constexpr (kBf16PartialsPaired) {
-      // (SELKV_DECODE_BF16_PARTIALS=2) stored below by the bf16 out code, into the slot
-    } else if constexpr (kBf16PartialsShuffled) {
-      // bf16 partial in whole 32-byte sectors (SELKV_DECODE_BF16_PARTIALS=3): lanes q and q ^ 1
-      // trade one word per row, so an even lane holds words q, q + 1 of chunk 2k and an odd lane
-      // words q - 1, q of chunk 2k + 1; each 8-byte store of the quad then covers 16 contiguous
-      // columns of a row. The 4-byte form above writes half sectors (2 instructions per sector),
-      // which the bf16 out epilogue measured 3x slower (session 7).
-      const bool odd = (lane & 1) != 0;
-      const int off = odd ? 8 + 2 * (q4 - 1) : 2 * q4;
-      uint16_t* slot = reinterpret_cast<uint16_t*>(p.accum_out) + int64_t(w.slot) * kNumHeads * kDimV;
-      uint16_t* acc0 = slot + int64_t(h0) * kDimV + cw * kDimVPerConsumer + off;
-      uint16_t* acc1 = slot + int64_t(h1) * kDimV + cw * kDimVPerConsumer + off;
-      CUTE_UNROLL
-      for (int i = 0; i < size(tOrO); i += 8) {
-        const int c = 8 * (i >> 2);  // chunk 2k starts here, chunk 2k + 1 at c + 8
-        const uint32_t a0 = bf16x2_bits(tOrO(i) * f0, tOrO(i + 1) * f0);
-        const uint32_t a1 = bf16x2_bits(tOrO(i + 2) * f1, tOrO(i + 3) * f1);
-        const uint32_t b0 = bf16x2_bits(tOrO(i + 4) * f0, tOrO(i + 5) * f0);
-        const uint32_t b1 = bf16x2_bits(tOrO(i + 6) * f1, tOrO(i + 7) * f1);
-        const uint32_t g0 = __shfl_xor_sync(0xffffffffu, odd ? a0 : b0, 1);
-        const uint32_t g1 = __shfl_xor_sync(0xffffffffu, odd ? a1 : b1, 1);
-        *reinterpret_cast<uint2*>(acc0 + c) = odd ? make_uint2(g0, b0) : make_uint2(a0, g0);
-        *reinterpret_cast<uint2*>(acc1 + c) = odd ? make_uint2(g1, b1) : make_uint2(a1, g1);
-      }
     } else if constexpr (kBf16Partials) {
-      // bf16 partial (A/B switch SELKV_DECODE_BF16_PARTIALS): half the bytes of the fp32 one, in
-      // 4-byte pair stores (the 16-byte quad-transposed form of the out epilogue spilled 28 bytes in
-      // the producer at H=64); the combine reads it back as bf16.
-      uint16_t* slot = reinterpret_cast<uint16_t*>(p.accum_out) + int64_t(w.slot) * kNumHeads * kDimV;
-      uint16_t* acc0 = slot + int64_t(h0) * kDimV + cw * kDimVPerConsumer + 2 * q4;
-      uint16_t* acc1 = slot + int64_t(h1) * kDimV + cw * kDimVPerConsumer + 2 * q4;
-      CUTE_UNROLL
-      for (int i = 0; i < size(tOrO); i += 4) {
-        const int c = 8 * (i >> 2);
-        *reinterpret_cast<uint32_t*>(acc0 + c) = bf16x2_bits(tOrO(i) * f0, tOrO(i + 1) * f0);
-        *reinterpret_cast<uint32_t*>(acc1 + c) = bf16x2_bits(tOrO(i + 2) * f1, tOrO(i + 3) * f1);
-      }
+      // (SELKV_DECODE_BF16_PARTIALS=1) stored below by the bf16 out code, into the slot. Rejected
+      // forms (session 9): 4-byte pair stores (half sectors) were 9-13 % slower than fp32 on split
+      // cases; a lane-pair exchange into 8-byte whole-sector stores spilled 20 bytes at H=64.
     } else {
       // fp32 partial: 8-byte stores of the accumulator pairs. The fp32 epilogue is bound by the
       // write bandwidth of all CTAs finishing at once (16 MB in ~4 us at H=64 B=8 S_q=1); a head-pair
@@ -186,7 +148,7 @@ __device__ __forceinline__ void store_row(const DecodeKernelParams& p, const Row
       p.accum_lse[int64_t(w.slot) * kNumHeads + h1] = lse1;
     }
   }
-  if (kF16Partials || kBf16PartialsPaired || !w.split) {
+  if (kF16Partials || kBf16Partials || !w.split) {
     if (!w.split && p.attn_sink != nullptr) {
       if (any0) f0 *= 1.f / (1.f + expf(p.attn_sink[h0] - lse0));
       if (any1) f1 *= 1.f / (1.f + expf(p.attn_sink[h1] - lse1));
@@ -195,9 +157,9 @@ __device__ __forceinline__ void store_row(const DecodeKernelParams& p, const Row
     // warp instruction writes 64 contiguous bytes of each of its 8 rows (whole sectors) instead of
     // 16 (half sectors, each written twice): a row's epilogue took ~6 us for 64 KB per CTA at H=64
     // B=64 S_q=2, 2 us after (timeline, session 7).
-    // (SELKV_DECODE_BF16_PARTIALS=2: a split row's bf16 partial goes the same way into its slot,
-    // [H, 512] contiguous.)
-    const bool to_slot = (kF16Partials || kBf16PartialsPaired) && w.split;
+    // (With SELKV_DECODE_BF16_PARTIALS or _F16_PARTIALS a split row's 16-bit partial goes the same
+    // way into its slot, [H, 512] contiguous.)
+    const bool to_slot = (kF16Partials || kBf16Partials) && w.split;
     uint16_t* orow = to_slot ? reinterpret_cast<uint16_t*>(p.accum_out) + int64_t(w.slot) * kNumHeads * kDimV
                              : p.out + b * p.out_batch_stride + s * p.out_seq_stride;
     const int64_t hs = to_slot ? int64_t(kDimV) : p.out_head_stride;
