@@ -115,37 +115,30 @@ decode_combine_kernel(const DecodeKernelParams p) {
     for (int32_t k = int32_t(threadIdx.x); k < 8 * n; k += kCombineThreads)
       s_inv[k] = inv[(slot(k >> 3) * p.num_heads + h0 + ((k & 7) >> 1)) * 2 + (k & 1)];
   }
-  uint2 o[kCombineBatch];  // 4 fp16
+#endif
+#if SELKV_DECODE_BF16_PARTIALS || SELKV_DECODE_F16_PARTIALS
+  using Chunk = uint2;  // 4 16-bit values
+#else
+  using Chunk = float4;
+#endif
+  Chunk o[kCombineBatch];
   auto load_batch = [&](int32_t base) {
     #pragma unroll
     for (int j = 0; j < kCombineBatch; ++j)
-      if (base + j < n) o[j] = *reinterpret_cast<const uint2*>(po + slot(base + j) * split_stride);
+      if (base + j < n) o[j] = *reinterpret_cast<const Chunk*>(po + slot(base + j) * split_stride);
   };
   auto value = [&](int j) {
+#if SELKV_DECODE_F16_PARTIALS
     const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&o[j].x));
     const float2 c = __half22float2(*reinterpret_cast<const __half2*>(&o[j].y));
     return make_float4(a.x, a.y, c.x, c.y);
-  };
 #elif SELKV_DECODE_BF16_PARTIALS
-  uint2 o[kCombineBatch];  // 4 bf16
-  auto load_batch = [&](int32_t base) {
-    #pragma unroll
-    for (int j = 0; j < kCombineBatch; ++j)
-      if (base + j < n) o[j] = *reinterpret_cast<const uint2*>(po + slot(base + j) * split_stride);
-  };
-  auto value = [&](int j) {
     return make_float4(__uint_as_float(o[j].x << 16), __uint_as_float(o[j].x & 0xffff0000u),
                        __uint_as_float(o[j].y << 16), __uint_as_float(o[j].y & 0xffff0000u));
-  };
 #else
-  float4 o[kCombineBatch];
-  auto load_batch = [&](int32_t base) {
-    #pragma unroll
-    for (int j = 0; j < kCombineBatch; ++j)
-      if (base + j < n) o[j] = *reinterpret_cast<const float4*>(po + slot(base + j) * split_stride);
-  };
-  auto value = [&](int j) { return o[j]; };
+    return o[j];
 #endif
+  };
   load_batch(0);  // in flight with the lse loads
   __syncthreads();
   const float* lse_of = reinterpret_cast<const float*>(s_lse) + hl;  // split i: lse_of[4 * i]
