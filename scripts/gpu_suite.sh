@@ -20,7 +20,9 @@
 # Environment: OUT (out) for logs and CSVs, BUILD_DIR (build), JOBS ($(nproc)),
 #   SELKV_GTEST_FILTER (GPU tests; default *Gpu*:*GPU*:*Cuda*, every test when none matches),
 #   SELKV_GIT_HASH (recorded in the CSVs; the GPU machine's copy of the tree has no .git),
-#   SELKV_TEST_TIMEOUT / SELKV_MEMCHECK_TIMEOUT / SELKV_BENCH_TIMEOUT (seconds per run).
+#   SELKV_TEST_TIMEOUT / SELKV_MEMCHECK_TIMEOUT / SELKV_BENCH_TIMEOUT (seconds per run),
+#   SELKV_CUDA_FLAGS (extra CUDA flags, e.g. a kernel A/B switch "-DSELKV_DECODE_F16_PARTIALS=1",
+#   to run the whole suite on a variant before it becomes the default).
 # Needs no network when third_party/cutlass is present (carry it with the tree).
 set -uo pipefail
 
@@ -42,7 +44,7 @@ while [[ $# -gt 0 ]]; do
     --quick) quick=1 ;;
     --no-torch) torch=OFF; do_pytest=0 ;;
     --no-pytest) do_pytest=0 ;;
-    -h|--help) sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,26p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu_suite.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
   esac
   shift
@@ -71,6 +73,7 @@ GEN_ARGS=()
 if [[ ! -f "$BUILD_DIR/CMakeCache.txt" ]] && command -v ninja >/dev/null 2>&1; then GEN_ARGS=(-G Ninja); fi
 log "build: $BUILD_DIR (Release, torch $torch, $JOBS jobs), log $LOGS/build.log"
 t0=$SECONDS
+[[ -n "${SELKV_CUDA_FLAGS:-}" ]] && GEN_ARGS+=("-DCMAKE_CUDA_FLAGS=$SELKV_CUDA_FLAGS") && log "CUDA flags: $SELKV_CUDA_FLAGS"
 if ! { cmake -S . -B "$BUILD_DIR" "${GEN_ARGS[@]}" -DCMAKE_BUILD_TYPE=Release -DSELKV_BUILD_TORCH="$torch" \
        && cmake --build "$BUILD_DIR" -j "$JOBS"; } >"$LOGS/build.log" 2>&1; then
   tail -40 "$LOGS/build.log"
