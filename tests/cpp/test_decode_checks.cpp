@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "decode/decode_params.h"
+#include "decode/partial_scale.h"
 #include "selkv/decode.h"
 
 #ifdef SELKV_HAVE_CUTLASS
@@ -176,6 +177,35 @@ TEST(DecodeChecks, DefaultMinBlocksPerPart) {
   EXPECT_EQ(min_blocks_per_part(64, 384), 3);
   EXPECT_EQ(min_blocks_per_part(64, 512), 4);
   EXPECT_EQ(min_blocks_per_part(64, int64_t(1) << 40), 4);
+}
+
+// The fp16 partials' scale (SELKV_DECODE_F16_PARTIALS): exact powers of two, inverse exact, the
+// scaled max in [2^13, 2^14) over the whole float range it can reach, 1 for 0 / inf / nan.
+TEST(DecodeChecks, F16PartialScale) {
+  using selkv::decode::f16_partial_scale;
+  auto is_pow2 = [](float x) {
+    int e = 0;
+    return x > 0.f && std::frexp(x, &e) == 0.5f;
+  };
+  for (float m : {1e-30f, 6e-8f, 1e-6f, 0.37f, 1.f, 8191.f, 8192.f, 16383.f, 65504.f, 3e4f, 1e9f, 3e38f}) {
+    const auto s = f16_partial_scale(m);
+    EXPECT_TRUE(is_pow2(s.scale) && is_pow2(s.inv)) << m;
+    EXPECT_EQ(s.scale * s.inv, 1.f) << m;
+    const float v = m * s.scale;  // exact: a power-of-two scale
+    EXPECT_GE(v, 8192.f) << m;
+    EXPECT_LT(v, 16384.f) << m;
+  }
+  // Clamped at the ends of the normal range: still a finite, exact pair, never above fp16's max.
+  for (float m : {1e-40f, 1.2e-38f}) {
+    const auto s = f16_partial_scale(m);
+    EXPECT_TRUE(is_pow2(s.scale) && is_pow2(s.inv)) << m;
+    EXPECT_LT(m * s.scale, 16384.f) << m;
+  }
+  for (float m : {0.f, INFINITY, NAN}) {
+    const auto s = f16_partial_scale(m);
+    EXPECT_EQ(s.scale, 1.f);
+    EXPECT_EQ(s.inv, 1.f);
+  }
 }
 
 // The scheduler's closed-form partition, as the decode and combine kernels read it: every block

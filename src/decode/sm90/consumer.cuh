@@ -5,6 +5,7 @@
 #include <cuda_fp16.h>
 #include <cutlass/arch/barrier.h>
 
+#include "decode/partial_scale.h"
 #include "decode/sm90/config.h"
 #include "decode/sm90/part_iter.cuh"
 #include "decode/sm90/primitives.cuh"
@@ -37,15 +38,6 @@ inline constexpr bool kIndexPrefetch = SELKV_DECODE_INDEX_PREFETCH != 0;
 inline constexpr bool kBf16Partials = SELKV_DECODE_BF16_PARTIALS != 0;
 inline constexpr bool kF16Partials = SELKV_DECODE_F16_PARTIALS != 0;
 
-// Power-of-two scale that brings a nonnegative max m into [2^13, 2^14) (1 for 0, inf, nan), and
-// its exact inverse.
-__device__ __forceinline__ float2 f16_partial_scale(float m) {
-  const int e = int((__float_as_uint(m) >> 23) & 0xffu);  // biased exponent
-  if (e == 0xff || m == 0.f) return make_float2(1.f, 1.f);
-  int k = 13 - (e - 127);
-  k = k > 126 ? 126 : (k < -126 ? -126 : k);
-  return make_float2(__uint_as_float(uint32_t(127 + k) << 23), __uint_as_float(uint32_t(127 - k) << 23));
-}
 __device__ __forceinline__ uint32_t f16x2_bits(float lo, float hi) {
   __half2 v = __floats2half2_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
@@ -117,13 +109,13 @@ __device__ __forceinline__ void store_row(const DecodeKernelParams& p, const Row
       m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, 1));
       m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, 2));
       m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, 2));
-      const float2 s0 = f16_partial_scale(m0 * f0), s1 = f16_partial_scale(m1 * f1);
-      f0 *= s0.x;
-      f1 *= s1.x;
+      const PartialScale s0 = f16_partial_scale(m0 * f0), s1 = f16_partial_scale(m1 * f1);
+      f0 *= s0.scale;
+      f1 *= s1.scale;
       if (q4 == 0) {
         float* inv = p.accum_out + int64_t(p.num_sm_parts) * kNumHeads * kDimV;  // past the fp16 half
-        inv[(int64_t(w.slot) * kNumHeads + h0) * 2 + cw] = s0.y;
-        inv[(int64_t(w.slot) * kNumHeads + h1) * 2 + cw] = s1.y;
+        inv[(int64_t(w.slot) * kNumHeads + h0) * 2 + cw] = s0.inv;
+        inv[(int64_t(w.slot) * kNumHeads + h1) * 2 + cw] = s1.inv;
       }
     } else if constexpr (kBf16Partials) {
       // (SELKV_DECODE_BF16_PARTIALS=1) stored below by the bf16 out code, into the slot. Rejected

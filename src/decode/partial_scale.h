@@ -1,0 +1,38 @@
+// Power-of-two scale of the fp16 split partials (SELKV_DECODE_F16_PARTIALS, decode_params.h),
+// host and device: the decode epilogue scales each (slot, head, d_v half) by `scale` before the
+// fp16 rounding and stores `inv`; the combine multiplies by `inv`. Both are exact powers of two,
+// so the scaling itself rounds nothing.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "decode/decode_params.h"
+
+namespace selkv::decode {
+
+struct PartialScale {
+  float scale, inv;
+};
+
+SELKV_DEC_HD float pow2_float(int k) {  // 2^k for k in [-126, 127]
+  const uint32_t bits = uint32_t(127 + k) << 23;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+// For the max m >= 0 of the values to store: m * scale lands in [2^13, 2^14) (far below fp16's
+// 65504, far above its subnormals), clamped to normal powers of two; 1 for 0, inf and nan (those
+// propagate unscaled).
+SELKV_DEC_HD PartialScale f16_partial_scale(float m) {
+  uint32_t bits;
+  std::memcpy(&bits, &m, sizeof bits);
+  const int e = int((bits >> 23) & 0xffu);  // biased exponent
+  if (e == 0xff || m == 0.f) return PartialScale{1.f, 1.f};
+  int k = 13 - (e - 127);
+  k = k > 126 ? 126 : (k < -126 ? -126 : k);
+  return PartialScale{pow2_float(k), pow2_float(-k)};
+}
+
+}  // namespace selkv::decode
