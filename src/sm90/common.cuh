@@ -1,6 +1,7 @@
 // Device primitives shared by the SM90 attention kernels (C5 decode, C7 prefill).
 //
 //   bf16x2_bits          two floats -> packed bf16x2 (RNE, exactly the oracle's rounding)
+//   f16x2_bits           two floats -> packed fp16x2 (RNE)
 //   kmajor_sw128_offset  element offset of (row, col) in a K-major bf16 tile with the 128-byte
 //                        swizzle, laid out row-group-major (CuTe tile_to_shape(Layout_K_SW128_Atom,
 //                        (rows, D), Step<_2,_1>)): 8-row groups of D/64 swizzle atoms of 8 x 64.
@@ -12,6 +13,7 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <cstdint>
 
@@ -19,6 +21,11 @@ namespace selkv::sm90 {
 
 __device__ __forceinline__ uint32_t bf16x2_bits(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // cvt.rn.bf16x2.f32: exact RNE, as the oracle
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+__device__ __forceinline__ uint32_t f16x2_bits(float lo, float hi) {
+  __half2 v = __floats2half2_rn(lo, hi);  // cvt.rn.f16x2.f32
   return *reinterpret_cast<uint32_t*>(&v);
 }
 

@@ -2,7 +2,6 @@
 // the PV WG (O[:, 256:512]); row epilogue (docs/decode-design.md §2).
 #pragma once
 
-#include <cuda_fp16.h>
 #include <cutlass/arch/barrier.h>
 
 #include "decode/partial_scale.h"
@@ -37,11 +36,6 @@ namespace selkv::decode::sm90 {
 inline constexpr bool kIndexPrefetch = SELKV_DECODE_INDEX_PREFETCH != 0;
 inline constexpr bool kBf16Partials = SELKV_DECODE_BF16_PARTIALS != 0;
 inline constexpr bool kF16Partials = SELKV_DECODE_F16_PARTIALS != 0;
-
-__device__ __forceinline__ uint32_t f16x2_bits(float lo, float hi) {
-  __half2 v = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
 inline constexpr bool kEarlyQ = SELKV_DECODE_EARLY_Q != 0;
 
 // Prefetch into L2 the index lines of every (row, block) of the part (blocks clamped to K / 64,

@@ -14,6 +14,7 @@ namespace selkv::decode::sm90 {
 
 // ---- small device helpers -------------------------------------------------------------------
 using selkv::sm90::bf16x2_bits;  // src/sm90/common.cuh (shared with the C7 prefill)
+using selkv::sm90::f16x2_bits;
 
 // 4 FP8 E4M3 values (byte i = element i) -> 4 bf16 = bf16(float(e4m3) * scale), bit-exact with
 // codec::dequant_e4m3 (e4m3 -> f16 is exact, f16 -> f32 is exact, one fp32 multiply, one RNE).
