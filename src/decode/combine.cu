@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "decode/combine.h"
+#include "decode/partial_scale.h"
 
 namespace selkv::decode {
 namespace {
@@ -111,7 +112,7 @@ decode_combine_kernel(const DecodeKernelParams p) {
   // Inverse scales of the fp16 partials: [split][4 heads][2 halves] after the lse table.
   float* s_inv = reinterpret_cast<float*>(s_lse + p.num_sm_parts);
   {
-    const float* inv = p.accum_out + int64_t(p.num_sm_parts) * p.num_heads * 512;
+    const float* inv = p.accum_out + f16_inv_scales_offset(p.num_sm_parts, p.num_heads);
     for (int32_t k = int32_t(threadIdx.x); k < 8 * n; k += kCombineThreads)
       s_inv[k] = inv[(slot(k >> 3) * p.num_heads + h0 + ((k & 7) >> 1)) * 2 + (k & 1)];
   }

@@ -107,7 +107,7 @@ __device__ __forceinline__ void store_row(const DecodeKernelParams& p, const Row
       f0 *= s0.scale;
       f1 *= s1.scale;
       if (q4 == 0) {
-        float* inv = p.accum_out + int64_t(p.num_sm_parts) * kNumHeads * kDimV;  // past the fp16 half
+        float* inv = p.accum_out + f16_inv_scales_offset(p.num_sm_parts, kNumHeads);
         inv[(int64_t(w.slot) * kNumHeads + h0) * 2 + cw] = s0.inv;
         inv[(int64_t(w.slot) * kNumHeads + h1) * 2 + cw] = s1.inv;
       }
