@@ -93,7 +93,7 @@ decode_combine_kernel(const DecodeKernelParams p) {
   const int d = (int(threadIdx.x) % 128) * 4;
   const int64_t split_stride = int64_t(p.num_heads) * 512;  // floats per accumulator slot
   auto slot = [&](int32_t i) -> int64_t { return i == 0 ? sr.first_slot : 2 * (sr.first_part + i); };
-#if SELKV_DECODE_BF16_PARTIALS || SELKV_DECODE_F16_PARTIALS  // (decode_params.h) 16-bit partials, same element offsets
+#if SELKV_DECODE_F16_PARTIALS  // (decode_params.h) fp16 partials, same element offsets
   const uint16_t* po = reinterpret_cast<const uint16_t*>(p.accum_out) + int64_t(h) * 512 + d;
 #else
   const float* po = p.accum_out + int64_t(h) * 512 + d;
@@ -117,8 +117,8 @@ decode_combine_kernel(const DecodeKernelParams p) {
       s_inv[k] = inv[(slot(k >> 3) * p.num_heads + h0 + ((k & 7) >> 1)) * 2 + (k & 1)];
   }
 #endif
-#if SELKV_DECODE_BF16_PARTIALS || SELKV_DECODE_F16_PARTIALS
-  using Chunk = uint2;  // 4 16-bit values
+#if SELKV_DECODE_F16_PARTIALS
+  using Chunk = uint2;  // 4 fp16
 #else
   using Chunk = float4;
 #endif
@@ -133,9 +133,6 @@ decode_combine_kernel(const DecodeKernelParams p) {
     const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&o[j].x));
     const float2 c = __half22float2(*reinterpret_cast<const __half2*>(&o[j].y));
     return make_float4(a.x, a.y, c.x, c.y);
-#elif SELKV_DECODE_BF16_PARTIALS
-    return make_float4(__uint_as_float(o[j].x << 16), __uint_as_float(o[j].x & 0xffff0000u),
-                       __uint_as_float(o[j].y << 16), __uint_as_float(o[j].y & 0xffff0000u));
 #else
     return o[j];
 #endif

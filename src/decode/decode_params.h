@@ -14,18 +14,13 @@
 #define SELKV_DEC_HD inline
 #endif
 
-// Split rows' partial outputs in bf16 instead of fp32 (A/B switch, default 0 = fp32, FlashMLA's
-// choice), written with the bf16 out path's whole-sector 16-byte stores. Measured (session 9,
-// 350f9a3): H=128 B=2 24.2 -> 20.3 us, H=64 B=8 S_q=1 25.2 -> 21.5, large cases flat; but the extra
-// bf16 rounding (~2.5e-6 of cosine distance) puts split rows at DESIGN §5's 5e-6 limit (with a
-// random seed, SplitGranularity failed at 5.19e-6 in a build with the same rounding), so it is not
-// the default. Shared by the decode kernel and the combine.
-#ifndef SELKV_DECODE_BF16_PARTIALS
-#define SELKV_DECODE_BF16_PARTIALS 0
-#endif
 // Split rows' partials in fp16 with a power-of-two scale per (slot, head, d_v half) (A/B switch,
-// default 0; never run yet). fp16 rounds 8x finer than bf16 (above); the scale (the half-row max
-// lands in [2^13, 2^14)) keeps any data scale in range. The scales live in the second half of the
+// default 0 = fp32, FlashMLA's choice; never run yet), written with the bf16 out path's
+// whole-sector 16-byte stores. The same stores with bf16 partials measured -16 % at H=128 B=2 and
+// -14 % at H=64 B=8 S_q=1 (session 9, 350f9a3), but bf16's extra rounding (~2.5e-6 of cosine
+// distance) put split rows at DESIGN §5's 5e-6 limit (a random-seed test failed at 5.19e-6), so
+// that switch was removed. fp16 rounds 8x finer; the scale (the half-row max lands in
+// [2^13, 2^14)) keeps any data scale in range. The scales live in the second half of the
 // fp32-sized accum_out workspace.
 #ifndef SELKV_DECODE_F16_PARTIALS
 #define SELKV_DECODE_F16_PARTIALS 0
@@ -285,7 +280,7 @@ struct DecodeKernelParams {
   float* lse;
   int64_t lse_batch_stride, lse_seq_stride;
   float* accum_out;  // [2 * num_sm_parts, H, 512] fp32 (normalized partial out; 16-bit in its first
-                     // half with SELKV_DECODE_BF16_PARTIALS / _F16_PARTIALS, fp16's inverse scales
+                     // half with SELKV_DECODE_F16_PARTIALS, then the inverse scales
                      // [2 * num_sm_parts, H, 2] after it)
   float* accum_lse;  // [2 * num_sm_parts, H]
 };

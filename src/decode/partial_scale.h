@@ -14,7 +14,7 @@ namespace selkv::decode {
 // Workspace layout with fp16 partials: the fp16 values [2 * parts, H, 512] fill the first half of
 // the fp32-sized accum_out; the inverse scales [2 * parts, H, 2 (d_v half)] start right after.
 SELKV_DEC_HD int64_t f16_inv_scales_offset(int32_t num_sm_parts, int32_t num_heads) {  // in floats
-  return int64_t(num_sm_parts) * num_heads * 512;
+  return int64_t(num_sm_parts) * num_heads * fmt::kVDim;
 }
 
 struct PartialScale {

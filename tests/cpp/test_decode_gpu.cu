@@ -295,7 +295,7 @@ TEST(DecodeGpu, SplitGranularity) {
   check_case(cases[0], 9, 1);  // 9 parts: 9 splits of one row (one full batch + 1)
 }
 
-// Split rows at any data scale: the partials' format (fp32 by default; the 16-bit A/B formats of
+// Split rows at any data scale: the partials' format (fp32 by default; the fp16 A/B format of
 // decode_params.h) must neither overflow (|V| beyond fp16's 65504) nor lose precision to
 // subnormals (|out| ~ 1e-8). compare()'s cosine distance is the scale-free check of DESIGN §5.
 TEST(DecodeGpu, SplitRowsAtAnyDataScale) {

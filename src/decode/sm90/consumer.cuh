@@ -34,7 +34,6 @@
 namespace selkv::decode::sm90 {
 
 inline constexpr bool kIndexPrefetch = SELKV_DECODE_INDEX_PREFETCH != 0;
-inline constexpr bool kBf16Partials = SELKV_DECODE_BF16_PARTIALS != 0;
 inline constexpr bool kF16Partials = SELKV_DECODE_F16_PARTIALS != 0;
 inline constexpr bool kEarlyQ = SELKV_DECODE_EARLY_Q != 0;
 
@@ -111,10 +110,6 @@ __device__ __forceinline__ void store_row(const DecodeKernelParams& p, const Row
         inv[(int64_t(w.slot) * kNumHeads + h0) * 2 + cw] = s0.inv;
         inv[(int64_t(w.slot) * kNumHeads + h1) * 2 + cw] = s1.inv;
       }
-    } else if constexpr (kBf16Partials) {
-      // (SELKV_DECODE_BF16_PARTIALS=1) stored below by the bf16 out code, into the slot. Rejected
-      // forms (session 9): 4-byte pair stores (half sectors) were 9-13 % slower than fp32 on split
-      // cases; a lane-pair exchange into 8-byte whole-sector stores spilled 20 bytes at H=64.
     } else {
       // fp32 partial: 8-byte stores of the accumulator pairs. The fp32 epilogue is bound by the
       // write bandwidth of all CTAs finishing at once (16 MB in ~4 us at H=64 B=8 S_q=1); a head-pair
@@ -134,7 +129,7 @@ __device__ __forceinline__ void store_row(const DecodeKernelParams& p, const Row
       p.accum_lse[int64_t(w.slot) * kNumHeads + h1] = lse1;
     }
   }
-  if (kF16Partials || kBf16Partials || !w.split) {
+  if (kF16Partials || !w.split) {
     if (!w.split && p.attn_sink != nullptr) {
       if (any0) f0 *= 1.f / (1.f + expf(p.attn_sink[h0] - lse0));
       if (any1) f1 *= 1.f / (1.f + expf(p.attn_sink[h1] - lse1));
@@ -143,9 +138,9 @@ __device__ __forceinline__ void store_row(const DecodeKernelParams& p, const Row
     // warp instruction writes 64 contiguous bytes of each of its 8 rows (whole sectors) instead of
     // 16 (half sectors, each written twice): a row's epilogue took ~6 us for 64 KB per CTA at H=64
     // B=64 S_q=2, 2 us after (timeline, session 7).
-    // (With SELKV_DECODE_BF16_PARTIALS or _F16_PARTIALS a split row's 16-bit partial goes the same
-    // way into its slot, [H, 512] contiguous.)
-    const bool to_slot = (kF16Partials || kBf16Partials) && w.split;
+    // (With SELKV_DECODE_F16_PARTIALS a split row's fp16 partial goes the same way into its slot,
+    // [H, 512] contiguous.)
+    const bool to_slot = kF16Partials && w.split;
     uint16_t* orow = to_slot ? reinterpret_cast<uint16_t*>(p.accum_out) + int64_t(w.slot) * kNumHeads * kDimV
                              : p.out + b * p.out_batch_stride + s * p.out_seq_stride;
     const int64_t hs = to_slot ? int64_t(kDimV) : p.out_head_stride;
@@ -160,8 +155,7 @@ __device__ __forceinline__ void store_row(const DecodeKernelParams& p, const Row
         CUTE_UNROLL
         for (int k = 0; k < 4; ++k) {
           const int i = 4 * (4 * c + k) + 2 * r;
-          wd[k] = kF16Partials && to_slot ? f16x2_bits(tOrO(i) * f, tOrO(i + 1) * f)
-                                          : bf16x2_bits(tOrO(i) * f, tOrO(i + 1) * f);
+          wd[k] = to_slot ? f16x2_bits(tOrO(i) * f, tOrO(i + 1) * f) : bf16x2_bits(tOrO(i) * f, tOrO(i + 1) * f);
         }
         selkv::sm90::quad_transpose4(wd, q4);
         *reinterpret_cast<uint4*>((r ? o1 : o0) + 32 * c) = make_uint4(wd[0], wd[1], wd[2], wd[3]);
