@@ -14,16 +14,16 @@
 #define SELKV_DEC_HD inline
 #endif
 
-// Split rows' partials in fp16 with a power-of-two scale per (slot, head, d_v half) (A/B switch,
-// default 0 = fp32, FlashMLA's choice; never run yet), written with the bf16 out path's
-// whole-sector 16-byte stores. The same stores with bf16 partials measured -16 % at H=128 B=2 and
-// -14 % at H=64 B=8 S_q=1 (session 9, 350f9a3), but bf16's extra rounding (~2.5e-6 of cosine
-// distance) put split rows at DESIGN §5's 5e-6 limit (a random-seed test failed at 5.19e-6), so
-// that switch was removed. fp16 rounds 8x finer; the scale (the half-row max lands in
-// [2^13, 2^14)) keeps any data scale in range. The scales live in the second half of the
-// fp32-sized accum_out workspace.
+// Split rows' partials in fp16 with a power-of-two scale per (slot, head, d_v half) (default 1;
+// 0 = fp32 partials, FlashMLA's choice, kept as the A/B and accuracy baseline), written with the
+// bf16 out path's whole-sector 16-byte stores. Against fp32 partials (session 10, 29cd705):
+// H=128 B=2 24.34 -> 21.50 us, H=64 B=8 S_q=1 25.20 -> 22.51, S_q=2 32.16 -> 29.24; calls without
+// split rows unchanged. bf16 partials through the same stores were as fast but their extra rounding
+// (~2.5e-6 of cosine distance) put split rows at DESIGN §5's 5e-6 limit (a random-seed test failed
+// at 5.19e-6; session 9); fp16 rounds 8x finer, and the scale (the half-row max lands in
+// [2^13, 2^14)) keeps any data scale in range. Layout: partial_scale.h.
 #ifndef SELKV_DECODE_F16_PARTIALS
-#define SELKV_DECODE_F16_PARTIALS 0
+#define SELKV_DECODE_F16_PARTIALS 1
 #endif
 
 namespace selkv::decode {
@@ -50,8 +50,8 @@ SELKV_DEC_HD constexpr int min_blocks_per_part(int num_heads, int64_t total_bloc
   return m < 2 ? 2 : (m > 4 ? 4 : int(m));
 }
 
-// A schedule that splits rows pays for fp32 partials (written by the decode kernel, read by the
-// combine): ~28 us at H=128 B=64 S_q=2 and H=64 B=64 S_q=4 (ncu, session 6), where one block takes
+// A schedule that splits rows pays for partials (written by the decode kernel, read by the
+// combine): ~28 us with fp32 partials at H=128 B=64 S_q=2 and H=64 B=64 S_q=4 (ncu, session 6), where one block takes
 // ~3 us per CTA. Cutting parts at row starts is taken when it lengthens the longest part by at most
 // this many blocks.
 inline constexpr int32_t kSplitCostBlocks = 8;
@@ -279,9 +279,9 @@ struct DecodeKernelParams {
   int64_t out_batch_stride, out_seq_stride, out_head_stride;
   float* lse;
   int64_t lse_batch_stride, lse_seq_stride;
-  float* accum_out;  // [2 * num_sm_parts, H, 512] fp32 (normalized partial out; 16-bit in its first
-                     // half with SELKV_DECODE_F16_PARTIALS, then the inverse scales
-                     // [2 * num_sm_parts, H, 2] after it)
+  float* accum_out;  // [2 * num_sm_parts, H, 512] fp32-sized (normalized partial out): with
+                     // SELKV_DECODE_F16_PARTIALS (default) fp16 in its first half, then the inverse
+                     // scales [2 * num_sm_parts, H, 2] (partial_scale.h)
   float* accum_lse;  // [2 * num_sm_parts, H]
 };
 static_assert(sizeof(FastDivmod) == 12, "DecodeKernelParams packs page with page_size into 16 bytes");

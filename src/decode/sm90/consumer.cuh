@@ -74,7 +74,8 @@ struct RowStats {
 };
 
 // Epilogue of one row for consumer `cw` (owns d_v [256 cw, 256 cw + 256)): normalize, then bf16
-// out + lse (unsplit) or fp32 partial + partial lse (split).
+// out + lse (unsplit) or the normalized partial (scaled fp16, or fp32 with
+// SELKV_DECODE_F16_PARTIALS=0) + partial lse (split).
 template <int kNumHeads, typename TensorO>
 __device__ __forceinline__ void store_row(const DecodeKernelParams& p, const RowWork& w, int cw, int lane,
                                           int r0, int r1, const RowStats& st, TensorO& tOrO) {
@@ -90,7 +91,7 @@ __device__ __forceinline__ void store_row(const DecodeKernelParams& p, const Row
   const int q4 = lane & 3;
   if (w.split) {
     if constexpr (kF16Partials) {
-      // (SELKV_DECODE_F16_PARTIALS=1) the half-row max over the quad sets the scale, written
+      // (SELKV_DECODE_F16_PARTIALS, default) the half-row max over the quad sets the scale, written
       // beside the partial; the values are stored below by the out code, into the slot.
       float m0 = 0.f, m1 = 0.f;
       CUTE_UNROLL
@@ -111,10 +112,10 @@ __device__ __forceinline__ void store_row(const DecodeKernelParams& p, const Row
         inv[(int64_t(w.slot) * kNumHeads + h1) * 2 + cw] = s1.inv;
       }
     } else {
-      // fp32 partial: 8-byte stores of the accumulator pairs. The fp32 epilogue is bound by the
-      // write bandwidth of all CTAs finishing at once (16 MB in ~4 us at H=64 B=8 S_q=1); a head-pair
-      // workspace layout with 16-byte stores measured slower (H=64 B=1 22.1 vs 21.8 us, B=64 S_q=1
-      // 81.1 vs 79.6; a288085 vs 19a530b, session 7).
+      // (SELKV_DECODE_F16_PARTIALS=0) fp32 partial: 8-byte stores of the accumulator pairs. The
+      // fp32 epilogue is bound by the write bandwidth of all CTAs finishing at once (16 MB in
+      // ~4 us at H=64 B=8 S_q=1); a head-pair workspace layout with 16-byte stores measured slower
+      // (H=64 B=1 22.1 vs 21.8 us, B=64 S_q=1 81.1 vs 79.6; a288085 vs 19a530b, session 7).
       float* acc0 = p.accum_out + (int64_t(w.slot) * kNumHeads + h0) * kDimV + cw * kDimVPerConsumer + 2 * q4;
       float* acc1 = p.accum_out + (int64_t(w.slot) * kNumHeads + h1) * kDimV + cw * kDimVPerConsumer + 2 * q4;
       CUTE_UNROLL
