@@ -8,6 +8,11 @@
 #include "common/resident_ctas.h"
 #include "selkv/dequant.h"
 
+// Selected mode's grid cap in CTAs per SM (A/B switch; 4 are resident, so 8 = two waves).
+#ifndef SELKV_DEQUANT_SELECTED_CTAS_PER_SM
+#define SELKV_DEQUANT_SELECTED_CTAS_PER_SM 8
+#endif
+
 namespace selkv {
 namespace {
 
@@ -71,7 +76,7 @@ Status dequant_selected_kv(const DequantSelectedParams& p, cudaStream_t stream) 
     int sms = 0;
     SELKV_RETURN_IF_ERROR(detail::device_sm_count(kOp, &sms));
     const int64_t want = (rows + cache::kDequantRowsPerStep - 1) / cache::kDequantRowsPerStep;
-    const int64_t cap = int64_t(sms) * 8;
+    const int64_t cap = int64_t(sms) * SELKV_DEQUANT_SELECTED_CTAS_PER_SM;
     const unsigned grid = unsigned(want < cap ? want : cap);  // rows >= 1 here
     if (rope) {
       cache::dequant_selected_kernel<true><<<grid, cache::kDequantThreads, 0, stream>>>(k);
