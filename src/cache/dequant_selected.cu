@@ -1,5 +1,5 @@
 // C4 launcher: validate, pick the mode from the shapes (host, no sync), size the grid-stride grid
-// (selected: up to 8 CTAs per SM; full pool: one resident wave from an occupancy query, cached per
+// (selected: up to 16 CTAs per SM; full pool: one resident wave from an occupancy query, cached per
 // kernel and device). Plain attribute/occupancy queries only: legal during stream capture.
 #include <cstdint>
 
@@ -8,9 +8,11 @@
 #include "common/resident_ctas.h"
 #include "selkv/dequant.h"
 
-// Selected mode's grid cap in CTAs per SM (A/B switch; 4 are resident, so 8 = two waves).
+// Selected mode's grid cap in CTAs per SM (A/B switch; 4 are resident). T=64 K=2048 P=1M, us for
+// 2 / 4 / 8 / 16: nope_fp8 60.8 / 60.9 / 62.7 / 59.9 (16 again 60.1 vs 62.8 for 8),
+// ds_mla_fp8 69.9 / 70.6 / 70.3 / 69.7 (H200, session 10, 3765865).
 #ifndef SELKV_DEQUANT_SELECTED_CTAS_PER_SM
-#define SELKV_DEQUANT_SELECTED_CTAS_PER_SM 8
+#define SELKV_DEQUANT_SELECTED_CTAS_PER_SM 16
 #endif
 
 namespace selkv {
@@ -72,7 +74,7 @@ Status dequant_selected_kv(const DequantSelectedParams& p, cudaStream_t stream) 
   const bool rope = fmt::has_rope(p.cache.format);
 
   if (selected) {
-    // Grid-stride over 32-row CTA steps, at most 8 CTAs per SM (4 resident: two waves).
+    // Grid-stride over 32-row CTA steps, at most 16 CTAs per SM (4 resident).
     int sms = 0;
     SELKV_RETURN_IF_ERROR(detail::device_sm_count(kOp, &sms));
     const int64_t want = (rows + cache::kDequantRowsPerStep - 1) / cache::kDequantRowsPerStep;

@@ -3,8 +3,8 @@
 //
 // Selected (N < P): work item j in [0, N) is index entry (t, k) = (j / K, j % K); its validity
 // (DESIGN §2) decides whether workspace row j is written and what out_indices gets. A warp
-// handles 4 rows per step, a CTA 32 consecutive rows, grid-stride over CTAs (grid up to 8 CTAs
-// per SM, 4 resident: two waves). Lanes 0-3 resolve the 4 rows (index load, validity, remapped
+// handles 4 rows per step, a CTA 32 consecutive rows, grid-stride over CTAs (grid up to 16 CTAs
+// per SM, 4 resident: four waves). Lanes 0-3 resolve the 4 rows (index load, validity, remapped
 // index write, record offset) and broadcast the offsets by shuffle; then every lane issues all
 // loads of the 4 records before converting: per row two 8-byte E4M3 loads (each 256 contiguous
 // bytes across the warp) and one 16-byte broadcast load of the 4 scales; lane l also loads 16 B
