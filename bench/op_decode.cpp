@@ -39,6 +39,17 @@ int32_t default_min_blocks() {
   return env != nullptr && *env ? int32_t(std::atoi(env)) : 0;
 }
 
+// Partial format of every decode case: SELKV_BENCH_PARTIALS = fp32 | fp16, else the library's
+// choice (not in the case label, so bench_ab variants of it line up).
+DecodePartials default_partials() {
+  const char* env = std::getenv("SELKV_BENCH_PARTIALS");
+  if (env == nullptr) return DecodePartials::kAuto;
+  const std::string v(env);
+  if (v == "fp32") return DecodePartials::kFp32;
+  if (v == "fp16") return DecodePartials::kFp16;
+  return DecodePartials::kAuto;
+}
+
 struct DecodeSpec {
   int32_t B = 64, S = 2, H = 128, K = 2048;
   int64_t s_kv = 32768;
@@ -48,6 +59,7 @@ struct DecodeSpec {
   bool varlen = true;      // KV length per batch row uniform in [s_kv/2, s_kv]
   int check_rows = 4;      // query rows compared with the fp64 oracle
   int32_t min_blocks = default_min_blocks();  // DecodeShape::min_blocks_per_part (0 = library default)
+  DecodePartials partials = default_partials();
   uint64_t seed = 1;
   AnchorInfo anchor;
 
@@ -337,6 +349,7 @@ class DecodeWorkload final : public Workload, public Anchored {
     md_buf_ = DeviceBuffer(decode_metadata_size(B, S));
     DecodeShape shape{B, S, H, K, params_.topk_length, 0};
     shape.min_blocks_per_part = s_.min_blocks;
+    shape.partials = s_.partials;
     throw_if_error(make_decode_metadata(shape, md_buf_.get(), md_buf_.bytes(), &md_, st));
     ws_ = DeviceBuffer(std::max<size_t>(decode_workspace_size(md_), 16));
   }

@@ -24,6 +24,14 @@
 
 namespace selkv {
 
+// Format of the split rows' partial outputs in the workspace (the combine merges them). Both
+// keep DESIGN §5's tolerances; the choice is a speed trade, made per plan from its shape only.
+enum class DecodePartials : int32_t {
+  kAuto = 0,  // fp32 for calls of at most 8192 block-heads (B*S_q*K/64*H), else fp16
+  kFp32 = 1,  // normalized fp32 partials (FlashMLA's format)
+  kFp16 = 2,  // fp16 with a power-of-two scale per (part, head, d_v half): half the bytes
+};
+
 // Shape a metadata plan is made for.
 struct DecodeShape {
   int32_t batch = 0;       // B
@@ -36,6 +44,9 @@ struct DecodeShape {
   // fewer partial writes and combine reads; more, shorter parts spread a small batch over more
   // SMs). 0: the measured default for H and the call's block count (docs/decode-design.md §3).
   int32_t min_blocks_per_part = 0;
+  // Partial format of split rows (kAuto: measured on the H200, docs/decode-design.md §3: fp16 is
+  // 10-12 % faster on split calls of 8+ rows and slower on single-row calls, which write little).
+  DecodePartials partials = DecodePartials::kAuto;
 };
 
 // Host-side description of a metadata buffer (the buffer itself lives on the device).
@@ -45,8 +56,12 @@ struct DecodeMetadata {
   DecodeShape shape;                 // what it was made for
   int32_t num_sm_parts = 0;          // CTAs (per 64-head group) of the decode grid
   int32_t min_blocks_per_part = 0;   // the granularity the plan was made with (resolved, >= 1)
+  // (shape.partials is what the caller asked for; sparse_mla_decode resolves kAuto from the shape)
   bool valid = false;                // set by a successful make_decode_metadata
 };
+
+// Whether calls of this shape write fp16 partials (shape.partials, kAuto resolved by the shape).
+bool decode_uses_f16_partials(const DecodeShape& shape);
 
 // Bytes of device memory make_decode_metadata needs for B * S_q rows.
 size_t decode_metadata_size(int64_t batch, int64_t seq_q);

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <type_traits>
 
 #include "decode/combine.h"
 #include "decode/partial_scale.h"
@@ -63,7 +64,9 @@ __device__ __forceinline__ void ctl_finish(const DecodeKernelParams& p) {
 // float4 = 4 heads per split) into shared memory, and the partial rows kCombineBatch splits at a
 // time, so a row split n ways costs ~ceil(n / kCombineBatch) L2 round trips instead of ~n. The merge arithmetic and its order (max,
 // then w_i = exp(lse_i - max), sum and accumulation in split order) are fixed: deterministic.
-template <class Shape>
+// kF16Partials: the partials are fp16 with a power-of-two inverse scale per (split, head, d_v half)
+// (decode_params.h f16_partials_by_default), else fp32. Same element offsets either way.
+template <class Shape, bool kF16Partials>
 __global__ void __launch_bounds__(kCombineThreads, Shape::kMinCtas)
 decode_combine_kernel(const DecodeKernelParams p) {
   constexpr int kCombineBatch = Shape::kBatch;
@@ -93,11 +96,8 @@ decode_combine_kernel(const DecodeKernelParams p) {
   const int d = (int(threadIdx.x) % 128) * 4;
   const int64_t split_stride = int64_t(p.num_heads) * 512;  // floats per accumulator slot
   auto slot = [&](int32_t i) -> int64_t { return i == 0 ? sr.first_slot : 2 * (sr.first_part + i); };
-#if SELKV_DECODE_F16_PARTIALS  // (decode_params.h) fp16 partials, same element offsets
-  const uint16_t* po = reinterpret_cast<const uint16_t*>(p.accum_out) + int64_t(h) * 512 + d;
-#else
-  const float* po = p.accum_out + int64_t(h) * 512 + d;
-#endif
+  using Elem = std::conditional_t<kF16Partials, uint16_t, float>;
+  const Elem* po = reinterpret_cast<const Elem*>(p.accum_out) + int64_t(h) * 512 + d;
 
   // Launched as a programmatic dependent of the decode kernel: wait for its completion (and the
   // visibility of its partials) before reading them.
@@ -108,34 +108,28 @@ decode_combine_kernel(const DecodeKernelParams p) {
 
   for (int32_t i = int32_t(threadIdx.x); i < n; i += kCombineThreads)
     s_lse[i] = *reinterpret_cast<const float4*>(p.accum_lse + slot(i) * p.num_heads + h0);
-#if SELKV_DECODE_F16_PARTIALS
   // Inverse scales of the fp16 partials: [split][4 heads][2 halves] after the lse table.
   float* s_inv = reinterpret_cast<float*>(s_lse + p.num_sm_parts);
-  {
+  if constexpr (kF16Partials) {
     const float* inv = p.accum_out + f16_inv_scales_offset(p.num_sm_parts, p.num_heads);
     for (int32_t k = int32_t(threadIdx.x); k < 8 * n; k += kCombineThreads)
       s_inv[k] = inv[(slot(k >> 3) * p.num_heads + h0 + ((k & 7) >> 1)) * 2 + (k & 1)];
   }
-#endif
-#if SELKV_DECODE_F16_PARTIALS
-  using Chunk = uint2;  // 4 fp16
-#else
-  using Chunk = float4;
-#endif
+  using Chunk = std::conditional_t<kF16Partials, uint2, float4>;  // 4 values
   Chunk o[kCombineBatch];
   auto load_batch = [&](int32_t base) {
     #pragma unroll
     for (int j = 0; j < kCombineBatch; ++j)
       if (base + j < n) o[j] = *reinterpret_cast<const Chunk*>(po + slot(base + j) * split_stride);
   };
-  auto value = [&](int j) {
-#if SELKV_DECODE_F16_PARTIALS
-    const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&o[j].x));
-    const float2 c = __half22float2(*reinterpret_cast<const __half2*>(&o[j].y));
-    return make_float4(a.x, a.y, c.x, c.y);
-#else
-    return o[j];
-#endif
+  auto value = [&](int j) -> float4 {
+    if constexpr (kF16Partials) {
+      const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&o[j].x));
+      const float2 c = __half22float2(*reinterpret_cast<const __half2*>(&o[j].y));
+      return make_float4(a.x, a.y, c.x, c.y);
+    } else {
+      return o[j];
+    }
   };
   load_batch(0);  // in flight with the lse loads
   __syncthreads();
@@ -153,13 +147,11 @@ decode_combine_kernel(const DecodeKernelParams p) {
         if (base + j < n) {
           const float w = expf(lse_of[4 * (base + j)] - max_lse);  // 0 for an empty split (lse = -inf)
           sum_w += w;
-#if SELKV_DECODE_F16_PARTIALS
-          const float4 v0 = value(j);
-          const float is = s_inv[8 * (base + j) + 2 * hl + (d >> 8)];
-          const float4 v = make_float4(v0.x * is, v0.y * is, v0.z * is, v0.w * is);
-#else
-          const float4 v = value(j);
-#endif
+          float4 v = value(j);
+          if constexpr (kF16Partials) {
+            const float is = s_inv[8 * (base + j) + 2 * hl + (d >> 8)];
+            v = make_float4(v.x * is, v.y * is, v.z * is, v.w * is);
+          }
           acc.x += w * v.x; acc.y += w * v.y; acc.z += w * v.z; acc.w += w * v.w;
         }
       }
@@ -185,13 +177,14 @@ decode_combine_kernel(const DecodeKernelParams p) {
 
 }  // namespace
 
-cudaError_t launch_decode_combine(const DecodeKernelParams& p, int32_t max_split_rows, cudaStream_t stream) {
+cudaError_t launch_decode_combine(const DecodeKernelParams& p, int32_t max_split_rows, bool f16_partials,
+                                  cudaStream_t stream) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(max_split_rows > 0 ? max_split_rows : 1, p.num_heads / kHeadsPerCombineCta, 1);
   cfg.blockDim = dim3(kCombineThreads, 1, 1);
   // A row has <= parts splits: their lse (float4 of 4 heads), and with fp16 partials the
   // inverse scales (8 floats).
-  cfg.dynamicSmemBytes = size_t(p.num_sm_parts) * sizeof(float4) * (SELKV_DECODE_F16_PARTIALS ? 3 : 1);
+  cfg.dynamicSmemBytes = size_t(p.num_sm_parts) * sizeof(float4) * (f16_partials ? 3 : 1);
   cfg.stream = stream;
   // Programmatic dependent launch: the launch overlaps the decode kernel's tail (small batches
   // are latency-bound); correctness comes from griddepcontrol.wait in the kernel.
@@ -203,8 +196,11 @@ cudaError_t launch_decode_combine(const DecodeKernelParams& p, int32_t max_split
   // Heads x parts = CTAs the decode grid had (H=128: 2 per cluster part): the SMs in use.
   const int64_t ctas = int64_t(cfg.gridDim.x) * cfg.gridDim.y;
   const bool wide = ctas <= int64_t(p.num_sm_parts) * (p.num_heads / kHeadsPerCta);
-  const cudaError_t err = wide ? cudaLaunchKernelEx(&cfg, decode_combine_kernel<CombineWide>, p)
-                               : cudaLaunchKernelEx(&cfg, decode_combine_kernel<CombineNarrow>, p);
+  const cudaError_t err =
+      f16_partials ? (wide ? cudaLaunchKernelEx(&cfg, decode_combine_kernel<CombineWide, true>, p)
+                           : cudaLaunchKernelEx(&cfg, decode_combine_kernel<CombineNarrow, true>, p))
+                   : (wide ? cudaLaunchKernelEx(&cfg, decode_combine_kernel<CombineWide, false>, p)
+                           : cudaLaunchKernelEx(&cfg, decode_combine_kernel<CombineNarrow, false>, p));
   if (err != cudaSuccess) return err;
   return cudaGetLastError();
 }

@@ -10,7 +10,9 @@
 namespace selkv::decode {
 
 // One CTA column per entry of the plan's split-row table; `max_split_rows` bounds the entries
-// (columns past the table's count exit at once).
-cudaError_t launch_decode_combine(const DecodeKernelParams& p, int32_t max_split_rows, cudaStream_t stream);
+// (columns past the table's count exit at once). `f16_partials`: the format the decode kernel
+// wrote (its kF16Partials).
+cudaError_t launch_decode_combine(const DecodeKernelParams& p, int32_t max_split_rows, bool f16_partials,
+                                  cudaStream_t stream);
 
 }  // namespace selkv::decode

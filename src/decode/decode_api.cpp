@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "common/arch.h"
 #include "common/check.h"
@@ -32,6 +33,9 @@ Status check_shape(const char* kOp, const DecodeShape& s) {
   SELKV_CHECK_ARG(s.num_sms >= 0, "num_sms", "must be >= 0 (0 = current device), got ", s.num_sms);
   SELKV_CHECK_ARG(s.min_blocks_per_part >= 0, "min_blocks_per_part",
                   "must be >= 0 (0 = default), got ", s.min_blocks_per_part);
+  SELKV_CHECK_ARG(s.partials == DecodePartials::kAuto || s.partials == DecodePartials::kFp32 ||
+                      s.partials == DecodePartials::kFp16,
+                  "partials", "must be kAuto, kFp32 or kFp16, got ", int(s.partials));
   return Status::Ok();
 }
 
@@ -41,6 +45,11 @@ size_t decode_metadata_size(int64_t batch, int64_t seq_q) {
   const int64_t rows = batch > 0 && seq_q > 0 ? batch * seq_q : 0;
   const size_t bytes = size_t(decode::kMdPrefix + rows + 1) * sizeof(int32_t);
   return (bytes + 15) & ~size_t(15);
+}
+
+bool decode_uses_f16_partials(const DecodeShape& s) {
+  if (s.partials != DecodePartials::kAuto) return s.partials == DecodePartials::kFp16;
+  return decode::f16_partials_by_default(s.num_heads, int64_t(s.batch) * s.seq_q * (s.topk / decode::kBlockTokens));
 }
 
 size_t decode_workspace_size(const DecodeMetadata& md) {
@@ -168,6 +177,9 @@ Status check_sparse_mla_decode(const SparseDecodeParams& p, const DecodeMetadata
   SELKV_CHECK_ARG(md.bytes >= decode_metadata_size(p.batch, p.seq_q) && md.num_sm_parts >= 1 &&
                       md.num_sm_parts <= decode::kMaxDecodeParts && md.min_blocks_per_part >= 1,
                   "metadata", "buffer too small for this shape, or not made by make_decode_metadata");
+  SELKV_CHECK_ARG(m.partials == DecodePartials::kAuto || m.partials == DecodePartials::kFp32 ||
+                      m.partials == DecodePartials::kFp16,
+                  "metadata", "partials must be kAuto, kFp32 or kFp16, got ", int(m.partials));
   // workspace
   const size_t need = decode_workspace_size(md);
   if (workspace_bytes < need)
@@ -220,22 +232,25 @@ Status sparse_mla_decode(const SparseDecodeParams& p, const DecodeMetadata& md, 
   k.accum_out = static_cast<float*>(workspace);
   k.accum_lse = k.accum_out + size_t(2) * md.num_sm_parts * p.num_heads * fmt::kVDim;
 
-  cudaError_t err;
   const bool dyn = p.topk_length != nullptr;
-  if (p.num_heads == 64) {
-    err = dyn ? decode::sm90::launch_sparse_decode_sm90<64, true>(k, stream)
-              : decode::sm90::launch_sparse_decode_sm90<64, false>(k, stream);
-  } else {
-    err = dyn ? decode::sm90::launch_sparse_decode_sm90<128, true>(k, stream)
-              : decode::sm90::launch_sparse_decode_sm90<128, false>(k, stream);
-  }
+  const bool f16 = decode_uses_f16_partials(md.shape);  // shape only: the same for every call of the plan
+  using decode::sm90::launch_sparse_decode_sm90;
+  auto launch = [&](auto heads, auto dynamic) {
+    constexpr int kH = decltype(heads)::value;
+    constexpr bool kDyn = decltype(dynamic)::value;
+    return f16 ? launch_sparse_decode_sm90<kH, kDyn, true>(k, stream) : launch_sparse_decode_sm90<kH, kDyn, false>(k, stream);
+  };
+  using H64 = std::integral_constant<int, 64>;
+  using H128 = std::integral_constant<int, 128>;
+  const cudaError_t err = p.num_heads == 64 ? (dyn ? launch(H64{}, std::true_type{}) : launch(H64{}, std::false_type{}))
+                                            : (dyn ? launch(H128{}, std::true_type{}) : launch(H128{}, std::false_type{}));
   SELKV_CUDA_RETURN(err, kOp);
   // A fixed schedule of whole rows per part writes every row's out directly: no combine. Else
   // at most one row is split per boundary between parts, and at most every row.
   const decode::FixedSchedule fixed(k.num_rows, k.topk, k.min_blocks_per_part, k.num_sm_parts);
   if (dyn || fixed.has_split_rows()) {
     const int32_t boundaries = (dyn ? k.num_sm_parts : fixed.np) - 1;
-    SELKV_CUDA_RETURN(decode::launch_decode_combine(k, std::min(boundaries, k.num_rows), stream), kOp);
+    SELKV_CUDA_RETURN(decode::launch_decode_combine(k, std::min(boundaries, k.num_rows), f16, stream), kOp);
   }
   return Status::Ok();
 }

@@ -14,18 +14,6 @@
 #define SELKV_DEC_HD inline
 #endif
 
-// Split rows' partials in fp16 with a power-of-two scale per (slot, head, d_v half) (default 1;
-// 0 = fp32 partials, FlashMLA's choice, kept as the A/B and accuracy baseline), written with the
-// bf16 out path's whole-sector 16-byte stores. Against fp32 partials (session 10, 29cd705):
-// H=128 B=2 24.34 -> 21.50 us, H=64 B=8 S_q=1 25.20 -> 22.51, S_q=2 32.16 -> 29.24; calls without
-// split rows unchanged. bf16 partials through the same stores were as fast but their extra rounding
-// (~2.5e-6 of cosine distance) put split rows at DESIGN §5's 5e-6 limit (a random-seed test failed
-// at 5.19e-6; session 9); fp16 rounds 8x finer, and the scale (the half-row max lands in
-// [2^13, 2^14)) keeps any data scale in range. Layout: partial_scale.h.
-#ifndef SELKV_DECODE_F16_PARTIALS
-#define SELKV_DECODE_F16_PARTIALS 1
-#endif
-
 namespace selkv::decode {
 
 inline constexpr int kBlockTokens = 64;      // selected tokens per KV block (TOPK_BLOCK_SIZE)
@@ -48,6 +36,21 @@ SELKV_DEC_HD constexpr int min_blocks_per_part(int num_heads, int64_t total_bloc
   if (num_heads == 128) return total_blocks < 256 ? 2 : 4;
   const int64_t m = total_blocks / 128;
   return m < 2 ? 2 : (m > 4 ? 4 : int(m));
+}
+
+// Partial format of split rows for DecodePartials::kAuto (a template parameter of the decode and
+// combine kernels, chosen per call from the plan's shape). fp16 with a power-of-two scale per
+// (slot, head, d_v half), written by the bf16 out path's whole-sector 16-byte stores, halves the
+// partial round trip; the scale (the half-row max lands in [2^13, 2^14)) keeps any data scale in
+// range, and fp16 rounds 8x finer than bf16 (bf16 partials were as fast but put split rows at
+// DESIGN §5's 5e-6 cosine limit, session 9). Against fp32 (H200, session 10, 29cd705 / 3765865):
+// H=128 B=2 S_q=2 24.3 -> 21.5 us, H=64 B=8 S_q=1 / 2 / 4 25.3 / 31.8 / 46.8 -> 22.6 / 29.4 / 45.2,
+// large calls within +-1 %; but calls of one batch row (2-4 MB of fp32 partials) lose: H=64 B=1
+// S_q=1 / 2 / 4 19.7 / 20.4 / 21.9 -> 20.8 / 20.3 / 21.2 warm and 19.7 / 20.4 / 21.9 -> 22.4 / 22.3 /
+// 23.6 with a cold instruction cache (SELKV_BENCH_FLUSH=icache, a serving engine's usual state).
+// So fp32 up to 8192 block-heads (T blocks x H: B=1 at K=2048, H=64 and S_q <= 4), else fp16.
+SELKV_DEC_HD constexpr bool f16_partials_by_default(int num_heads, int64_t total_blocks) {
+  return total_blocks * num_heads > 8192;
 }
 
 // A schedule that splits rows pays for partials (written by the decode kernel, read by the
@@ -279,9 +282,9 @@ struct DecodeKernelParams {
   int64_t out_batch_stride, out_seq_stride, out_head_stride;
   float* lse;
   int64_t lse_batch_stride, lse_seq_stride;
-  float* accum_out;  // [2 * num_sm_parts, H, 512] fp32-sized (normalized partial out): with
-                     // SELKV_DECODE_F16_PARTIALS (default) fp16 in its first half, then the inverse
-                     // scales [2 * num_sm_parts, H, 2] (partial_scale.h)
+  float* accum_out;  // [2 * num_sm_parts, H, 512] fp32-sized (normalized partial out): fp32, or
+                     // (fp16 partials) fp16 in its first half, then the inverse scales
+                     // [2 * num_sm_parts, H, 2] (partial_scale.h)
   float* accum_lse;  // [2 * num_sm_parts, H]
 };
 static_assert(sizeof(FastDivmod) == 12, "DecodeKernelParams packs page with page_size into 16 bytes");

@@ -1,4 +1,4 @@
-// Power-of-two scale of the fp16 split partials (SELKV_DECODE_F16_PARTIALS, decode_params.h),
+// Power-of-two scale of the fp16 split partials (DecodePartials::kFp16, decode_params.h),
 // host and device: the decode epilogue scales each (slot, head, d_v half) by `scale` before the
 // fp16 rounding and stores `inv`; the combine multiplies by `inv`. Both are exact powers of two,
 // so the scaling itself rounds nothing.

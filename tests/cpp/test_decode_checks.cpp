@@ -110,6 +110,12 @@ TEST(DecodeChecks, RejectsMetadataMismatch) {
   { Base b; b.p.topk_length = fake<int32_t>(0x70000); expect_arg_error(b.check(), "metadata"); }
   { Base b; b.md.min_blocks_per_part = 0; expect_arg_error(b.check(), "metadata"); }
   { Base b; b.md.num_sm_parts = selkv::decode::kMaxDecodeParts + 1; expect_arg_error(b.check(), "metadata"); }
+  { Base b; b.md.shape.partials = static_cast<DecodePartials>(3); expect_arg_error(b.check(), "metadata"); }
+  for (DecodePartials f : {DecodePartials::kAuto, DecodePartials::kFp32, DecodePartials::kFp16}) {
+    Base b;
+    b.md.shape.partials = f;
+    EXPECT_TRUE(b.check().ok()) << int(f);
+  }
   {
     Base b;
     b.md.shape.topk_length = fake<int32_t>(0x70000);
@@ -147,6 +153,10 @@ TEST(DecodeChecks, MakeMetadataValidates) {
   neg.min_blocks_per_part = -1;
   st = make_decode_metadata(neg, buf, sizeof(buf), &md, nullptr);
   expect_arg_error(st, "min_blocks_per_part");
+  DecodeShape bad_fmt{2, 2, 64, 128, nullptr, 132};
+  bad_fmt.partials = static_cast<DecodePartials>(7);
+  st = make_decode_metadata(bad_fmt, buf, sizeof(buf), &md, nullptr);
+  expect_arg_error(st, "partials");
   st = make_decode_metadata(DecodeShape{100, 2, 64, 128, nullptr, 132}, buf, sizeof(buf), &md, nullptr);
   EXPECT_EQ(st.code(), StatusCode::kWorkspaceTooSmall);
   EXPECT_NE(st.message().find(std::to_string(decode_metadata_size(100, 2))), std::string::npos);
@@ -179,7 +189,27 @@ TEST(DecodeChecks, DefaultMinBlocksPerPart) {
   EXPECT_EQ(min_blocks_per_part(64, int64_t(1) << 40), 4);
 }
 
-// The fp16 partials' scale (SELKV_DECODE_F16_PARTIALS): exact powers of two, inverse exact, the
+// The partial format a plan uses (DecodeShape::partials; kAuto: fp32 up to 8192 block-heads, the
+// single-row calls that fp16 made slower on the H200, else fp16).
+TEST(DecodeChecks, PartialFormatByShape) {
+  auto uses_f16 = [](int B, int S, int H, int K, DecodePartials f = DecodePartials::kAuto) {
+    DecodeShape s{B, S, H, K, nullptr, 132};
+    s.partials = f;
+    return decode_uses_f16_partials(s);
+  };
+  EXPECT_FALSE(uses_f16(1, 1, 64, 2048));   // 32 blocks x 64 heads
+  EXPECT_FALSE(uses_f16(1, 2, 64, 2048));
+  EXPECT_FALSE(uses_f16(1, 4, 64, 2048));   // 8192: the last fp32 one
+  EXPECT_TRUE(uses_f16(1, 5, 64, 2048));
+  EXPECT_TRUE(uses_f16(8, 1, 64, 2048));
+  EXPECT_TRUE(uses_f16(2, 2, 128, 2048));   // 128 blocks x 128 heads
+  EXPECT_FALSE(uses_f16(1, 2, 128, 2048));  // 64 x 128
+  EXPECT_TRUE(uses_f16(64, 2, 128, 2048));
+  EXPECT_TRUE(uses_f16(1, 1, 64, 2048, DecodePartials::kFp16));
+  EXPECT_FALSE(uses_f16(64, 2, 128, 2048, DecodePartials::kFp32));
+}
+
+// The fp16 partials' scale (DecodePartials::kFp16): exact powers of two, inverse exact, the
 // scaled max in [2^13, 2^14) over the whole float range it can reach, 1 for 0 / inf / nan.
 TEST(DecodeChecks, F16PartialScale) {
   using selkv::decode::f16_partial_scale;

@@ -43,6 +43,7 @@ struct Problem {
   std::vector<int32_t> topk_length;  // empty: fixed
   std::vector<float> sink;           // empty: none
   float sm_scale = std::pow(576.f, -0.55f);
+  DecodePartials partials = DecodePartials::kAuto;  // DecodeShape::partials of the plan
   int64_t num_slots() const { return num_blocks * page; }
 };
 
@@ -152,6 +153,7 @@ void run_gpu(const Problem& p, int num_sms, int mode, Result* res, bool use_topk
 
   DecodeShape shape{p.B, p.S, p.H, p.K, dyn ? dl.as<int32_t>() : nullptr, num_sms};
   shape.min_blocks_per_part = min_blocks;
+  shape.partials = p.partials;
   DevBuf dmd(decode_metadata_size(p.B, p.S));
   SparseDecodeParams sp;
   sp.q = dq.ptr; sp.batch = p.B; sp.seq_q = p.S; sp.num_heads = p.H; sp.topk = p.K;
@@ -245,24 +247,35 @@ void compare(const Result& g, const std::vector<float>& ref_out, const std::vect
   EXPECT_EQ(bad_lse, 0u) << what;
 }
 
-std::string name(const CaseSpec& c, int num_sms, int min_blocks = 0) {
+const char* partials_name(DecodePartials f) {
+  return f == DecodePartials::kFp32 ? " fp32" : (f == DecodePartials::kFp16 ? " fp16" : "");
+}
+
+std::string name(const CaseSpec& c, int num_sms, int min_blocks = 0, DecodePartials f = DecodePartials::kAuto) {
   return "B" + std::to_string(c.B) + " S" + std::to_string(c.S) + " H" + std::to_string(c.H) +
          " skv" + std::to_string(c.s_kv) + " K" + std::to_string(c.K) + " page" +
          std::to_string(c.page) + (c.dynamic ? " dyn" : "") + (c.sink ? " sink" : "") +
          " sms" + std::to_string(num_sms) + " minblk" + std::to_string(min_blocks) +
-         (c.data_std != 0.1f ? " std" + std::to_string(c.data_std) : "") +
+         (c.data_std != 0.1f ? " std" + std::to_string(c.data_std) : "") + partials_name(f) +
          " seed" + std::to_string(test::test_seed());
 }
 
-void check_case(const CaseSpec& c, int num_sms, int min_blocks = 0) {
+// `formats`: the partial formats to run the case with (one oracle run for all).
+void check_case(const CaseSpec& c, int num_sms, int min_blocks = 0,
+                const std::vector<DecodePartials>& formats = {DecodePartials::kAuto}) {
   std::mt19937_64 rng(test::test_seed() ^ (uint64_t(c.B) << 40) ^ (uint64_t(c.K) << 20) ^ c.page ^ (c.H << 8));
   Problem p = make_problem(c, rng);
   std::vector<float> ro, rl;
   oracle(p, &ro, &rl);
-  Result g;
-  run_gpu(p, num_sms, 0, &g, true, min_blocks);
-  compare(g, ro, rl, name(c, num_sms, min_blocks), /*scale_free=*/c.data_std != 0.1f);
+  for (DecodePartials f : formats) {
+    p.partials = f;
+    Result g;
+    run_gpu(p, num_sms, 0, &g, true, min_blocks);
+    compare(g, ro, rl, name(c, num_sms, min_blocks, f), /*scale_free=*/c.data_std != 0.1f);
+  }
 }
+
+const std::vector<DecodePartials> kBothFormats = {DecodePartials::kFp32, DecodePartials::kFp16};
 
 TEST(DecodeGpu, FixedTopk) {
   SELKV_REQUIRE_GPU();
@@ -306,12 +319,12 @@ TEST(DecodeGpu, SplitGranularity) {
       {9, 1, 128, 512, 512, 64, 0, true, false, true, true},
   };
   for (const auto& c : cases)
-    for (int min_blocks : {1, 3, 17}) check_case(c, 0, min_blocks);
-  check_case(cases[0], 9, 1);  // 9 parts: 9 splits of one row (one full batch + 1)
+    for (int min_blocks : {1, 3, 17}) check_case(c, 0, min_blocks, kBothFormats);
+  check_case(cases[0], 9, 1, kBothFormats);  // 9 parts: 9 splits of one row (one full batch + 1)
 }
 
-// Split rows at any data scale: the partials' format (scaled fp16 by default, fp32 with
-// SELKV_DECODE_F16_PARTIALS=0; decode_params.h) must neither overflow (|cache| ~ 3e6: the
+// Split rows at any data scale: both partial formats (DecodePartials; fp16 is scaled per head
+// and d_v half, decode_params.h) must neither overflow (|cache| ~ 3e6: the
 // normalized partials reach ~1e5, beyond fp16's 65504) nor lose precision to subnormals
 // (|cache| ~ 1e-6: |out| ~ 4e-8). compare()'s cosine distance is the scale-free check of DESIGN §5.
 TEST(DecodeGpu, SplitRowsAtAnyDataScale) {
@@ -319,8 +332,8 @@ TEST(DecodeGpu, SplitRowsAtAnyDataScale) {
   for (float std_dev : {3e6f, 1e-6f})
     for (int H : {64, 128}) {
       CaseSpec c{2, 2, H, 1024, 576, 64, 0, true, false, false, false, std_dev};
-      check_case(c, 0, 1);   // 1-block parts: every row split 9 ways
-      check_case(c, 0, 0);
+      check_case(c, 0, 1, kBothFormats);  // 1-block parts: every row split 9 ways
+      check_case(c, 0, 0, kBothFormats);
     }
 }
 

@@ -34,7 +34,6 @@
 namespace selkv::decode::sm90 {
 
 inline constexpr bool kIndexPrefetch = SELKV_DECODE_INDEX_PREFETCH != 0;
-inline constexpr bool kF16Partials = SELKV_DECODE_F16_PARTIALS != 0;
 inline constexpr bool kEarlyQ = SELKV_DECODE_EARLY_Q != 0;
 
 // Prefetch into L2 the index lines of every (row, block) of the part (blocks clamped to K / 64,
@@ -74,9 +73,9 @@ struct RowStats {
 };
 
 // Epilogue of one row for consumer `cw` (owns d_v [256 cw, 256 cw + 256)): normalize, then bf16
-// out + lse (unsplit) or the normalized partial (scaled fp16, or fp32 with
-// SELKV_DECODE_F16_PARTIALS=0) + partial lse (split).
-template <int kNumHeads, typename TensorO>
+// out + lse (unsplit) or the normalized partial (scaled fp16 when kF16Partials, else fp32) +
+// partial lse (split).
+template <int kNumHeads, bool kF16Partials, typename TensorO>
 __device__ __forceinline__ void store_row(const DecodeKernelParams& p, const RowWork& w, int cw, int lane,
                                           int r0, int r1, const RowStats& st, TensorO& tOrO) {
   constexpr float kNegInf = -INFINITY;
@@ -91,7 +90,7 @@ __device__ __forceinline__ void store_row(const DecodeKernelParams& p, const Row
   const int q4 = lane & 3;
   if (w.split) {
     if constexpr (kF16Partials) {
-      // (SELKV_DECODE_F16_PARTIALS, default) the half-row max over the quad sets the scale, written
+      // (fp16 partials) the half-row max over the quad sets the scale, written
       // beside the partial; the values are stored below by the out code, into the slot.
       float m0 = 0.f, m1 = 0.f;
       CUTE_UNROLL
@@ -112,7 +111,7 @@ __device__ __forceinline__ void store_row(const DecodeKernelParams& p, const Row
         inv[(int64_t(w.slot) * kNumHeads + h1) * 2 + cw] = s1.inv;
       }
     } else {
-      // (SELKV_DECODE_F16_PARTIALS=0) fp32 partial: 8-byte stores of the accumulator pairs. The
+      // fp32 partial: 8-byte stores of the accumulator pairs. The
       // fp32 epilogue is bound by the write bandwidth of all CTAs finishing at once (16 MB in
       // ~4 us at H=64 B=8 S_q=1); a head-pair workspace layout with 16-byte stores measured slower
       // (H=64 B=1 22.1 vs 21.8 us, B=64 S_q=1 81.1 vs 79.6; a288085 vs 19a530b, session 7).
@@ -139,7 +138,7 @@ __device__ __forceinline__ void store_row(const DecodeKernelParams& p, const Row
     // warp instruction writes 64 contiguous bytes of each of its 8 rows (whole sectors) instead of
     // 16 (half sectors, each written twice): a row's epilogue took ~6 us for 64 KB per CTA at H=64
     // B=64 S_q=2, 2 us after (timeline, session 7).
-    // (With SELKV_DECODE_F16_PARTIALS a split row's fp16 partial goes the same way into its slot,
+    // (With fp16 partials a split row's partial goes the same way into its slot,
     // [H, 512] contiguous.)
     const bool to_slot = kF16Partials && w.split;
     uint16_t* orow = to_slot ? reinterpret_cast<uint16_t*>(p.accum_out) + int64_t(w.slot) * kNumHeads * kDimV
@@ -271,7 +270,7 @@ __device__ __forceinline__ void release_kv_tile(SharedStorage& ss, int buf, int 
 }
 
 // WG1: S, softmax, P, O_0 += P V_0.
-template <int kNumHeads, class Iter>
+template <int kNumHeads, bool kF16Partials, class Iter>
 __device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, SharedStorage& ss, Iter it) {
   const int tid_wg = int(threadIdx.x) - 128;
   const int warp_wg = tid_wg / 32, lane = tid_wg % 32;
@@ -398,7 +397,7 @@ __device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, Shar
     // WG2 reads row_sum / row_max right after kRowSum; WG1 rewrites them only after the next
     // row's kQReady barrier (early Q: its first kPFree), which WG2 reaches after that read.
     SELKV_TL(if (tid_wg == 0) tl_stamp(6);)  // overwritten per row: the last row's remains
-    store_row<kNumHeads>(p, w, 0, lane, r0, r1, RowStats{m0, m1, l0, l1}, tOrO);
+    store_row<kNumHeads, kF16Partials>(p, w, 0, lane, r0, r1, RowStats{m0, m1, l0, l1}, tOrO);
   }
   SELKV_TL(if (tid_wg == 0) { tl_stamp(5); tl_finish(p); })
 #if SELKV_DECODE_PROBE
@@ -410,7 +409,7 @@ __device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, Shar
 }
 
 // WG2: O_1 = O_1 * scale + P V_1.
-template <int kNumHeads, class Iter>
+template <int kNumHeads, bool kF16Partials, class Iter>
 __device__ __forceinline__ void run_pv_wg(const DecodeKernelParams& p, SharedStorage& ss, Iter it) {
   const int tid_wg = int(threadIdx.x) - 256;
   const int warp_wg = tid_wg / 32, lane = tid_wg % 32;
@@ -462,7 +461,7 @@ __device__ __forceinline__ void run_pv_wg(const DecodeKernelParams& p, SharedSto
     const RowStats st{ss.row_max[r0], ss.row_max[r1], ss.row_sum[r0], ss.row_sum[r1]};
     // Early Q: the P tile, row_scale and the row statistics are free for the next row only now.
     if (kEarlyQ && has_next) cutlass::arch::NamedBarrier::arrive(kNumConsumerThreads, uint32_t(NamedBar::kPFree));
-    store_row<kNumHeads>(p, w, 1, lane, r0, r1, st, tOrO);
+    store_row<kNumHeads, kF16Partials>(p, w, 1, lane, r0, r1, st, tOrO);
   }
 #if SELKV_DECODE_PROBE
   if (tid_wg == 0 && blockIdx.x == 0 && probe_should_print<kNumHeads>(p, 2)) {

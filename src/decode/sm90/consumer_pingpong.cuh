@@ -48,7 +48,7 @@ __device__ __forceinline__ void pp_arrive(PpBar b) {
 }
 
 // kC = 0: consumer A (WG1, even blocks, d_v [0, 256)); kC = 1: consumer B (WG2, odd, [256, 512)).
-template <int kNumHeads, int kC, class Iter>
+template <int kNumHeads, int kC, bool kF16Partials, class Iter>
 __device__ __forceinline__ void run_pingpong_consumer(const DecodeKernelParams& p, SharedStorage& ss, Iter it) {
   constexpr bool kA = kC == 0;
   const int tid_wg = int(threadIdx.x) - 128 * (kC + 1);
@@ -169,7 +169,7 @@ __device__ __forceinline__ void run_pingpong_consumer(const DecodeKernelParams& 
     // l_x is rewritten only after the next row's kQReady, which both reach after this read.
     cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(NamedBar::kRowSum));
     const RowStats st{m0, m1, ss.l_x[0][r0] + ss.l_x[1][r0], ss.l_x[0][r1] + ss.l_x[1][r1]};
-    store_row<kNumHeads>(p, w, kC, lane, r0, r1, st, tOrO);
+    store_row<kNumHeads, kF16Partials>(p, w, kC, lane, r0, r1, st, tOrO);
   }
 }
 

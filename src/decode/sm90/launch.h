@@ -7,13 +7,18 @@
 
 namespace selkv::decode::sm90 {
 
-template <int kNumHeads, bool kDynamic>
+// kF16Partials: the split rows' partial format (decode_params.h f16_partials_by_default).
+template <int kNumHeads, bool kDynamic, bool kF16Partials>
 cudaError_t launch_sparse_decode_sm90(const DecodeKernelParams& p, cudaStream_t stream);
 
-extern template cudaError_t launch_sparse_decode_sm90<64, false>(const DecodeKernelParams&, cudaStream_t);
-extern template cudaError_t launch_sparse_decode_sm90<64, true>(const DecodeKernelParams&, cudaStream_t);
-extern template cudaError_t launch_sparse_decode_sm90<128, false>(const DecodeKernelParams&, cudaStream_t);
-extern template cudaError_t launch_sparse_decode_sm90<128, true>(const DecodeKernelParams&, cudaStream_t);
+extern template cudaError_t launch_sparse_decode_sm90<64, false, false>(const DecodeKernelParams&, cudaStream_t);
+extern template cudaError_t launch_sparse_decode_sm90<64, false, true>(const DecodeKernelParams&, cudaStream_t);
+extern template cudaError_t launch_sparse_decode_sm90<64, true, false>(const DecodeKernelParams&, cudaStream_t);
+extern template cudaError_t launch_sparse_decode_sm90<64, true, true>(const DecodeKernelParams&, cudaStream_t);
+extern template cudaError_t launch_sparse_decode_sm90<128, false, false>(const DecodeKernelParams&, cudaStream_t);
+extern template cudaError_t launch_sparse_decode_sm90<128, false, true>(const DecodeKernelParams&, cudaStream_t);
+extern template cudaError_t launch_sparse_decode_sm90<128, true, false>(const DecodeKernelParams&, cudaStream_t);
+extern template cudaError_t launch_sparse_decode_sm90<128, true, true>(const DecodeKernelParams&, cudaStream_t);
 
 template <int kNumHeads>
 cudaError_t max_resident_sparse_decode_sm90(int* count);

@@ -24,7 +24,9 @@
 namespace selkv::decode::sm90 {
 
 // ---- kernel ---------------------------------------------------------------------------------
-template <int kNumHeads, bool kDynamic>
+// kF16Partials: split rows' partials in fp16 with a power-of-two scale, else fp32
+// (decode_params.h f16_partials_by_default; the combine reads the same format).
+template <int kNumHeads, bool kDynamic, bool kF16Partials>
 __global__ void __launch_bounds__(kNumThreads, 1)
 sparse_decode_sm90_kernel(const __grid_constant__ DecodeKernelParams p) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -73,17 +75,17 @@ sparse_decode_sm90_kernel(const __grid_constant__ DecodeKernelParams p) {
 #if SELKV_DECODE_PINGPONG
     if (wg == 2) {
       cutlass::arch::warpgroup_reg_alloc<kPingPongBRegs>();
-      run_pingpong_consumer<kNumHeads, 1>(p, ss, it);
+      run_pingpong_consumer<kNumHeads, 1, kF16Partials>(p, ss, it);
     } else {
       cutlass::arch::warpgroup_reg_alloc<kPingPongARegs>();
-      run_pingpong_consumer<kNumHeads, 0>(p, ss, it);
+      run_pingpong_consumer<kNumHeads, 0, kF16Partials>(p, ss, it);
     }
 #else
     if (wg == 2) {
-      run_pv_wg<kNumHeads>(p, ss, it);  // stays at the launch budget (kPvWgRegs)
+      run_pv_wg<kNumHeads, kF16Partials>(p, ss, it);  // stays at the launch budget (kPvWgRegs)
     } else {
       cutlass::arch::warpgroup_reg_alloc<kSoftmaxWgRegs>();
-      run_softmax_wg<kNumHeads>(p, ss, it);
+      run_softmax_wg<kNumHeads, kF16Partials>(p, ss, it);
     }
 #endif
   } else {
@@ -101,11 +103,12 @@ sparse_decode_sm90_kernel(const __grid_constant__ DecodeKernelParams p) {
 }
 
 // Host launch (explicitly instantiated in instantiations/*.cu).
-template <int kNumHeads, bool kDynamic>
+template <int kNumHeads, bool kDynamic, bool kF16Partials>
 cudaError_t launch_sparse_decode_sm90(const DecodeKernelParams& p, cudaStream_t stream) {
-  auto kernel = &sparse_decode_sm90_kernel<kNumHeads, kDynamic>;
+  auto kernel = &sparse_decode_sm90_kernel<kNumHeads, kDynamic, kF16Partials>;
   constexpr int kSmem = int(sizeof(SharedStorage));
-  cudaError_t err = selkv::detail::set_max_dynamic_smem_once<&sparse_decode_sm90_kernel<kNumHeads, kDynamic>>(kSmem);
+  cudaError_t err =
+      selkv::detail::set_max_dynamic_smem_once<&sparse_decode_sm90_kernel<kNumHeads, kDynamic, kF16Partials>>(kSmem);
   if (err != cudaSuccess) return err;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(kNumHeads / kBlockM, p.num_sm_parts, 1);
@@ -128,9 +131,10 @@ cudaError_t launch_sparse_decode_sm90(const DecodeKernelParams& p, cudaStream_t 
 // part count must not exceed it (a second wave would double the time).
 template <int kNumHeads>
 cudaError_t max_resident_sparse_decode_sm90(int* count) {
-  auto kernel = &sparse_decode_sm90_kernel<kNumHeads, false>;
+  // (the fixed fp16 instantiation stands for all: same smem, registers and cluster shape)
+  auto kernel = &sparse_decode_sm90_kernel<kNumHeads, false, true>;
   constexpr int kSmem = int(sizeof(SharedStorage));
-  cudaError_t err = selkv::detail::set_max_dynamic_smem_once<&sparse_decode_sm90_kernel<kNumHeads, false>>(kSmem);
+  cudaError_t err = selkv::detail::set_max_dynamic_smem_once<&sparse_decode_sm90_kernel<kNumHeads, false, true>>(kSmem);
   if (err != cudaSuccess) return err;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(kNumHeads / kBlockM, 132, 1);
