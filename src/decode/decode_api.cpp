@@ -19,6 +19,14 @@ namespace {
 
 bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
 
+// 64-token blocks of a call of this shape, at most (all of K for dynamic top-k): the size the
+// plan's defaults (granularity, partial format) are chosen from.
+int64_t call_blocks(const DecodeShape& s) { return int64_t(s.batch) * s.seq_q * (s.topk / decode::kBlockTokens); }
+
+bool known_partials(DecodePartials f) {
+  return f == DecodePartials::kAuto || f == DecodePartials::kFp32 || f == DecodePartials::kFp16;
+}
+
 Status check_shape(const char* kOp, const DecodeShape& s) {
   SELKV_CHECK_ARG(s.batch >= 1, "batch", "must be >= 1, got ", s.batch);
   SELKV_CHECK_ARG(s.seq_q >= 1, "seq_q", "must be >= 1, got ", s.seq_q);
@@ -26,16 +34,13 @@ Status check_shape(const char* kOp, const DecodeShape& s) {
                   "must be 64 or 128, got ", s.num_heads);
   SELKV_CHECK_ARG(s.topk >= decode::kBlockTokens && s.topk % decode::kBlockTokens == 0, "topk",
                   "must be a positive multiple of 64, got ", s.topk);
-  const int64_t rows = int64_t(s.batch) * s.seq_q;
-  SELKV_CHECK_ARG(rows * (s.topk / decode::kBlockTokens) <= std::numeric_limits<int32_t>::max(),
-                  "batch", "batch * seq_q * topk / 64 must fit in int32, got ",
-                  rows * (s.topk / decode::kBlockTokens));
+  SELKV_CHECK_ARG(call_blocks(s) <= std::numeric_limits<int32_t>::max(), "batch",
+                  "batch * seq_q * topk / 64 must fit in int32, got ", call_blocks(s));
   SELKV_CHECK_ARG(s.num_sms >= 0, "num_sms", "must be >= 0 (0 = current device), got ", s.num_sms);
   SELKV_CHECK_ARG(s.min_blocks_per_part >= 0, "min_blocks_per_part",
                   "must be >= 0 (0 = default), got ", s.min_blocks_per_part);
-  SELKV_CHECK_ARG(s.partials == DecodePartials::kAuto || s.partials == DecodePartials::kFp32 ||
-                      s.partials == DecodePartials::kFp16,
-                  "partials", "must be kAuto, kFp32 or kFp16, got ", int(s.partials));
+  SELKV_CHECK_ARG(known_partials(s.partials), "partials", "must be kAuto, kFp32 or kFp16, got ",
+                  int(s.partials));
   return Status::Ok();
 }
 
@@ -49,7 +54,7 @@ size_t decode_metadata_size(int64_t batch, int64_t seq_q) {
 
 bool decode_uses_f16_partials(const DecodeShape& s) {
   if (s.partials != DecodePartials::kAuto) return s.partials == DecodePartials::kFp16;
-  return decode::f16_partials_by_default(s.num_heads, int64_t(s.batch) * s.seq_q * (s.topk / decode::kBlockTokens));
+  return decode::f16_partials_by_default(s.num_heads, call_blocks(s));
 }
 
 size_t decode_workspace_size(const DecodeMetadata& md) {
@@ -91,7 +96,7 @@ Status make_decode_metadata(const DecodeShape& shape, void* buffer, size_t buffe
   }
   // Default granularity from the call's largest block count (dynamic top-k: the plan is made
   // before the lengths are known, so from K; a shorter length only makes the parts shorter).
-  const int64_t max_blocks = int64_t(shape.batch) * shape.seq_q * (shape.topk / decode::kBlockTokens);
+  const int64_t max_blocks = call_blocks(shape);
   const int32_t min_blocks = shape.min_blocks_per_part > 0 ? shape.min_blocks_per_part
                                                            : decode::min_blocks_per_part(shape.num_heads, max_blocks);
   SELKV_CUDA_RETURN(decode::launch_decode_scheduler(shape.batch, shape.seq_q, shape.topk,
@@ -177,9 +182,8 @@ Status check_sparse_mla_decode(const SparseDecodeParams& p, const DecodeMetadata
   SELKV_CHECK_ARG(md.bytes >= decode_metadata_size(p.batch, p.seq_q) && md.num_sm_parts >= 1 &&
                       md.num_sm_parts <= decode::kMaxDecodeParts && md.min_blocks_per_part >= 1,
                   "metadata", "buffer too small for this shape, or not made by make_decode_metadata");
-  SELKV_CHECK_ARG(m.partials == DecodePartials::kAuto || m.partials == DecodePartials::kFp32 ||
-                      m.partials == DecodePartials::kFp16,
-                  "metadata", "partials must be kAuto, kFp32 or kFp16, got ", int(m.partials));
+  SELKV_CHECK_ARG(known_partials(m.partials), "metadata", "partials must be kAuto, kFp32 or kFp16, got ",
+                  int(m.partials));
   // workspace
   const size_t need = decode_workspace_size(md);
   if (workspace_bytes < need)

@@ -54,8 +54,8 @@ SELKV_DEC_HD constexpr bool f16_partials_by_default(int num_heads, int64_t total
 }
 
 // A schedule that splits rows pays for partials (written by the decode kernel, read by the
-// combine): ~28 us with fp32 partials at H=128 B=64 S_q=2 and H=64 B=64 S_q=4 (ncu, session 6), where one block takes
-// ~3 us per CTA. Cutting parts at row starts is taken when it lengthens the longest part by at most
+// combine): ~28 us with fp32 partials at H=128 B=64 S_q=2 and H=64 B=64 S_q=4 (ncu, session 6),
+// where one block takes ~3 us per CTA. Cutting parts at row starts is taken when it lengthens the longest part by at most
 // this many blocks.
 inline constexpr int32_t kSplitCostBlocks = 8;
 

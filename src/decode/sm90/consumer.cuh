@@ -90,8 +90,8 @@ __device__ __forceinline__ void store_row(const DecodeKernelParams& p, const Row
   const int q4 = lane & 3;
   if (w.split) {
     if constexpr (kF16Partials) {
-      // (fp16 partials) the half-row max over the quad sets the scale, written
-      // beside the partial; the values are stored below by the out code, into the slot.
+      // fp16 partial: the half-row max over the quad sets the scale, written beside the partial;
+      // the values are stored below by the out code, into the slot.
       float m0 = 0.f, m1 = 0.f;
       CUTE_UNROLL
       for (int i = 0; i < size(tOrO); i += 4) {
@@ -111,10 +111,10 @@ __device__ __forceinline__ void store_row(const DecodeKernelParams& p, const Row
         inv[(int64_t(w.slot) * kNumHeads + h1) * 2 + cw] = s1.inv;
       }
     } else {
-      // fp32 partial: 8-byte stores of the accumulator pairs. The
-      // fp32 epilogue is bound by the write bandwidth of all CTAs finishing at once (16 MB in
-      // ~4 us at H=64 B=8 S_q=1); a head-pair workspace layout with 16-byte stores measured slower
-      // (H=64 B=1 22.1 vs 21.8 us, B=64 S_q=1 81.1 vs 79.6; a288085 vs 19a530b, session 7).
+      // fp32 partial: 8-byte stores of the accumulator pairs. The fp32 epilogue is bound by the
+      // write bandwidth of all CTAs finishing at once (16 MB in ~4 us at H=64 B=8 S_q=1); a
+      // head-pair workspace layout with 16-byte stores measured slower (H=64 B=1 22.1 vs 21.8 us,
+      // B=64 S_q=1 81.1 vs 79.6; a288085 vs 19a530b, session 7).
       float* acc0 = p.accum_out + (int64_t(w.slot) * kNumHeads + h0) * kDimV + cw * kDimVPerConsumer + 2 * q4;
       float* acc1 = p.accum_out + (int64_t(w.slot) * kNumHeads + h1) * kDimV + cw * kDimVPerConsumer + 2 * q4;
       CUTE_UNROLL
@@ -138,8 +138,8 @@ __device__ __forceinline__ void store_row(const DecodeKernelParams& p, const Row
     // warp instruction writes 64 contiguous bytes of each of its 8 rows (whole sectors) instead of
     // 16 (half sectors, each written twice): a row's epilogue took ~6 us for 64 KB per CTA at H=64
     // B=64 S_q=2, 2 us after (timeline, session 7).
-    // (With fp16 partials a split row's partial goes the same way into its slot,
-    // [H, 512] contiguous.)
+    // (With fp16 partials a split row's partial goes the same way into its slot, [H, 512]
+    // contiguous.)
     const bool to_slot = kF16Partials && w.split;
     uint16_t* orow = to_slot ? reinterpret_cast<uint16_t*>(p.accum_out) + int64_t(w.slot) * kNumHeads * kDimV
                              : p.out + b * p.out_batch_stride + s * p.out_seq_stride;
