@@ -11,7 +11,9 @@
 // k < topk_length[t]; invalid entries contribute nothing and are never dereferenced (with
 // topk_length the tail is not even read). score = sm_scale * q . kv; max_logits = max valid
 // score; lse = log sum exp(score). A row with no valid entry: out = 0, lse = max_logits = -inf.
-// Each index entry is one softmax term (duplicates count twice).
+// Each index entry is one softmax term (duplicates count twice). A NaN that reaches a row's
+// softmax makes that row's out, lse and max_logits NaN. Optional attn_sink [H]: out *= 1 / (1 +
+// exp(attn_sink[h] - lse)), fused in the epilogue.
 //
 // Asynchronous on `stream`: no host sync, no allocation, CUDA-graph capturable, deterministic.
 #pragma once
@@ -44,6 +46,9 @@ struct SparsePrefillParams {
   const int32_t* topk_length = nullptr;  // optional [T]
 
   float sm_scale = 0.f;  // > 0, finite
+  // Optional fp32 [H]: out *= 1 / (1 + exp(attn_sink[h] - lse)) in the epilogue (lse and
+  // max_logits unchanged; a row with no valid entry keeps out 0).
+  const float* attn_sink = nullptr;
 
   // out: bf16 [T, H, 512]; last dim contiguous; pointer and strides 16-byte aligned.
   void* out = nullptr;

@@ -61,17 +61,17 @@ def flash_mla_sparse_fwd(
         raise ValueError(
             f"flash_mla_sparse_fwd: indices: expected shape [s_q, 1, topk], got {tuple(indices.shape)}"
         )
-    out, max_logits, lse = _prefill.sparse_prefill(q, kv, indices, sm_scale, topk_length=topk_length)
-    if attn_sink is not None:
-        if attn_sink.dim() != 1 or attn_sink.size(0) != q.size(1) or attn_sink.dtype != torch.float32:
-            raise ValueError(
-                "flash_mla_sparse_fwd: attn_sink: expected fp32 [h_q] = [" f"{q.size(1)}], got "
-                f"{attn_sink.dtype} {tuple(attn_sink.shape)}"
-            )
-        # exp(lse) / (exp(lse) + exp(sink)) = sigmoid(lse - sink); a token without valid entries
-        # (lse = -inf, out = 0) may give NaN there (sink = -inf): its out stays 0.
-        factor = torch.nan_to_num(torch.sigmoid(lse - attn_sink.view(1, -1)), nan=0.0)
-        out = (out.float() * factor.unsqueeze(-1)).to(torch.bfloat16)
+    if attn_sink is not None and (
+        attn_sink.dim() != 1 or attn_sink.size(0) != q.size(1) or attn_sink.dtype != torch.float32
+    ):
+        raise ValueError(
+            "flash_mla_sparse_fwd: attn_sink: expected fp32 [h_q] = [" f"{q.size(1)}], got "
+            f"{attn_sink.dtype} {tuple(attn_sink.shape)}"
+        )
+    # attn_sink is fused in the kernel's epilogue (out *= exp(lse) / (exp(lse) + exp(sink))).
+    out, max_logits, lse = _prefill.sparse_prefill(
+        q, kv, indices, sm_scale, topk_length=topk_length, attn_sink=attn_sink
+    )
     # FlashMLA's convention for a token with no valid entry: lse = +inf (max_logits stays -inf).
     torch.nan_to_num_(lse, nan=float("nan"), posinf=float("inf"), neginf=float("inf"))
     return out, max_logits, lse

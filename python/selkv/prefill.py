@@ -65,6 +65,7 @@ def sparse_prefill(
     out: torch.Tensor | None = None,
     max_logits: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
+    attn_sink: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sparse MLA prefill over bf16 KV (C7).
 
@@ -77,13 +78,15 @@ def sparse_prefill(
         topk_length: optional int32 ``[T]``: only the first ``topk_length[t]`` entries of row
             ``t`` are read.
         out, max_logits, lse: optional outputs (bf16 ``[T, H, 512]``, fp32 ``[T, H]`` twice).
+        attn_sink: optional fp32 ``[H]``: ``out *= 1 / (1 + exp(attn_sink[h] - lse))``, fused
+            in the kernel's epilogue (``lse`` and ``max_logits`` unchanged).
 
     Returns:
         ``(out, max_logits, lse)``: ``max_logits`` the largest valid scaled score, ``lse`` the
         natural-log logsumexp; ``-inf`` both (and ``out = 0``) for a token with no valid entry.
     """
     out, max_logits, lse = _stats_outputs(q, out, max_logits, lse)
-    _ops.sparse_prefill(q, kv, indices, topk_length, _default_scale(q, sm_scale), out, max_logits, lse)
+    _ops.sparse_prefill(q, kv, indices, topk_length, _default_scale(q, sm_scale), out, max_logits, lse, attn_sink)
     return out, max_logits, lse
 
 
@@ -149,6 +152,7 @@ def dequant_sparse_prefill(
     out: torch.Tensor | None = None,
     max_logits: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
+    attn_sink: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sparse MLA prefill straight from the paged FP8 cache: C4 then C7 in one call.
 
@@ -163,6 +167,7 @@ def dequant_sparse_prefill(
             :func:`dequant_prefill_workspace_size` bytes (a smaller one is an error naming the
             bytes needed).
         out, max_logits, lse: optional outputs.
+        attn_sink: optional fp32 ``[H]``, as in :func:`sparse_prefill`.
 
     Returns:
         ``(out, max_logits, lse)`` as :func:`sparse_prefill` over the dequantized rows.
@@ -173,7 +178,8 @@ def dequant_sparse_prefill(
         workspace = torch.empty((max(n, 16),), dtype=torch.uint8, device=cache.device)
     out, max_logits, lse = _stats_outputs(q, out, max_logits, lse)
     _ops.dequant_sparse_prefill(
-        q, cache, indices, topk_length, format, _default_scale(q, sm_scale), workspace, out, max_logits, lse
+        q, cache, indices, topk_length, format, _default_scale(q, sm_scale), workspace, out, max_logits, lse,
+        attn_sink,
     )
     return out, max_logits, lse
 
@@ -200,6 +206,7 @@ def gather_sparse_prefill(
     out: torch.Tensor | None = None,
     max_logits: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
+    attn_sink: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Dense-prefill route (seed 004): C3 gather of each request's chunk, then C7.
 
@@ -222,6 +229,7 @@ def gather_sparse_prefill(
         workspace: optional uint8 1-d buffer of at least :func:`gather_prefill_workspace_size`
             bytes.
         out, max_logits, lse: optional outputs.
+        attn_sink: optional fp32 ``[H]``, as in :func:`sparse_prefill`.
 
     Returns:
         ``(out, max_logits, lse)`` as :func:`sparse_prefill`.
@@ -246,5 +254,6 @@ def gather_sparse_prefill(
         out,
         max_logits,
         lse,
+        attn_sink,
     )
     return out, max_logits, lse

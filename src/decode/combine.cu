@@ -136,7 +136,11 @@ decode_combine_kernel(const DecodeKernelParams p) {
   const float* lse_of = reinterpret_cast<const float*>(s_lse) + hl;  // split i: lse_of[4 * i]
 
   float max_lse = -INFINITY;
-  for (int32_t i = 0; i < n; ++i) max_lse = fmaxf(max_lse, lse_of[4 * i]);
+  // NaN-sticky (fmaxf drops NaN): a split that saw a NaN makes the row NaN, never empty.
+  for (int32_t i = 0; i < n; ++i) {
+    const float x = lse_of[4 * i];
+    max_lse = (x != x || max_lse != max_lse) ? __int_as_float(0x7fffffff) : fmaxf(max_lse, x);
+  }
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
   float sum_w = 0.f;
   if (max_lse != -INFINITY) {

@@ -47,6 +47,7 @@ Status sparse_mla_prefill_strided(const SparsePrefillParams& p) {
   a.K = K;
   a.topk_length = p.topk_length;
   a.sm_scale = p.sm_scale;
+  a.attn_sink = p.attn_sink;
   a.out = out.data();
   a.max_logits = ml.data();
   a.lse = lse.data();

@@ -140,6 +140,7 @@ Status sparse_mla_prefill(const SparsePrefillParams& p, cudaStream_t stream) {
   k.topk_length = p.topk_length;
   k.sm_scale = p.sm_scale;
   k.sm_scale_log2 = float(double(p.sm_scale) * 1.4426950408889634);
+  k.attn_sink = p.attn_sink;
   k.out = static_cast<uint16_t*>(p.out);
   k.out_token_stride = p.out_token_stride;
   k.out_head_stride = p.out_head_stride;

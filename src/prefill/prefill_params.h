@@ -27,6 +27,7 @@ struct PrefillKernelParams {
 
   float sm_scale;
   float sm_scale_log2;  // sm_scale * log2(e)
+  const float* attn_sink;  // [H] or null: out *= 1 / (1 + exp(attn_sink[h] - lse))
 
   uint16_t* out;  // bf16 [T, H, 512]
   int64_t out_token_stride, out_head_stride;

@@ -129,7 +129,9 @@ void attend_row(const uint16_t* q, int H, int d_qk, const std::vector<double>& k
     if (attn_sink) scale /= 1.0 + std::exp(double(attn_sink[h]) - l);
     for (int c = 0; c < kV; ++c) out[size_t(h) * kV + c] = float(o[size_t(h) * kV + c] * scale);
     if (lse) lse[h] = float(l);
-    if (max_logits) max_logits[h] = float(m[h]);
+    // A NaN that reached the softmax makes the whole row NaN, max_logits included (the max
+    // itself skips NaN).
+    if (max_logits) max_logits[h] = std::isnan(l) ? float(l) : float(m[h]);
   }
 }
 
@@ -226,7 +228,7 @@ void sparse_prefill(const SparsePrefillRefArgs& a) {
       for (int d = 0; d < D; ++d) keys.push_back(codec::bf16_to_float(kv[d]));
       ++n;
     }
-    attend_row(a.q + t * a.H * D, a.H, D, keys, n, double(a.sm_scale), nullptr,
+    attend_row(a.q + t * a.H * D, a.H, D, keys, n, double(a.sm_scale), a.attn_sink,
                a.out + t * a.H * fmt::kVDim, a.lse ? a.lse + t * a.H : nullptr,
                a.max_logits ? a.max_logits + t * a.H : nullptr);
   });

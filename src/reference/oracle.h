@@ -69,6 +69,7 @@ struct SparsePrefillRefArgs {
   int K = 0;
   const int32_t* topk_length = nullptr;  // [T] or null
   float sm_scale = 0.f;
+  const float* attn_sink = nullptr;  // [H] or null: out *= 1 / (1 + exp(attn_sink[h] - lse))
   float* out = nullptr;          // [T, H, 512]
   float* max_logits = nullptr;   // [T, H]
   float* lse = nullptr;          // [T, H]

@@ -92,7 +92,8 @@ constexpr const char* kPrefillOp = "selkv::sparse_prefill";
 // q, indices, topk_length, out, max_logits, lse -> the C7 Params (kv left to the caller).
 SparsePrefillParams attn_params(const char* kOp, const at::Tensor& q, const at::Tensor& indices,
                                 const std::optional<at::Tensor>& topk_length, double sm_scale,
-                                const at::Tensor& out, const at::Tensor& max_logits, const at::Tensor& lse) {
+                                const at::Tensor& out, const at::Tensor& max_logits, const at::Tensor& lse,
+                                const std::optional<at::Tensor>& attn_sink) {
   TensorArg(kOp, "q", q, "[num_tokens, num_heads, d_qk]").dtype(at::kBFloat16).dims(3).inner_contiguous();
   const int64_t T = q.size(0), H = q.size(1);
   TensorArg(kOp, "indices", indices, "[num_tokens, topk]").dtype(at::kInt).dims(2).size(0, T).inner_contiguous();
@@ -103,6 +104,8 @@ SparsePrefillParams attn_params(const char* kOp, const at::Tensor& q, const at::
   TensorArg(kOp, "max_logits", max_logits, "[num_tokens, num_heads]")
       .dtype(at::kFloat).dims(2).size(0, T).size(1, H).inner_contiguous();
   TensorArg(kOp, "lse", lse, "[num_tokens, num_heads]").dtype(at::kFloat).dims(2).size(0, T).size(1, H).inner_contiguous();
+  if (attn_sink.has_value())
+    TensorArg(kOp, "attn_sink", *attn_sink, "[num_heads]").dtype(at::kFloat).dims(1).size(0, H).contiguous();
   SparsePrefillParams p;
   p.q = data_or_null(q);
   p.q_token_stride = q.stride(0);
@@ -115,6 +118,7 @@ SparsePrefillParams attn_params(const char* kOp, const at::Tensor& q, const at::
   p.topk = to_int32(kOp, "topk (indices.size(1))", indices.size(1));
   p.topk_length = static_cast<const int32_t*>(data_or_null(topk_length));
   p.sm_scale = float(sm_scale);
+  p.attn_sink = static_cast<const float*>(data_or_null(attn_sink));
   p.out = mutable_data_or_null(out);
   p.out_token_stride = out.stride(0);
   p.out_head_stride = out.stride(1);
@@ -134,12 +138,13 @@ SparsePrefillParams attn_params(const char* kOp, const at::Tensor& q, const at::
 template <Backend B>
 void sparse_prefill(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& indices,
                     const std::optional<at::Tensor>& topk_length, double sm_scale, const at::Tensor& out,
-                    const at::Tensor& max_logits, const at::Tensor& lse) {
+                    const at::Tensor& max_logits, const at::Tensor& lse,
+                    const std::optional<at::Tensor>& attn_sink) {
   constexpr const char* kOp = kPrefillOp;
   check_devices(kOp, device_type(B),
                 {{"out", out}, {"q", q}, {"kv", kv}, {"indices", indices}, {"topk_length", topk_length},
-                 {"max_logits", max_logits}, {"lse", lse}});
-  SparsePrefillParams p = attn_params(kOp, q, indices, topk_length, sm_scale, out, max_logits, lse);
+                 {"max_logits", max_logits}, {"lse", lse}, {"attn_sink", attn_sink}});
+  SparsePrefillParams p = attn_params(kOp, q, indices, topk_length, sm_scale, out, max_logits, lse, attn_sink);
   TensorArg(kOp, "kv", kv, "[num_kv, d_qk]").dtype(at::kBFloat16).dims(2).size(1, q.size(2)).inner_contiguous();
   p.kv = data_or_null(kv);
   p.num_kv = kv.size(0);
@@ -153,6 +158,7 @@ void sparse_prefill(const at::Tensor& q, const at::Tensor& kv, const at::Tensor&
       m.indices = reinterpret_cast<const int32_t*>(dummy);
       m.kv = m.num_kv > 0 ? dummy : nullptr;
       m.max_logits = m.lse = nullptr;
+      m.attn_sink = nullptr;
       throw_if_error(selkv::check_sparse_mla_prefill(m));
     }
     return;
@@ -182,13 +188,14 @@ template <Backend B>
 void dequant_sparse_prefill(const at::Tensor& q, const at::Tensor& cache, const at::Tensor& indices,
                             const std::optional<at::Tensor>& topk_length, c10::string_view format,
                             double sm_scale, const at::Tensor& workspace, const at::Tensor& out,
-                            const at::Tensor& max_logits, const at::Tensor& lse) {
+                            const at::Tensor& max_logits, const at::Tensor& lse,
+                            const std::optional<at::Tensor>& attn_sink) {
   constexpr const char* kOp = kDqPrefillOp;
   check_devices(kOp, device_type(B),
                 {{"out", out}, {"q", q}, {"cache", cache}, {"indices", indices}, {"topk_length", topk_length},
-                 {"workspace", workspace}, {"max_logits", max_logits}, {"lse", lse}});
+                 {"workspace", workspace}, {"max_logits", max_logits}, {"lse", lse}, {"attn_sink", attn_sink}});
   DequantPrefillParams p;
-  p.attn = attn_params(kOp, q, indices, topk_length, sm_scale, out, max_logits, lse);
+  p.attn = attn_params(kOp, q, indices, topk_length, sm_scale, out, max_logits, lse, attn_sink);
   p.cache = cache_view(kOp, cache, parse_format(kOp, format));
   TensorArg(kOp, "workspace", workspace, "[dequant_prefill_workspace_size(...)] uint8")
       .dtype(at::kByte).dims(1).contiguous();
@@ -225,15 +232,15 @@ void gather_sparse_prefill(const at::Tensor& q, const at::Tensor& cache, const a
                            const at::Tensor& indices, const std::optional<at::Tensor>& topk_length,
                            c10::string_view format, int64_t num_kv_rows, double sm_scale,
                            const at::Tensor& workspace, const at::Tensor& out, const at::Tensor& max_logits,
-                           const at::Tensor& lse) {
+                           const at::Tensor& lse, const std::optional<at::Tensor>& attn_sink) {
   constexpr const char* kOp = kGaPrefillOp;
   check_devices(kOp, device_type(B),
                 {{"out", out}, {"q", q}, {"cache", cache}, {"block_table", block_table},
                  {"seq_starts", seq_starts}, {"seq_lens", seq_lens}, {"ws_starts", ws_starts},
                  {"indices", indices}, {"topk_length", topk_length}, {"workspace", workspace},
-                 {"max_logits", max_logits}, {"lse", lse}});
+                 {"max_logits", max_logits}, {"lse", lse}, {"attn_sink", attn_sink}});
   GatherPrefillParams p;
-  p.attn = attn_params(kOp, q, indices, topk_length, sm_scale, out, max_logits, lse);
+  p.attn = attn_params(kOp, q, indices, topk_length, sm_scale, out, max_logits, lse, attn_sink);
   const KvFormat f = parse_format(kOp, format);
   const PagedKvCache cv = cache_view(kOp, cache, f);
   TensorArg(kOp, "seq_lens", seq_lens, "[num_reqs]").dtype(at::kInt).dims(1).contiguous();
@@ -287,13 +294,14 @@ TORCH_LIBRARY_FRAGMENT(selkv, m) {
       tags);
   m.def(
       "sparse_prefill(Tensor q, Tensor kv, Tensor indices, Tensor? topk_length, float sm_scale, "
-      "Tensor(a!) out, Tensor(b!) max_logits, Tensor(c!) lse) -> ()",
+      "Tensor(a!) out, Tensor(b!) max_logits, Tensor(c!) lse, Tensor? attn_sink=None) -> ()",
       tags);
   m.def("dequant_prefill_workspace_size(int num_tokens, int topk, int num_slots, str format) -> int",
         &::selkv::torch_ext::dequant_prefill_workspace_size_op);
   m.def(
       "dequant_sparse_prefill(Tensor q, Tensor cache, Tensor indices, Tensor? topk_length, str format, "
-      "float sm_scale, Tensor(a!) workspace, Tensor(b!) out, Tensor(c!) max_logits, Tensor(d!) lse) -> ()",
+      "float sm_scale, Tensor(a!) workspace, Tensor(b!) out, Tensor(c!) max_logits, Tensor(d!) lse, "
+      "Tensor? attn_sink=None) -> ()",
       tags);
   m.def("gather_prefill_workspace_size(int num_kv_rows, str format) -> int",
         &::selkv::torch_ext::gather_prefill_workspace_size_op);
@@ -301,7 +309,7 @@ TORCH_LIBRARY_FRAGMENT(selkv, m) {
       "gather_sparse_prefill(Tensor q, Tensor cache, Tensor block_table, Tensor seq_starts, "
       "Tensor seq_lens, Tensor ws_starts, Tensor indices, Tensor? topk_length, str format, "
       "int num_kv_rows, float sm_scale, Tensor(a!) workspace, Tensor(b!) out, Tensor(c!) max_logits, "
-      "Tensor(d!) lse) -> ()",
+      "Tensor(d!) lse, Tensor? attn_sink=None) -> ()",
       tags);
 }
 

@@ -81,7 +81,9 @@ __device__ __forceinline__ void store_row(const DecodeKernelParams& p, const Row
   constexpr float kNegInf = -INFINITY;
   const auto [b, s] = row_coord(w.row, p.batch);
   const int head_base = int(blockIdx.x) * kBlockM;
-  const bool any0 = st.l0 > 0.f, any1 = st.l1 > 0.f;
+  // l == 0 only for a row with no valid token (out 0, lse -inf). A NaN that reached the softmax
+  // makes l NaN, which must not read as empty: lse and out become NaN (DESIGN §2).
+  const bool any0 = st.l0 != 0.f, any1 = st.l1 != 0.f;
   const float lse0 = any0 ? st.m0 * p.sm_scale + logf(st.l0) : kNegInf;
   const float lse1 = any1 ? st.m1 * p.sm_scale + logf(st.l1) : kNegInf;
   float f0 = any0 ? 1.f / st.l0 : 0.f, f1 = any1 ? 1.f / st.l1 : 0.f;

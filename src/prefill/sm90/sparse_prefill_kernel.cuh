@@ -431,9 +431,17 @@ __device__ __forceinline__ void run_consumer(const PrefillKernelParams& p, typen
     nb_sync(Bar::kLSum);
     const float L0 = ss.l_x[lb][0][r0] + ss.l_x[lb][1][r0];
     const float L1 = ss.l_x[lb][0][r1] + ss.l_x[lb][1][r1];
-    const bool any0 = L0 > 0.f, any1 = L1 > 0.f;
-    const float f0 = any0 ? 1.f / L0 : 0.f, f1 = any1 ? 1.f / L1 : 0.f;
+    // L == 0 only for a row with no valid token; a NaN that reached the softmax makes L NaN, and
+    // the row's out, lse and max_logits NaN (never an empty row, DESIGN §2).
+    const bool any0 = L0 != 0.f, any1 = L1 != 0.f;
+    float f0 = any0 ? 1.f / L0 : 0.f, f1 = any1 ? 1.f / L1 : 0.f;
     const int h0 = hg * 64 + r0, h1 = hg * 64 + r1;
+    const float lse0 = any0 ? m0 * p.sm_scale + logf(L0) : kNegInf;
+    const float lse1 = any1 ? m1 * p.sm_scale + logf(L1) : kNegInf;
+    if (p.attn_sink != nullptr) {  // the sink is one more softmax term with no value: scale out only
+      if (any0) f0 *= 1.f / (1.f + expf(__ldg(p.attn_sink + h0) - lse0));
+      if (any1) f1 *= 1.f / (1.f + expf(__ldg(p.attn_sink + h1) - lse1));
+    }
 
     // out from the accumulators. Lane q of a quad holds word q (columns 2q, 2q + 1) of every
     // 8-column chunk of rows r0 and r1; a 4 x 4 transpose over the quad (two shuffle stages)
@@ -464,13 +472,13 @@ __device__ __forceinline__ void run_consumer(const PrefillKernelParams& p, typen
     if (kA && (lane & 3) == 0) {
       if (p.lse != nullptr) {
         float* lrow = p.lse + t * p.lse_token_stride;
-        lrow[h0] = any0 ? m0 * p.sm_scale + logf(L0) : kNegInf;
-        lrow[h1] = any1 ? m1 * p.sm_scale + logf(L1) : kNegInf;
+        lrow[h0] = lse0;
+        lrow[h1] = lse1;
       }
       if (p.max_logits != nullptr) {
         float* mrow = p.max_logits + t * p.max_logits_token_stride;
-        mrow[h0] = any0 ? m0 * p.sm_scale : kNegInf;
-        mrow[h1] = any1 ? m1 * p.sm_scale : kNegInf;
+        mrow[h0] = any0 ? (L0 != L0 ? L0 : m0 * p.sm_scale) : kNegInf;
+        mrow[h1] = any1 ? (L1 != L1 ? L1 : m1 * p.sm_scale) : kNegInf;
       }
     }
     n0 += uint32_t(npairs);
