@@ -36,6 +36,7 @@ struct PrefillSpec {
   int32_t H = 128, D = 576, K = 2048;
   int64_t N = 32768;  // kv rows (plain, gather) or pool slots (dequant)
   Route route = Route::kPlain;
+  bool sink = false;  // attn_sink [H] fused in the epilogue
   int32_t reqs = 8;   // gather: requests of the chunk
   int check_tokens = 3;
   uint64_t seed = 7;
@@ -46,8 +47,9 @@ struct PrefillSpec {
     return "T=" + human_count(T) + " H=" + std::to_string(H) + " D=" + std::to_string(D) + " K=" + human_count(K) +
            " N=" + human_count(N);
   }
-  const char* route_name() const {
-    return route == Route::kPlain ? "bf16 kv" : route == Route::kDequant ? "fp8 pool->C4->C7" : "C3 chunk->C7";
+  std::string route_name() const {
+    const std::string r = route == Route::kPlain ? "bf16 kv" : route == Route::kDequant ? "fp8 pool->C4->C7" : "C3 chunk->C7";
+    return sink ? r + " +attn_sink" : r;
   }
 };
 
@@ -121,6 +123,12 @@ class PrefillWorkload final : public Workload, public Anchored {
     a.out = out_.get();
     a.max_logits = ml_.as<float>();
     a.lse = lse_.as<float>();
+    if (s_.sink) {  // sinks around the logits' scale: some heads barely scaled, some halved
+      sink_.resize(size_t(s_.H));
+      for (auto& v : sink_) v = float(rng.normal() * 2.0);
+      sink_dev_ = DeviceBuffer::from(sink_);
+      a.attn_sink = sink_dev_.as<float>();
+    }
     if (s_.route == Route::kPlain) {
       kv_ = DeviceBuffer(size_t(s_.N) * s_.D * 2);
       device_fill_normal_bf16(kv_.get(), size_t(s_.N) * s_.D, 0.1f, 1.f, s_.seed * 43 + 5, nullptr);
@@ -223,6 +231,7 @@ class PrefillWorkload final : public Workload, public Anchored {
     ref::SparsePrefillRefArgs a;
     a.q = q.data(); a.T = n; a.H = H; a.d_qk = D; a.kv = kv.data(); a.num_kv = int64_t(n) * K;
     a.indices = idx.data(); a.K = K; a.sm_scale = attn_.sm_scale;
+    a.attn_sink = s_.sink ? sink_.data() : nullptr;
     a.out = r_out.data(); a.max_logits = r_ml.data(); a.lse = r_lse.data();
     const Status st = ref::check_sparse_prefill_args(a);
     if (!st.ok()) return CheckResult::fail("oracle: " + st.to_string());
@@ -278,9 +287,10 @@ class PrefillWorkload final : public Workload, public Anchored {
 
   PrefillSpec s_;
   std::vector<int32_t> idx_, bt_, starts_, lens_, ws_starts_;
+  std::vector<float> sink_;
   int32_t max_blocks_ = 1;
   std::unique_ptr<Fp8Pool> pool_;
-  DeviceBuffer q_, kv_, out_, ml_, lse_, idx_dev_, ws_, bt_dev_, starts_dev_, lens_dev_, ws_starts_dev_;
+  DeviceBuffer q_, kv_, out_, ml_, lse_, idx_dev_, ws_, bt_dev_, starts_dev_, lens_dev_, ws_starts_dev_, sink_dev_;
   SparsePrefillParams attn_;
   DequantPrefillParams dq_;
   GatherPrefillParams ga_;
@@ -298,6 +308,7 @@ PrefillSpec spec_from(const Params& p, bool cpu) {
   else if (route == "dequant") s.route = Route::kDequant;
   else if (route == "gather") s.route = Route::kGather;
   else throw std::invalid_argument("--route: expected bf16, dequant or gather, got '" + route + "'");
+  s.sink = p.get_int("attn-sink", 0) != 0;
   s.check_tokens = int(std::max<int64_t>(1, p.get_int("check-rows", 3)));
   s.seed = p.seed() ^ 0x7007;
   return s;
@@ -380,6 +391,7 @@ SELKV_BENCH_REGISTER(register_prefill) {
                {"d-qk", "576 (ds_mla_fp8) or 512 (nope_fp8) (576)"},
                {"topk", "indices per token K, a multiple of 64 (2048)"},
                {"s-kv", "kv rows N / pool slots / gathered chunk rows (32768)"},
+               {"attn-sink", "1: a fused attn_sink [H] (0)"},
                {"route", "bf16 | dequant (FP8 pool -> C4 -> C7) | gather (C3 chunk -> C7) (bf16)"},
                {"check-rows", "tokens compared with the fp64 oracle (3)"}};
   op.make = [](const Params& p) -> std::unique_ptr<Workload> {
@@ -429,6 +441,18 @@ SELKV_BENCH_REGISTER(register_prefill) {
   add(s, false, 0, "", "h128_d576_n32k", 1.10);
   s.route = Route::kGather;   // 8 requests, 4K rows each, gathered into a 32K-row chunk
   add(s, false, 0, "", "h128_d576_n32k", 1.10);
+  // Fused attn_sink: target <= 1.05x the plain call of the same shape. At the anchor shape and at
+  // FlashMLA's small-K performance config (H=64 D=512 K=512), where the old unfused path cost most.
+  s.route = Route::kPlain;
+  s.sink = true;
+  add(s, true, 0, "", "h128_d576_n32k", 1.05);
+  PrefillSpec small;
+  small.H = 64;
+  small.D = 512;
+  small.K = 512;
+  add(small, true, 0, "h64_d512_k512");
+  small.sink = true;
+  add(small, true, 0, "", "h64_d512_k512", 1.05);
 }
 
 }  // namespace selkv::bench

@@ -11,7 +11,17 @@
 //   sparse_mla_decode(params, md, workspace, wbytes, stream);
 // The metadata describes exactly the rows passed; a call whose shape (B, S_q, H, K, topk_length
 // pointer) differs from the one the metadata was made for is rejected. With topk_length, the
-// metadata depends on its contents: remake it whenever they change (e.g. inside the same graph).
+// metadata depends on its contents: remake it whenever they change (e.g. inside the same graph,
+// once per engine step, as FlashMLA's get_mla_metadata). The plan keeps a snapshot of the lengths
+// (the scheduler reads topk_length once), so a decode after the values changed without a new plan
+// computes the result for the planned lengths, consistently. The device buffer starts with a
+// header (magic, rows, K, granularity, part count) that the kernels check against the call: a
+// stale or unwritten buffer never sizes a loop; with fixed top-k the result is still exact (the
+// schedule is closed form), with dynamic top-k every row's out and lse are NaN.
+//
+// Streams: sparse_mla_decode only reads the metadata, so one plan serves calls on several streams
+// once each is ordered after the stream that made it (cudaStreamWaitEvent). The workspace is
+// written by every call: calls that can run at the same time need distinct workspaces.
 #pragma once
 
 #include <cuda_runtime_api.h>

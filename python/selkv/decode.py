@@ -11,7 +11,15 @@ capturable) and records, host side, the shape it was made for. Every decode call
 against it by the C++ layer: a different batch, S_q, head count, top-k, or a different
 ``topk_length`` tensor is an error, never a silent misread. With ``topk_length`` the plan
 depends on its *contents*: make it again (into the same buffers with ``out=md``) whenever they
-change, e.g. once per engine step, inside the same CUDA graph.
+change, e.g. once per engine step, inside the same CUDA graph. The plan keeps a snapshot of
+the lengths: a decode after the values changed without a new plan computes the result for the
+lengths at planning time (consistently), never a mix.
+
+Streams: the plan's schedule is read-only during a decode, so one plan serves decodes on any
+stream once that stream is ordered after the planning stream (``wait_stream`` / an event, as for
+any tensor). The split accumulators are written by every decode: a decode on the planning stream
+uses the plan's workspace, a decode on another stream gets its own from torch's stream-ordered
+allocator (or pass ``workspace=``), so concurrent decodes of one plan never share one.
 
 Index semantics (DESIGN §2): ``indices[b, s, k]`` is a physical slot ``block * page_size +
 offset``; it is valid iff ``0 <= slot < num_blocks * page_size`` and ``k < topk_length[b]``
@@ -55,12 +63,15 @@ class DecodeMetadata:
             num_sm_parts, workspace_bytes, min_blocks_per_part]``.
         topk_length: the ``topk_length`` tensor the plan was made with (kept alive here; the
             decode must be called with this same tensor), or ``None``.
+        stream: the CUDA stream the plan was made on (``None`` on the CPU): decodes on this
+            stream use ``workspace``, decodes on other streams allocate their own.
     """
 
     metadata: torch.Tensor
     workspace: torch.Tensor
     plan: list[int]
     topk_length: torch.Tensor | None = None
+    stream: torch.cuda.Stream | None = None
 
     @property
     def batch(self) -> int:
@@ -154,15 +165,17 @@ def get_decode_metadata(
         workspace = out.workspace
     else:
         workspace = torch.empty((ws_bytes,), dtype=torch.uint8, device=metadata.device)
+    stream = torch.cuda.current_stream(metadata.device) if metadata.device.type == "cuda" else None
     if out is not None:
-        out.metadata, out.workspace, out.plan, out.topk_length = (
+        out.metadata, out.workspace, out.plan, out.topk_length, out.stream = (
             metadata,
             workspace,
             plan,
             topk_length,
+            stream,
         )
         return out
-    return DecodeMetadata(metadata, workspace, plan, topk_length)
+    return DecodeMetadata(metadata, workspace, plan, topk_length, stream)
 
 
 def sparse_mla_decode(
@@ -176,6 +189,7 @@ def sparse_mla_decode(
     attn_sink: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
+    workspace: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sparse MLA decode: attention of each query row over its selected FP8 cache slots.
 
@@ -194,6 +208,9 @@ def sparse_mla_decode(
             (``lse`` is returned unchanged).
         out: optional bf16 ``[B, S_q, H, 512]`` output (last dim dense).
         lse: optional fp32 ``[B, S_q, H]`` output (last dim dense).
+        workspace: optional uint8 buffer of at least ``metadata.workspace.numel()`` bytes for
+            the split accumulators (default: the plan's on its own stream, a fresh one on any
+            other stream, so that decodes running at the same time never share one).
 
     Returns:
         ``(out, lse)``: ``out`` bf16 ``[B, S_q, H, 512]``; ``lse`` fp32 ``[B, S_q, H]``, the
@@ -211,6 +228,14 @@ def sparse_mla_decode(
         out = torch.empty((B, S, H, 512), dtype=torch.bfloat16, device=q.device)
     if lse is None:
         lse = torch.empty((B, S, H), dtype=torch.float32, device=q.device)
+    if workspace is None:
+        workspace = metadata.workspace
+        if (
+            metadata.stream is not None
+            and q.device.type == "cuda"
+            and torch.cuda.current_stream(q.device) != metadata.stream
+        ):
+            workspace = torch.empty_like(workspace)
     _ops.sparse_mla_decode(
         q,
         kv_cache,
@@ -219,7 +244,7 @@ def sparse_mla_decode(
         attn_sink,
         metadata.metadata,
         metadata.plan,
-        metadata.workspace,
+        workspace,
         float(sm_scale),
         out,
         lse,

@@ -50,6 +50,12 @@ class FlashMLASchedMeta:
     Empty when made by :func:`get_mla_metadata`; the first :func:`flash_mla_with_kvcache`
     call that uses it records the call's configuration in ``config`` and plans the schedule
     on the device. Later calls must use the same configuration (checked).
+
+    With ``topk_length`` the schedule depends on its values, as in FlashMLA: make a new object
+    per decoding step (one per step, shared by the layers of that step). The plan snapshots the
+    values at its first call; reusing the object after ``topk_length`` was changed *in place*
+    computes the result for the snapshot (consistently, never a mix), and passing another
+    ``topk_length`` tensor plans again.
     """
 
     @dataclasses.dataclass

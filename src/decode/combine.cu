@@ -80,11 +80,23 @@ decode_combine_kernel(const DecodeKernelParams p) {
   // out-of-bounds partial, out or lse access.
   SplitRow sr;
   const int32_t entry = int32_t(blockIdx.x);
-  if (entry < p.metadata[kMdSplitCount]) {
-    const int4 e = *reinterpret_cast<const int4*>(p.metadata + kMdSplitRows + 4 * entry);
-    const bool ok = e.x >= 0 && e.x < p.num_rows && e.y >= 0 && e.y < p.num_sm_parts && e.z >= 2 &&
-                    e.z <= p.num_sm_parts - e.y && (e.w == 2 * e.y || e.w == 2 * e.y + 1);
-    if (ok) sr.row = e.x, sr.first_part = e.y, sr.num_parts = e.z, sr.first_slot = e.w;
+  int32_t header[kMdHeaderInts];
+  {
+    const int4 a = *reinterpret_cast<const int4*>(p.metadata), b = *reinterpret_cast<const int4*>(p.metadata + 4);
+    header[0] = a.x, header[1] = a.y, header[2] = a.z, header[3] = a.w;
+    header[4] = b.x, header[5] = b.y, header[6] = b.z, header[7] = b.w;
+  }
+  if (md_header_ok(header, p.num_rows, p.topk, p.min_blocks_per_part, p.num_sm_parts)) {
+    if (entry < header[kMdSplitCount]) {
+      const int4 e = *reinterpret_cast<const int4*>(p.metadata + kMdSplitRows + 4 * entry);
+      const bool ok = e.x >= 0 && e.x < p.num_rows && e.y >= 0 && e.y < p.num_sm_parts && e.z >= 2 &&
+                      e.z <= p.num_sm_parts - e.y && (e.w == 2 * e.y || e.w == 2 * e.y + 1);
+      if (ok) sr.row = e.x, sr.first_part = e.y, sr.num_parts = e.z, sr.first_slot = e.w;
+    }
+  } else if (p.topk_length == nullptr) {
+    // Stale or unwritten plan, fixed top-k: the decode kernel ran the closed-form schedule, whose
+    // table this rebuilds. (Dynamic top-k: the decode kernel wrote NaN rows; nothing to merge.)
+    sr = nth_split_row(FixedSchedule(p.num_rows, p.topk, p.min_blocks_per_part, p.num_sm_parts), entry);
   }
   if (sr.num_parts == 0) {
     SELKV_CTL(ctl_finish(p);)

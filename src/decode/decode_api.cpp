@@ -48,7 +48,8 @@ Status check_shape(const char* kOp, const DecodeShape& s) {
 
 size_t decode_metadata_size(int64_t batch, int64_t seq_q) {
   const int64_t rows = batch > 0 && seq_q > 0 ? batch * seq_q : 0;
-  const size_t bytes = size_t(decode::kMdPrefix + rows + 1) * sizeof(int32_t);
+  // header and tables, prefix sums [rows + 1], then the lengths snapshot [batch]
+  const size_t bytes = size_t(decode::kMdPrefix + rows + 1 + (batch > 0 ? batch : 0)) * sizeof(int32_t);
   return (bytes + 15) & ~size_t(15);
 }
 

@@ -65,7 +65,9 @@ inline constexpr int32_t kMaxDecodeParts = 1024;
 // Metadata buffer (int32, device), written by the scheduler kernel:
 //   [0] T = total blocks   [1] NP = effective number of parts   [2] rows   [3] magic
 //   [4] min blocks per part   [5] 1 = parts cut at row starts (row_start_part_begin)
-//   [6] S = split rows (rows merged by the combine)   [7] reserved
+//   [6] S = split rows (rows merged by the combine)   [7] K = topk
+//   (the header: kernels check it against their own shape, md_header_ok, so a stale or unwritten
+//   buffer gives a defined result, never a walk sized by garbage)
 //   [kMdSplitRows + 4 i .. + 3], i < S: split row i as {row, first_part, num_parts, first_slot}
 //     (split_row_of_part of the kernels' schedule view, in part order): combine CTA column i
 //   [kMdPartEntry + 8 q .. + 7], q < NP: part q's start as PartStart {g0, g1, r, P[r], P[r + 1],
@@ -73,6 +75,10 @@ inline constexpr int32_t kMaxDecodeParts = 1024;
 //     rows clamp to rows / give 0): a dynamic decode CTA reads its first two rows' bounds and
 //     lengths in one 32-byte sector, with no load that waits on another (docs/perf-log.md, session 7)
 //   [kMdPrefix + r], r <= rows: P = prefix sums of blocks per row (P[0] = 0)
+//   [md_lengths_offset(rows) + b], b < batch: the clamped top-k length of batch entry b (K for
+//     fixed top-k): the plan's snapshot of topk_length. The scheduler reads topk_length once into
+//     it and everything else (prefix sums, part entries, the producer's masks) derives from the
+//     snapshot, so a decode always computes the result for the lengths at planning time.
 // The fixed top-k decode kernels never read it: their schedule is closed form (FixedSchedule);
 // the combine reads the split-row table in both cases.
 inline constexpr int kMdHeaderInts = 8;
@@ -84,6 +90,23 @@ inline constexpr int kMdPrefix = kMdPartEntry + kMdPartEntryInts * kMaxDecodePar
 static_assert(kMdSplitRows % 4 == 0, "split-row entries are loaded as int4");
 static_assert(kMdPartEntry % 8 == 0, "part entries are two int4 loads of one 32-byte sector");
 inline constexpr int32_t kMdMagic = 0x5e1c0de6;
+SELKV_DEC_HD constexpr int64_t md_lengths_offset(int32_t rows) { return int64_t(kMdPrefix) + rows + 1; }
+// Int32 values of a metadata buffer for `rows` rows of `batch` batch entries.
+SELKV_DEC_HD constexpr int64_t md_ints(int32_t rows, int32_t batch) { return md_lengths_offset(rows) + batch; }
+
+// The header [0, 8) as written by the scheduler.
+SELKV_DEC_HD void md_write_header(int32_t* md, int32_t total, int32_t np, int32_t rows, int32_t min_blocks,
+                                  bool row_starts, int32_t split_rows, int32_t topk) {
+  md[0] = total, md[1] = np, md[2] = rows, md[3] = kMdMagic;
+  md[4] = min_blocks, md[5] = row_starts ? 1 : 0, md[6] = split_rows, md[7] = topk;
+}
+// Whether header words h[0, 8) describe a plan for this call's shape: magic, rows, K, the
+// granularity, and a part count and total the kernels' loops may use (every row >= 1 block).
+SELKV_DEC_HD bool md_header_ok(const int32_t* h, int32_t rows, int32_t topk, int32_t min_blocks,
+                               int32_t num_sm_parts) {
+  return h[3] == kMdMagic && h[2] == rows && h[7] == topk && h[4] == min_blocks && h[1] >= 1 &&
+         h[1] <= num_sm_parts && h[0] >= rows && int64_t(h[0]) <= int64_t(rows) * (topk / kBlockTokens);
+}
 
 // Part p of NP owns global blocks [part_begin(p), part_begin(p+1)): the balanced cut of total /
 // unit granules of `unit` blocks each (unit divides total; 1 = cut anywhere).
@@ -166,12 +189,27 @@ struct FixedSchedule {
   SELKV_DEC_HD bool has_split_rows() const { return unit != blocks_per_row; }
 };
 // Dynamic top-k: the scheduler's prefix sums and part table. Reads are clamped to the tables of
-// `rows` rows (the host-validated shape), so even a corrupt buffer is never read out of bounds.
+// `rows` rows (the host-validated shape), so even a corrupt buffer is never read out of bounds; a
+// header that does not match the call (a stale or unwritten buffer) gives np = 0: no part has
+// work (the kernel then writes NaN rows, a defined result).
 struct DynamicSchedule {
   const int32_t* md;
   int32_t rows, total, np;
-  SELKV_DEC_HD DynamicSchedule(const int32_t* md_, int32_t rows_)
-      : md(md_), rows(rows_), total(md_[0]), np(md_[1] < 1 ? 1 : (md_[1] > kMaxDecodeParts ? kMaxDecodeParts : md_[1])) {}
+  SELKV_DEC_HD DynamicSchedule(const int32_t* md_, int32_t rows_, int32_t topk, int32_t min_blocks,
+                               int32_t num_sm_parts)
+      : md(md_), rows(rows_) {
+    int32_t h[kMdHeaderInts];
+#if defined(__CUDA_ARCH__)
+    const int4 a = *reinterpret_cast<const int4*>(md_), b = *reinterpret_cast<const int4*>(md_ + 4);
+    h[0] = a.x, h[1] = a.y, h[2] = a.z, h[3] = a.w, h[4] = b.x, h[5] = b.y, h[6] = b.z, h[7] = b.w;
+#else
+    for (int i = 0; i < kMdHeaderInts; ++i) h[i] = md_[i];
+#endif
+    const bool ok = md_header_ok(h, rows_, topk, min_blocks, num_sm_parts < kMaxDecodeParts ? num_sm_parts : kMaxDecodeParts);
+    total = ok ? h[0] : 0;
+    np = ok ? h[1] : 0;
+  }
+  SELKV_DEC_HD bool valid() const { return np > 0; }
   SELKV_DEC_HD int32_t prefix(int32_t r) const { return md[kMdPrefix + (r < rows ? r : rows)]; }
   // The scheduler's cut (balanced, or at row starts): part q's first block from its entry, clamped
   // to [0, total]; part np (and past it) begins at total.
@@ -236,6 +274,18 @@ SELKV_DEC_HD SplitRow split_row_of_part(const Schedule& s, int32_t q) {
   return sr;
 }
 
+// Entry i of the split-row table computed from the schedule itself (the scheduler's table in part
+// order), by a walk over the parts: the combine's fallback when the plan's header does not match
+// the call (the fixed schedule is closed form, so its table can always be rebuilt).
+template <class Schedule>
+SELKV_DEC_HD SplitRow nth_split_row(const Schedule& s, int32_t i) {
+  for (int32_t q = 0, n = 0; q < s.np; ++q) {
+    const SplitRow sr = split_row_of_part(s, q);
+    if (sr.num_parts > 0 && n++ == i) return sr;
+  }
+  return SplitRow{};
+}
+
 // Schedule rows are query-position-major: row = s * batch + b. A part is a contiguous run of rows,
 // so (S_q dividing the part count) the S_q query positions of one batch entry are worked on at the
 // same time by different CTAs, which then share that entry's cache pages in L2; batch-major rows
@@ -264,7 +314,7 @@ struct DecodeKernelParams {
 
   const int32_t* indices;
   int64_t indices_batch_stride, indices_seq_stride;
-  const int32_t* topk_length;  // only read by the dynamic specialization
+  const int32_t* topk_length;  // non-null: dynamic top-k (kernels read the plan's length snapshot)
   const uint8_t* cache;
   int64_t num_slots;
   FastDivmod page;  // slot -> (block, offset) without an integer division on the index path
@@ -295,7 +345,7 @@ static_assert(offsetof(DecodeKernelParams, num_rows) == 0 && offsetof(DecodeKern
 template <bool kDynamic>
 SELKV_DEC_HD auto make_schedule(const DecodeKernelParams& p) {
   if constexpr (kDynamic) {
-    return DynamicSchedule(p.metadata, p.num_rows);
+    return DynamicSchedule(p.metadata, p.num_rows, p.topk, p.min_blocks_per_part, p.num_sm_parts);
   } else {
     return FixedSchedule(p.num_rows, p.topk, p.min_blocks_per_part, p.num_sm_parts);
   }

@@ -17,6 +17,18 @@ decode_scheduler_kernel(int32_t batch, int32_t seq_q, int32_t topk, const int32_
   const int32_t rows = batch * seq_q;
   const int32_t max_blocks = topk / kBlockTokens;
   int32_t* prefix = md + kMdPrefix;
+  // The plan's snapshot of the lengths: topk_length is read here once, everything below (and the
+  // decode kernel) uses the snapshot, so the plan is consistent whatever happens to topk_length.
+  int32_t* lens = md + md_lengths_offset(rows);
+  for (int32_t b = int32_t(threadIdx.x); b < batch; b += kSchedThreads) {
+    int32_t len = topk;
+    if (topk_length != nullptr) {
+      len = topk_length[b];
+      len = len < 0 ? 0 : (len > topk ? topk : len);
+    }
+    lens[b] = len;
+  }
+  __syncthreads();  // the snapshot visible to the whole CTA
   int32_t carry = 0;  // the same in every thread (the scan's total)
   for (int32_t base = 0; base < rows; base += kSchedThreads) {
     const int32_t r = base + int32_t(threadIdx.x);
@@ -24,9 +36,7 @@ decode_scheduler_kernel(int32_t batch, int32_t seq_q, int32_t topk, const int32_
     if (r < rows) {
       n = max_blocks;
       if (topk_length != nullptr) {
-        int32_t len = topk_length[row_coord(r, batch).b];
-        len = len < 0 ? 0 : (len > topk ? topk : len);
-        n = (len + kBlockTokens - 1) / kBlockTokens;
+        n = (lens[row_coord(r, batch).b] + kBlockTokens - 1) / kBlockTokens;
         if (n < 1) n = 1;  // an empty row still gets one (fully masked) block: out 0, lse -inf
       }
     }
@@ -53,24 +63,11 @@ decode_scheduler_kernel(int32_t batch, int32_t seq_q, int32_t topk, const int32_
   for (int32_t q = int32_t(threadIdx.x); q < np; q += kSchedThreads) atomicMax(&s_longest, s_begin[q + 1] - s_begin[q]);
   __syncthreads();
   const bool row_starts = row_start_cut_pays(s_longest, T, np);
-  if (threadIdx.x == 0) {
-    md[0] = T;
-    md[1] = np;
-    md[2] = rows;
-    md[3] = kMdMagic;
-    md[4] = min_blocks;
-    md[5] = row_starts ? 1 : 0;
-    md[7] = 0;
-  }
+  if (threadIdx.x == 0) md_write_header(md, T, np, rows, min_blocks, row_starts, 0, topk);
   // Part entries: each part's blocks, the row holding its first block and the first two rows'
   // bounds and top-k lengths, so that a decode CTA starts without a search and without a load
   // that waits on another.
-  auto len_of = [&](int32_t r) -> int32_t {
-    if (r >= rows) return 0;
-    if (topk_length == nullptr) return topk;
-    const int32_t len = topk_length[row_coord(r, batch).b];
-    return len < 0 ? 0 : (len > topk ? topk : len);
-  };
+  auto len_of = [&](int32_t r) -> int32_t { return r < rows ? lens[row_coord(r, batch).b] : 0; };
   for (int32_t q = int32_t(threadIdx.x); q < np; q += kSchedThreads) {
     const int32_t b = row_starts ? s_begin[q] : part_begin(q, T, np);
     const int32_t e = row_starts ? s_begin[q + 1] : part_begin(q + 1, T, np);
@@ -79,7 +76,7 @@ decode_scheduler_kernel(int32_t batch, int32_t seq_q, int32_t topk, const int32_
     entry[0] = make_int4(b, e, r, prefix[r]);
     entry[1] = make_int4(prefix[r + 1], prefix[r + 2 < rows ? r + 2 : rows], len_of(r), len_of(r + 1));
   }
-  __syncthreads();  // part entries visible to the whole CTA
+  __syncthreads();  // header and part entries visible to the whole CTA
   // Split-row table for the combine, in part order, from the same schedule view the decode
   // kernel walks (fixed: closed form; dynamic: the entries above). One combine CTA column per
   // entry, so the combine launches no CTA that has nothing to merge.
@@ -88,7 +85,7 @@ decode_scheduler_kernel(int32_t batch, int32_t seq_q, int32_t topk, const int32_
     const int32_t q = base + int32_t(threadIdx.x);
     SplitRow sr;
     if (q < np) {
-      sr = topk_length != nullptr ? split_row_of_part(DynamicSchedule(md, rows), q)
+      sr = topk_length != nullptr ? split_row_of_part(DynamicSchedule(md, rows, topk, min_blocks, num_sm_parts), q)
                                   : split_row_of_part(FixedSchedule(rows, topk, min_blocks, num_sm_parts), q);
     }
     const int32_t flag = sr.num_parts > 0 ? 1 : 0;

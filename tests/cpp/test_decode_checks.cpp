@@ -321,9 +321,9 @@ TEST(DecodeChecks, SchedulerPartitionArithmetic) {
       // The schedule views the kernels read: the scheduler's tables (dynamic) and, when every row
       // has the same block count, the closed form (fixed); both must give the same rows and the
       // same split rows as the brute force above.
-      std::vector<int32_t> md(size_t(kMdPrefix + rows + 1), 0);
-      md[0] = T;
-      md[1] = npe;
+      std::vector<int32_t> md(size_t(md_ints(rows, rows)), 0);
+      const int topk = 64 * *std::max_element(blocks.begin(), blocks.end());
+      md_write_header(md.data(), T, npe, rows, min_blocks, cut == kRowStart, 0, topk);
       for (int r = 0; r <= rows; ++r) md[size_t(kMdPrefix + r)] = P[r];
       for (int q = 0; q < npe; ++q) {
         const int r = row_containing(md.data() + kMdPrefix, rows, std::min(begins[q], T - 1));
@@ -332,7 +332,17 @@ TEST(DecodeChecks, SchedulerPartitionArithmetic) {
                                              P[std::min(r + 2, rows)], 64 * r + 1, 64 * r + 65};
         std::copy(e, e + kMdPartEntryInts, md.begin() + kMdPartEntry + kMdPartEntryInts * q);
       }
-      const DynamicSchedule dyn(md.data(), rows);
+      const DynamicSchedule dyn(md.data(), rows, topk, min_blocks, np);
+      ASSERT_TRUE(dyn.valid());
+      // A header that does not describe the call leaves no part with work (never a garbage walk).
+      for (int field : {0, 1, 2, 3, 4, 7}) {
+        std::vector<int32_t> bad(md);
+        bad[size_t(field)] = field == 0 ? rows * (topk / 64) + 1 : field == 1 ? np + 1 : bad[size_t(field)] ^ 0x40;
+        const DynamicSchedule d(bad.data(), rows, topk, min_blocks, np);
+        ASSERT_FALSE(d.valid()) << "header field " << field;
+        ASSERT_EQ(d.np, 0);
+        ASSERT_EQ(d.total, 0);
+      }
       auto check_schedule = [&](const auto& sched) {
         ASSERT_EQ(sched.total, T);
         ASSERT_EQ(sched.np, npe);

@@ -424,6 +424,11 @@ TEST(DecodeGpu, SchedulerTablesMatchHost) {
         ASSERT_EQ(np, effective_parts(T, plan.min_blocks_per_part, plan.num_sm_parts)) << what;
         ASSERT_EQ(md[2], rows) << what;
         ASSERT_EQ(md[3], kMdMagic) << what;
+        ASSERT_EQ(md[4], plan.min_blocks_per_part) << what;
+        ASSERT_EQ(md[7], sh.K) << what;
+        // The lengths snapshot the kernels read (K for fixed top-k).
+        for (int b = 0; b < sh.B; ++b)
+          ASSERT_EQ(md[md_lengths_offset(rows) + b], sh.dyn ? std::clamp(len[size_t(b)], 0, sh.K) : sh.K) << what << " b=" << b;
         for (int r = 0; r <= rows; ++r) ASSERT_EQ(md[kMdPrefix + r], P[r]) << what << " r=" << r;
         // The cut: at row starts exactly when that lengthens the longest part by <= kSplitCostBlocks.
         std::vector<int32_t> balanced(size_t(np) + 1), row_start(size_t(np) + 1);
@@ -447,7 +452,8 @@ TEST(DecodeGpu, SchedulerTablesMatchHost) {
         // Split-row table: split_row_of_part of the schedule view the kernels use, in part order.
         std::vector<SplitRow> want;
         for (int q = 0; q < np; ++q) {
-          const SplitRow sr = sh.dyn ? split_row_of_part(DynamicSchedule(md.data(), rows), q)
+          const SplitRow sr = sh.dyn ? split_row_of_part(DynamicSchedule(md.data(), rows, sh.K, plan.min_blocks_per_part,
+                                                                         plan.num_sm_parts), q)
                                      : split_row_of_part(FixedSchedule(rows, sh.K, plan.min_blocks_per_part,
                                                                        plan.num_sm_parts), q);
           if (sr.num_parts > 0) want.push_back(sr);

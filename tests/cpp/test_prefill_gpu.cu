@@ -34,6 +34,7 @@ struct Case {
   int64_t N;
   bool dynamic;
   bool all_invalid_rows = true;  // a few rows with no valid entry
+  bool sink = false;             // attn_sink [H] (fused in the epilogue)
 };
 
 std::string name(const Case& c) {
@@ -45,6 +46,7 @@ struct Problem {
   Case c;
   std::vector<uint16_t> q, kv;
   std::vector<int32_t> idx, len;
+  std::vector<float> sink;  // [H] when c.sink
   float sm_scale;
 };
 
@@ -55,6 +57,13 @@ Problem make_problem(const Case& c, uint64_t salt) {
   pr.q = test::randn_bf16(size_t(c.T) * c.H * c.D, 1.f, rng);
   pr.kv = test::randn_bf16(size_t(c.N) * c.D, 0.1f, rng);
   pr.sm_scale = std::pow(float(c.D), -0.55f);
+  if (c.sink) {  // around the lse's scale, plus the edge values -inf (no effect) and +inf (out 0)
+    std::normal_distribution<float> nd(0.f, 2.f);
+    pr.sink.resize(size_t(c.H));
+    for (auto& v : pr.sink) v = nd(rng);
+    pr.sink[0] = -INFINITY;
+    pr.sink[1] = INFINITY;
+  }
   const int32_t bad[] = {-1, INT_MIN, int32_t(c.N), int32_t(c.N + 1), INT_MAX, -2};
   pr.idx.resize(size_t(c.T) * c.K);
   pr.len.resize(size_t(c.T));
@@ -93,8 +102,10 @@ struct Outs {
 void run_gpu(const Problem& pr, bool graph, Outs* o) {
   const Case& c = pr.c;
   DevBuf dq(pr.q.size() * 2), dkv(pr.kv.size() * 2), didx(pr.idx.size() * 4), dlen(pr.len.size() * 4),
-      dout(size_t(c.T) * c.H * 512 * 2), dml(size_t(c.T) * c.H * 4), dlse(size_t(c.T) * c.H * 4);
+      dout(size_t(c.T) * c.H * 512 * 2), dml(size_t(c.T) * c.H * 4), dlse(size_t(c.T) * c.H * 4),
+      dsink(size_t(c.H) * 4);
   up(dq, pr.q); up(dkv, pr.kv); up(didx, pr.idx); up(dlen, pr.len);
+  if (c.sink) up(dsink, pr.sink);
   CUDA_OK(cudaMemset(dout.ptr, 0xFF, size_t(c.T) * c.H * 512 * 2));  // NaN poison
   CUDA_OK(cudaMemset(dml.ptr, 0xFF, size_t(c.T) * c.H * 4));
   CUDA_OK(cudaMemset(dlse.ptr, 0xFF, size_t(c.T) * c.H * 4));
@@ -104,6 +115,7 @@ void run_gpu(const Problem& pr, bool graph, Outs* o) {
   p.indices = didx.as<int32_t>(); p.topk = c.K;
   p.topk_length = c.dynamic ? dlen.as<int32_t>() : nullptr;
   p.sm_scale = pr.sm_scale;
+  p.attn_sink = c.sink ? dsink.as<float>() : nullptr;
   p.out = dout.ptr; p.max_logits = dml.as<float>(); p.lse = dlse.as<float>();
   set_contiguous_strides(&p);
   cudaStream_t s;
@@ -148,6 +160,7 @@ void check_vs_oracle(const Problem& pr, const Outs& o) {
   a.kv = pr.kv.data(); a.num_kv = c.N; a.indices = pr.idx.data(); a.K = c.K;
   a.topk_length = c.dynamic ? pr.len.data() : nullptr;
   a.sm_scale = pr.sm_scale;
+  a.attn_sink = c.sink ? pr.sink.data() : nullptr;
   a.out = out.data(); a.max_logits = ml.data(); a.lse = lse.data();
   ASSERT_TRUE(ref::check_sparse_prefill_args(a).ok());
   ref::sparse_prefill(a);
@@ -196,6 +209,25 @@ TEST(PrefillGpu, MatchesOracleSmall) {
       run_case({1, H, D, 64, 50, false}, salt++);     // N < K
       run_case({62, H, D, 128, 1000, true}, salt++);
       run_case({62, H, D, 576, 300, false}, salt++);  // K = 64 * 9 (odd), N < K
+    }
+}
+
+// attn_sink fused in the epilogue: out scaled by 1 / (1 + exp(sink - lse)) as the oracle does;
+// lse and max_logits unchanged; empty rows stay 0; a +inf sink zeroes its head.
+TEST(PrefillGpu, AttnSinkFused) {
+  SELKV_REQUIRE_GPU();
+  uint64_t salt = 301;
+  for (int D : {576, 512})
+    for (int H : {64, 128}) {
+      Case c{62, H, D, 128, 1000, true};
+      c.sink = true;
+      SCOPED_TRACE("SELKV_TEST_SEED=" + std::to_string(test_seed()) + " sink " + name(c));
+      const Problem pr = make_problem(c, salt++);
+      Outs o;
+      run_gpu(pr, false, &o);
+      check_vs_oracle(pr, o);
+      for (int t = 0; t < c.T; ++t)
+        for (int d = 0; d < 512; ++d) ASSERT_EQ(o.out[(size_t(t) * H + 1) * 512 + d] & 0x7fff, 0) << "t=" << t;
     }
 }
 

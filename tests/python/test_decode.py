@@ -377,3 +377,76 @@ def test_torch_compile_smoke(selkv, device):
     got = torch.compile(step, backend="aot_eager", fullgraph=True)(q, cache, idx)
     assert torch.equal(got[0], expected[0].float() * 2)
     assert torch.equal(got[1], expected[1])
+
+
+# ---- issue 15: streams, the lengths snapshot, NaN rows --------------------------------------------
+def _bits(t):
+    return t.view(torch.int16 if t.dtype == torch.bfloat16 else torch.int32)
+
+
+def test_cuda_two_streams_same_plan(selkv, cuda_device, gen):
+    """One plan, decodes of different inputs on two streams at once: each gets its own split
+    accumulators (the plan's on the planning stream, a fresh one elsewhere), so the bits equal
+    those of sequential runs; the side stream is ordered after the planning stream."""
+    case_a = Case(selkv, gen, 2, 1, 64, 2048, 64, s_kv=4096)  # split rows: the workspace is used
+    q, cache, idx, _, _ = case_a.to(cuda_device)
+    q2 = torch.randn(q.shape, generator=gen).to(torch.bfloat16).to(cuda_device)
+    md = selkv.get_decode_metadata(2, 1, 64, 2048)
+    seq = [selkv.sparse_mla_decode(x, cache, idx, md, SM_SCALE) for x in (q, q2)]
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())  # the plan was made on the current stream
+    for _ in range(3):
+        out_a, lse_a = selkv.sparse_mla_decode(q, cache, idx, md, SM_SCALE)
+        with torch.cuda.stream(side):
+            out_b, lse_b = selkv.sparse_mla_decode(q2, cache, idx, md, SM_SCALE)
+        torch.cuda.synchronize()
+        assert torch.equal(_bits(out_a), _bits(seq[0][0])) and torch.equal(_bits(lse_a), _bits(seq[0][1]))
+        assert torch.equal(_bits(out_b), _bits(seq[1][0])) and torch.equal(_bits(lse_b), _bits(seq[1][1]))
+
+
+@pytest.mark.parametrize("device", _devices())
+def test_topk_length_changed_in_place_uses_planned_lengths(selkv, gen, device):
+    """The plan snapshots topk_length: changing the values in place without a new plan gives
+    exactly the result for the planned lengths; a new plan gives the new result."""
+    case = Case(selkv, gen, 4, 2, 64, 256, 64, garbage=False, empty_row=False)  # all entries real
+    q, cache, idx, _, _ = case.to(device)
+    tl = torch.tensor([256, 100, 64, 1], dtype=torch.int32, device=device)
+    md = selkv.get_decode_metadata(4, 2, 64, 256, tl, device=device)
+    old = selkv.sparse_mla_decode(q, cache, idx, md, SM_SCALE, topk_length=tl)
+    tl.copy_(torch.tensor([3, 256, 200, 130], dtype=torch.int32))
+    stale = selkv.sparse_mla_decode(q, cache, idx, md, SM_SCALE, topk_length=tl)
+    assert torch.equal(_bits(stale[0]), _bits(old[0])) and torch.equal(_bits(stale[1]), _bits(old[1]))
+    selkv.get_decode_metadata(4, 2, 64, 256, tl, out=md)
+    new = selkv.sparse_mla_decode(q, cache, idx, md, SM_SCALE, topk_length=tl)
+    case.topk_length = tl.cpu()
+    ref_out, ref_lse = ref_decode(case)
+    assert_close_design(new[0], new[1], ref_out, ref_lse, f"{device} re-planned")
+    case.topk_length = torch.tensor([256, 100, 64, 1], dtype=torch.int32)
+    ref_out, ref_lse = ref_decode(case)
+    assert_close_design(stale[0], stale[1], ref_out, ref_lse, f"{device} planned lengths")
+
+
+@pytest.mark.parametrize("device", _devices())
+def test_nan_reaching_softmax_is_nan_not_empty(selkv, gen, device):
+    """A NaN in q (one head) gives that head NaN out and lse; every other row and head keeps its
+    bits; the compat layer keeps NaN (only -inf becomes +inf)."""
+    case = Case(selkv, gen, 2, 2, 64, 128, 64, garbage=False, empty_row=True)
+    q, cache, idx, _, _ = case.to(device)
+    md = selkv.get_decode_metadata(2, 2, 64, 128, device=device)
+    base_out, base_lse = selkv.sparse_mla_decode(q, cache, idx, md, SM_SCALE)
+    qn = q.clone()
+    qn[0, 1, 5, 17] = float("nan")
+    out, lse = selkv.sparse_mla_decode(qn, cache, idx, md, SM_SCALE)
+    assert torch.isnan(lse[0, 1, 5]) and torch.isnan(out[0, 1, 5].float()).all()
+    keep = torch.ones(2, 2, 64, dtype=torch.bool, device=lse.device)
+    keep[0, 1, 5] = False
+    assert torch.equal(_bits(lse)[keep], _bits(base_lse)[keep])
+    assert torch.equal(_bits(out)[keep], _bits(base_out)[keep])
+    assert torch.isneginf(lse[1, 0]).all() and (out[1, 0] == 0).all()  # the empty row stays empty
+    from selkv import flash_mla
+
+    sched, _ = flash_mla.get_mla_metadata()
+    _, f_lse = flash_mla.flash_mla_with_kvcache(qn, cache.unsqueeze(2).view(torch.float8_e4m3fn), None, None,
+                                                512, sched, None, SM_SCALE, False, True, indices=idx)
+    assert torch.isnan(f_lse[0, 5, 1]) and torch.isposinf(f_lse[1, :, 0]).all()

@@ -17,6 +17,7 @@
 #include <ATen/core/Tensor.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <optional>
@@ -24,6 +25,7 @@
 
 #include "formats/codec.h"
 #include "op_utils.h"
+#include "decode/decode_params.h"
 #include "reference/oracle.h"
 #include "selkv/decode.h"
 #include "tensor_checks.h"
@@ -120,8 +122,17 @@ std::vector<int64_t> get_decode_metadata(int64_t batch, int64_t seq_q, int64_t n
     const size_t need = selkv::decode_metadata_size(shape.batch, shape.seq_q);
     TORCH_CHECK(size_t(metadata.numel()) * sizeof(int32_t) >= need, kOp, ": metadata: needs ",
                 need / sizeof(int32_t), " int32 values, got ", metadata.numel());
-    if (B == Backend::kCpu && metadata.numel() > 0)
+    if (B == Backend::kCpu && metadata.numel() > 0) {
       std::memset(metadata.mutable_data_ptr(), 0, size_t(metadata.numel()) * sizeof(int32_t));
+      // The lengths snapshot, where the GPU scheduler keeps it: the CPU decode reads the lengths
+      // from the plan too, so both devices compute the result for the lengths at planning time.
+      if (shape.topk_length != nullptr && shape.batch > 0 && shape.seq_q > 0) {
+        int32_t* lens = metadata.mutable_data_ptr<int32_t>() +
+                        decode::md_lengths_offset(shape.batch * shape.seq_q);
+        for (int32_t b = 0; b < shape.batch; ++b)
+          lens[b] = std::clamp(shape.topk_length[b], int32_t(0), shape.topk);
+      }
+    }
     md.data = static_cast<int32_t*>(mutable_data_or_null(metadata));
     md.bytes = size_t(metadata.numel()) * sizeof(int32_t);
     md.shape = shape;
@@ -189,7 +200,7 @@ SparseDecodeParams decode_params(const at::Tensor& q, const at::Tensor& kv_cache
 
 // The oracle on host tensors: gathers q / indices into the dense layout it takes, writes out
 // (rounded to bf16) and lse through the output strides.
-void run_oracle(const SparseDecodeParams& p) {
+void run_oracle(const SparseDecodeParams& p, const DecodeMetadata& md) {
   const int B = p.batch, S = p.seq_q, H = p.num_heads, K = p.topk;
   constexpr int D = fmt::kQkDim, V = fmt::kVDim;
   const size_t rows = size_t(B) * S;
@@ -214,7 +225,8 @@ void run_oracle(const SparseDecodeParams& p) {
   a.cache = p.cache;
   a.indices = idx.data();
   a.K = K;
-  a.topk_length = p.topk_length;
+  // the plan's lengths snapshot (get_decode_metadata's CPU branch), as the GPU kernels read it
+  a.topk_length = p.topk_length != nullptr ? md.data + decode::md_lengths_offset(B * S) : nullptr;
   a.sm_scale = p.sm_scale;
   a.attn_sink = p.attn_sink;
   a.out = out.data();
@@ -258,7 +270,7 @@ void sparse_mla_decode(const at::Tensor& q, const at::Tensor& kv_cache, const at
     throw_if_error(selkv::sparse_mla_decode(p, md, workspace.mutable_data_ptr(), ws_bytes, scope.stream()));
   } else if constexpr (B == Backend::kCpu) {
     throw_if_error(selkv::check_sparse_mla_decode(p, md, ws_bytes));
-    run_oracle(p);
+    run_oracle(p, md);
   }
 }
 

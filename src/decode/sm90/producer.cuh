@@ -36,10 +36,10 @@ struct RoundRaw {
 // Walks (row, block) of the part in block order; identical in every CTA of a cluster. With
 // dynamic top-k it holds the clamped top-k lengths of rows row and row + 1, loading the next one
 // when it steps to a new row, a whole row before it is needed: the index stage of a new row never
-// waits on a topk_length load (it had cost a dependent DRAM round trip per row after the L2
-// flush; docs/perf-log.md, session 7). A row's block count follows from its length exactly as
-// the scheduler derived the prefix sums the consumers walk (max(ceil(len / 64), 1)), so the
-// producer reads no metadata after the part's entry.
+// waits on a length load (it had cost a dependent DRAM round trip per row after the L2 flush;
+// docs/perf-log.md, session 7). The lengths come from the plan's snapshot (never topk_length
+// itself), and a row's block count follows from its length exactly as the scheduler derived the
+// prefix sums the consumers walk (max(ceil(len / 64), 1)).
 template <bool kDynamic, class Schedule>
 struct BlockCursor {
   Schedule sched;
@@ -68,9 +68,10 @@ struct BlockCursor {
         len = next_len;
         const int32_t nblk = (len + kBlockN - 1) / kBlockN;
         row_end = row_begin + (nblk > 1 ? nblk : 1);
-        // Row row + 1's length, clamped like the scheduler's (past the last row: the last row's).
+        // Row row + 1's length from the plan's snapshot (past the last row: the last row's),
+        // clamped again so that even a corrupt plan cannot widen a mask past K.
         const int32_t nr = row + 1 < p.num_rows ? row + 1 : p.num_rows - 1;
-        const int32_t raw = __ldg(p.topk_length + row_coord(nr, p.batch).b);
+        const int32_t raw = __ldg(p.metadata + md_lengths_offset(p.num_rows) + row_coord(nr, p.batch).b);
         next_len = raw < 0 ? 0 : (raw > p.topk ? p.topk : raw);
       }
     } else {

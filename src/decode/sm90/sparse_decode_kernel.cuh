@@ -15,6 +15,7 @@
 
 #include "decode/sm90/config.h"
 #include "decode/sm90/consumer.cuh"
+#include "decode/sm90/invalid_plan.cuh"
 #if SELKV_DECODE_PINGPONG
 #include "decode/sm90/consumer_pingpong.cuh"
 #endif
@@ -36,6 +37,12 @@ sparse_decode_sm90_kernel(const __grid_constant__ DecodeKernelParams p) {
   SELKV_TL(if (threadIdx.x == 0) tl_stamp(0);)
 
   PartIter it(make_schedule<kDynamic>(p));
+  if constexpr (kDynamic) {
+    if (!it.sched.valid()) {  // the plan does not describe this call (uniform): NaN rows, no walk
+      write_nan_rows(p);
+      return;
+    }
+  }
   // grid (H / 64, parts); H = 128 runs as clusters of the two head groups of one part (cluster
   // rank == blockIdx.x). An empty part exits in both CTAs of its cluster, before any cluster sync.
   if (!it.init(int32_t(blockIdx.y))) {  // uniform
