@@ -33,6 +33,7 @@ operators also have Meta kernels (checks only) for ``torch.compile``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 
@@ -45,10 +46,16 @@ __all__ = [
     "sparse_mla_decode",
 ]
 
-# Field positions in the plan list returned by torch.ops.selkv.get_decode_metadata.
-_PLAN_BATCH, _PLAN_SEQ_Q, _PLAN_HEADS, _PLAN_TOPK = 0, 1, 2, 3
-_PLAN_TOPK_LENGTH, _PLAN_NUM_SMS, _PLAN_PARTS, _PLAN_WORKSPACE = 4, 5, 6, 7
-_PLAN_MIN_BLOCKS = 8
+
+@functools.cache
+def _plan_index() -> dict[str, int]:
+    """Name -> position in the plan list; the layout is the C++ binding's
+    (``torch.ops.selkv.decode_plan_fields``), read once."""
+    return {name: i for i, name in enumerate(_ops.decode_plan_fields())}
+
+
+def _plan_field(plan: list[int], name: str) -> int:
+    return plan[_plan_index()[name]]
 
 
 @dataclasses.dataclass
@@ -58,9 +65,11 @@ class DecodeMetadata:
     Attributes:
         metadata: int32 device buffer holding the split-KV schedule.
         workspace: uint8 device buffer for the split accumulators (sized by the plan).
-        plan: the host-side description the C++ API checks every call against:
-            ``[batch, seq_q, num_heads, topk, topk_length address (0 = none), num_sms,
-            num_sm_parts, workspace_bytes, min_blocks_per_part]``.
+        plan: the host-side description the C++ API checks every call against, an opaque
+            ``list[int]`` whose fields are named by ``torch.ops.selkv.decode_plan_fields()``
+            (batch, seq_q, num_heads, topk, topk_length address, num_sms, num_sm_parts,
+            workspace_bytes, min_blocks_per_part); read them with :meth:`field` or the
+            properties below.
         topk_length: the ``topk_length`` tensor the plan was made with (kept alive here; the
             decode must be called with this same tensor), or ``None``.
         stream: the CUDA stream the plan was made on (``None`` on the CPU): decodes on this
@@ -73,29 +82,33 @@ class DecodeMetadata:
     topk_length: torch.Tensor | None = None
     stream: torch.cuda.Stream | None = None
 
+    def field(self, name: str) -> int:
+        """The plan's field ``name`` (one of ``torch.ops.selkv.decode_plan_fields()``)."""
+        return _plan_field(self.plan, name)
+
     @property
     def batch(self) -> int:
-        return self.plan[_PLAN_BATCH]
+        return self.field("batch")
 
     @property
     def seq_q(self) -> int:
-        return self.plan[_PLAN_SEQ_Q]
+        return self.field("seq_q")
 
     @property
     def num_heads(self) -> int:
-        return self.plan[_PLAN_HEADS]
+        return self.field("num_heads")
 
     @property
     def topk(self) -> int:
-        return self.plan[_PLAN_TOPK]
+        return self.field("topk")
 
     @property
     def num_sm_parts(self) -> int:
-        return self.plan[_PLAN_PARTS]
+        return self.field("num_sm_parts")
 
     @property
     def min_blocks_per_part(self) -> int:
-        return self.plan[_PLAN_MIN_BLOCKS]
+        return self.field("min_blocks_per_part")
 
 
 def decode_metadata_size(batch: int, seq_q: int) -> int:
@@ -160,7 +173,7 @@ def get_decode_metadata(
             batch, seq_q, num_heads, topk, topk_length, num_sms, metadata, min_blocks_per_part
         )
     ]
-    ws_bytes = max(plan[_PLAN_WORKSPACE], 16)
+    ws_bytes = max(_plan_field(plan, "workspace_bytes"), 16)
     if out is not None and out.workspace.numel() >= ws_bytes:
         workspace = out.workspace
     else:

@@ -229,6 +229,31 @@ def _small(selkv, device):
 
 
 @pytest.mark.parametrize("device", _devices())
+def test_plan_fields_named_by_the_binding(selkv, device):
+    """The plan's layout is the C++ binding's: DecodeMetadata reads its fields by the names
+    torch.ops.selkv.decode_plan_fields() returns, and the op names a field it rejects."""
+    names = list(torch.ops.selkv.decode_plan_fields())
+    assert len(names) == len(set(names))
+    for name in ("batch", "seq_q", "num_heads", "topk", "topk_length", "num_sm_parts",
+                 "workspace_bytes", "min_blocks_per_part"):
+        assert name in names, name
+    md = selkv.get_decode_metadata(3, 2, 128, 192, device=device)
+    assert len(md.plan) == len(names)
+    assert (md.batch, md.seq_q, md.num_heads, md.topk) == (3, 2, 128, 192)
+    assert md.field("topk_length") == 0
+    assert md.num_sm_parts >= 1 and md.min_blocks_per_part >= 1
+    assert md.workspace.numel() >= md.field("workspace_bytes")
+    q, cache, idx, md = _small(selkv, device)
+    plan = list(md.plan)
+    plan[names.index("num_heads")] = 2**40
+    out = torch.empty(2, 1, 64, V, dtype=torch.bfloat16, device=device)
+    lse = torch.empty(2, 1, 64, dtype=torch.float32, device=device)
+    with pytest.raises(RuntimeError, match=r"plan\[num_heads\]: 1099511627776 does not fit"):
+        torch.ops.selkv.sparse_mla_decode(q, cache, idx, None, None, md.metadata, plan,
+                                          md.workspace, SM_SCALE, out, lse)
+
+
+@pytest.mark.parametrize("device", _devices())
 def test_errors_name_argument(selkv, device):
     op = torch.ops.selkv.sparse_mla_decode
     q, cache, idx, md = _small(selkv, device)

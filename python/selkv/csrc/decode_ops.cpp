@@ -1,14 +1,14 @@
 // torch ops for C5, the FP8 sparse MLA decode (include/selkv/decode.h):
-//   selkv::decode_metadata_size, selkv::get_decode_metadata, selkv::sparse_mla_decode.
+//   selkv::decode_metadata_size, selkv::get_decode_metadata, selkv::sparse_mla_decode,
+//   selkv::decode_plan_fields.
 //
 // The C++ API splits the decode into a plan step (make_decode_metadata: a device buffer plus a
 // host-side DecodeMetadata recording the shape it was made for) and the call (sparse_mla_decode,
 // which rejects a call whose shape differs from the plan's). The torch layer carries the host
 // side as a plain `int[]` "plan" returned by get_decode_metadata and passed back to
 // sparse_mla_decode, which rebuilds the DecodeMetadata from it; all validation (shape match,
-// topk_length identity, workspace size) is the C++ API's own. Plan layout (kPlan*):
-//   [batch, seq_q, num_heads, topk, topk_length address (0 = none), num_sms, num_sm_parts,
-//    workspace_bytes, min_blocks_per_part]
+// topk_length identity, workspace size) is the C++ API's own. The plan's layout is defined once,
+// in SELKV_DECODE_PLAN_FIELDS below; Python reads fields by name (selkv::decode_plan_fields).
 // CUDA kernels run the C++ API on torch's current stream (graph capturable, no host sync); CPU
 // kernels run the fp64 oracle (selkv::ref::sparse_decode, out rounded to bf16) behind the same
 // checks; the Meta kernel of sparse_mla_decode only checks tensors (torch.compile).
@@ -20,7 +20,10 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
+#include <limits>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "formats/codec.h"
@@ -36,18 +39,37 @@ namespace {
 constexpr const char* kPlanOp = "selkv::get_decode_metadata";
 constexpr const char* kDecodeOp = "selkv::sparse_mla_decode";
 
-enum PlanField : int {
-  kPlanBatch = 0,
-  kPlanSeqQ,
-  kPlanHeads,
-  kPlanTopk,
-  kPlanTopkLength,
-  kPlanNumSms,
-  kPlanParts,
-  kPlanWorkspaceBytes,
-  kPlanMinBlocks,
-  kPlanSize
-};
+// The plan's `int[]` layout: (enum value, name) in order. The one definition of it: the enum
+// below and the names selkv::decode_plan_fields returns (python/selkv/decode.py indexes by name)
+// both come from this list.
+#define SELKV_DECODE_PLAN_FIELDS(X)                                                            \
+  X(kPlanBatch, "batch")                                                                       \
+  X(kPlanSeqQ, "seq_q")                                                                        \
+  X(kPlanHeads, "num_heads")                                                                   \
+  X(kPlanTopk, "topk")                                                                         \
+  X(kPlanTopkLength, "topk_length") /* the tensor's address, 0 = none */                       \
+  X(kPlanNumSms, "num_sms")                                                                    \
+  X(kPlanParts, "num_sm_parts")                                                                \
+  X(kPlanWorkspaceBytes, "workspace_bytes")                                                    \
+  X(kPlanMinBlocks, "min_blocks_per_part")
+
+#define SELKV_PLAN_ENUM(field, name) field,
+enum PlanField : int { SELKV_DECODE_PLAN_FIELDS(SELKV_PLAN_ENUM) kPlanSize };
+#undef SELKV_PLAN_ENUM
+
+#define SELKV_PLAN_NAME(field, name) name,
+constexpr const char* kPlanFieldNames[kPlanSize] = {SELKV_DECODE_PLAN_FIELDS(SELKV_PLAN_NAME)};
+#undef SELKV_PLAN_NAME
+#undef SELKV_DECODE_PLAN_FIELDS
+
+// Plan value `f` as an int32 field of DecodeShape / DecodeMetadata (to_int32's message, built
+// only on failure: this runs on every decode call).
+int32_t plan_int32(c10::IntArrayRef plan, PlanField f) {
+  const int64_t v = plan[f];
+  TORCH_CHECK(v >= std::numeric_limits<int32_t>::min() && v <= std::numeric_limits<int32_t>::max(),
+              kDecodeOp, ": plan[", kPlanFieldNames[f], "]: ", v, " does not fit in int32");
+  return static_cast<int32_t>(v);
+}
 
 std::vector<int64_t> plan_of(const DecodeMetadata& md) {
   std::vector<int64_t> plan(kPlanSize, 0);
@@ -71,16 +93,21 @@ DecodeMetadata metadata_of(const at::Tensor& metadata, c10::IntArrayRef plan) {
   md.data = static_cast<int32_t*>(mutable_data_or_null(metadata));
   // (meta tensors: no data and possibly symbolic sizes; nothing reads these fields then)
   md.bytes = metadata.is_meta() ? 0 : size_t(metadata.numel()) * sizeof(int32_t);
-  md.shape.batch = to_int32(kDecodeOp, "plan[batch]", plan[kPlanBatch]);
-  md.shape.seq_q = to_int32(kDecodeOp, "plan[seq_q]", plan[kPlanSeqQ]);
-  md.shape.num_heads = to_int32(kDecodeOp, "plan[num_heads]", plan[kPlanHeads]);
-  md.shape.topk = to_int32(kDecodeOp, "plan[topk]", plan[kPlanTopk]);
+  md.shape.batch = plan_int32(plan, kPlanBatch);
+  md.shape.seq_q = plan_int32(plan, kPlanSeqQ);
+  md.shape.num_heads = plan_int32(plan, kPlanHeads);
+  md.shape.topk = plan_int32(plan, kPlanTopk);
   md.shape.topk_length = reinterpret_cast<const int32_t*>(uintptr_t(plan[kPlanTopkLength]));
-  md.shape.num_sms = to_int32(kDecodeOp, "plan[num_sms]", plan[kPlanNumSms]);
-  md.num_sm_parts = to_int32(kDecodeOp, "plan[num_sm_parts]", plan[kPlanParts]);
-  md.min_blocks_per_part = to_int32(kDecodeOp, "plan[min_blocks_per_part]", plan[kPlanMinBlocks]);
+  md.shape.num_sms = plan_int32(plan, kPlanNumSms);
+  md.num_sm_parts = plan_int32(plan, kPlanParts);
+  md.min_blocks_per_part = plan_int32(plan, kPlanMinBlocks);
   md.valid = md.data != nullptr;
   return md;
+}
+
+// ---- selkv::decode_plan_fields -----------------------------------------------------------------
+std::vector<std::string> decode_plan_fields() {
+  return std::vector<std::string>(std::begin(kPlanFieldNames), std::end(kPlanFieldNames));
 }
 
 // ---- selkv::decode_metadata_size ---------------------------------------------------------------
@@ -280,6 +307,7 @@ void sparse_mla_decode(const at::Tensor& q, const at::Tensor& kv_cache, const at
 // ---- registration ------------------------------------------------------------------------------
 TORCH_LIBRARY_FRAGMENT(selkv, m) {
   const std::vector<at::Tag> tags = {at::Tag::pt2_compliant_tag};
+  m.def("decode_plan_fields() -> str[]", &::selkv::torch_ext::decode_plan_fields);
   m.def("decode_metadata_size(int batch, int seq_q) -> int",
         &::selkv::torch_ext::decode_metadata_ints);
   m.def(
