@@ -66,9 +66,8 @@ class DecodeMetadata:
         metadata: int32 device buffer holding the split-KV schedule.
         workspace: uint8 device buffer for the split accumulators (sized by the plan).
         plan: the host-side description the C++ API checks every call against, an opaque
-            ``list[int]`` whose fields are named by ``torch.ops.selkv.decode_plan_fields()``
-            (batch, seq_q, num_heads, topk, topk_length address, num_sms, num_sm_parts,
-            workspace_bytes, min_blocks_per_part); read them with :meth:`field` or the
+            ``list[int]`` laid out by the C++ binding; its fields are named by
+            ``torch.ops.selkv.decode_plan_fields()`` and read with :meth:`field` or the
             properties below.
         topk_length: the ``topk_length`` tensor the plan was made with (kept alive here; the
             decode must be called with this same tensor), or ``None``.
