@@ -40,6 +40,10 @@ inline bool big_tests_enabled() { return env_int("SELKV_TEST_BIG", 1) != 0; }
     if (!::selkv::test::big_tests_enabled()) GTEST_SKIP() << "SELKV_TEST_BIG=0";     \
   } while (0)
 
+// SELKV_TEST_FULL=0 trims the contract suites' grids to one representative case per property
+// (gpu_suite.sh sets it for memcheck, where every kernel launch costs seconds).
+inline bool full_grid() { return env_int("SELKV_TEST_FULL", 1) != 0; }
+
 // Seconds a GPU call may take before it counts as a hang (SELKV_TEST_HANG_S, default 10;
 // gpu_suite.sh raises it under memcheck).
 inline double hang_timeout_s() { return double(env_int("SELKV_TEST_HANG_S", 10)); }
