@@ -216,7 +216,12 @@ TEST(FuzzGpu, AttentionVsOracle) {
         break;
       }
     }
-    if (cudaGetLastError() != cudaSuccess || HasFatalFailure()) break;  // a sticky error ends the run
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) {  // a sticky error: no later case could run
+      ADD_FAILURE() << repro << ": CUDA error " << cudaGetErrorString(e);
+      break;
+    }
+    if (HasFatalFailure()) break;
   }
 }
 
