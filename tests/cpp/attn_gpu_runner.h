@@ -327,7 +327,7 @@ struct DecodeRunOpts {
 inline bool run_decode(const DecodeProblem& p, const DecodeRunOpts& o, DecodeOut* res, const std::string& what) {
   DecodeDevice d(p, o.layout);
   cudaStream_t stream;
-  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
+  if (cudaStreamCreate(&stream) != cudaSuccess) {
     ADD_FAILURE() << what << ": cudaStreamCreate";
     return false;
   }
@@ -473,7 +473,7 @@ inline bool run_prefill(const PrefillProblem& pr, const PrefillLayout& l, Prefil
   p.topk_length = pr.len.empty() ? nullptr : dlen.as<int32_t>();
   p.out = dout.ptr; p.max_logits = dml.as<float>(); p.lse = dlse.as<float>();
   cudaStream_t stream;
-  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
+  if (cudaStreamCreate(&stream) != cudaSuccess) {
     ADD_FAILURE() << what << ": cudaStreamCreate";
     return false;
   }
@@ -620,7 +620,7 @@ inline bool run_dq_gpu(const DqProblem& p, ComposedOut* r, const std::string& wh
   a.cache.data = dcache.ptr;
   a.workspace = dws.ptr;
   cudaStream_t stream;
-  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) return false;
+  if (cudaStreamCreate(&stream) != cudaSuccess) return false;
   const Status st = dequant_sparse_mla_prefill(a, stream);
   bool ok = st.ok();
   if (!ok) ADD_FAILURE() << what << ": " << st.to_string();

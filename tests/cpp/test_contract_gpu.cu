@@ -310,7 +310,7 @@ void run_gather_route(KvFormat f, int page, bool nan_record, bool dyn, uint64_t 
   p.workspace = dws.ptr;
   p.workspace_bytes = ws_bytes;
   cudaStream_t s;
-  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  CUDA_OK(cudaStreamCreate(&s));
   ST_OK(gather_sparse_mla_prefill(p, s));
   ASSERT_TRUE(test::sync_or_abort(s, "gather route"));
   cudaStreamDestroy(s);
@@ -390,7 +390,7 @@ TEST(ContractGpu, TopkLengthChangedAfterPlanning) {
 
     test::DecodeDevice d(p1);  // its topk_length buffer holds l1
     cudaStream_t s;
-    CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    CUDA_OK(cudaStreamCreate(&s));
     DevBuf dmd(decode_metadata_size(c.B, c.S));
     DecodeMetadata md;
     ST_OK(make_decode_metadata(d.shape(0, c.min_blocks), dmd.ptr, dmd.bytes, &md, s));
@@ -449,7 +449,7 @@ void check_damaged_plan(const test::DecodeGenOpts& g, PlanDamage damage, uint64_
   for (auto& l : len_y) l = int32_t(rng() % uint64_t(yK + 1));
   up(dlen_y, len_y);
   cudaStream_t s;
-  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  CUDA_OK(cudaStreamCreate(&s));
   DecodeMetadata plan_a, plan_b;
   ST_OK(make_decode_metadata(d.shape(0, 1), dm.ptr, dm.bytes, &plan_a, s));
   DevBuf dws(decode_workspace_size(plan_a));
@@ -522,8 +522,8 @@ TEST(ContractGpu, PlanOnOneStreamDecodeOnAnother) {
   CUDA_OK(cudaMallocHost(&pinned, 4 * size_t(p.B)));
   std::copy(p.topk_length.begin(), p.topk_length.end(), pinned);
   cudaStream_t a, b;
-  CUDA_OK(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking));
-  CUDA_OK(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking));
+  CUDA_OK(cudaStreamCreate(&a));
+  CUDA_OK(cudaStreamCreate(&b));
   cudaEvent_t planned;
   CUDA_OK(cudaEventCreateWithFlags(&planned, cudaEventDisableTiming));
   DevBuf dmd(decode_metadata_size(p.B, p.S));
@@ -559,8 +559,8 @@ TEST(ContractGpu, ConcurrentDecodesOnTwoStreams) {
   SEED_TRACE("two concurrent decodes");
   test::DecodeDevice d1(p1), d2(p2);
   cudaStream_t s1, s2;
-  CUDA_OK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
-  CUDA_OK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+  CUDA_OK(cudaStreamCreate(&s1));
+  CUDA_OK(cudaStreamCreate(&s2));
   DevBuf m1(decode_metadata_size(p1.B, p1.S)), m2(decode_metadata_size(p2.B, p2.S));
   DecodeMetadata md1, md2;
   ST_OK(make_decode_metadata(d1.shape(0, 1), m1.ptr, m1.bytes, &md1, s1));
