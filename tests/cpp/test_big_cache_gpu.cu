@@ -244,8 +244,14 @@ void dequant_clusters(const BigCache& c, const std::vector<Cluster>& cl, const M
     p.out_indices = doi.as<int32_t>(); p.out_indices_row_stride = K;
     ST_OK(dequant_selected_kv(p, nullptr));
     ASSERT_TRUE(test::sync_or_abort(nullptr, "C4 big cache"));
+    // The oracle's cache must also be larger than N, so that it takes the same (selected) mode:
+    // the mini cache plus blank (0xFF) blocks.
+    const int64_t blocks = std::max(m.num_blocks, rows / c.page + 2);
+    std::vector<uint8_t> host(size_t(blocks * c.stride), 0xFF);
+    std::copy(m.bytes.begin(), m.bytes.end(), host.begin());
+    ASSERT_EQ(dequant_selected_mode(T, K, blocks * c.page), DequantMode::kSelected);
     DequantSelectedParams h = p;
-    h.cache = PagedKvCache{m.bytes.data(), m.num_blocks, c.page, c.stride, c.format};
+    h.cache = PagedKvCache{host.data(), blocks, c.page, c.stride, c.format};
     h.indices = midx.data(); h.topk_length = dyn ? len.data() : nullptr;
     h.workspace = wsb.data(); h.out_indices = oi.data();
     ST_OK(ref::dequant_selected(h));
