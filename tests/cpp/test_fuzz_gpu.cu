@@ -6,7 +6,7 @@
 // the rest unchanged), empty rows, padded layouts, split granularities and partial formats.
 //
 //   SELKV_FUZZ_SEED   base seed (default a fixed one; printed with every failure)
-//   SELKV_FUZZ_CASES  number of cases (default 240, ~30-60 s on an H200; more for a longer run)
+//   SELKV_FUZZ_CASES  number of cases (default 300; raise it for a longer run)
 //   SELKV_FUZZ_CASE   run only this case index (reproduces one failure)
 // Case i draws everything from mt19937_64(seed, i). Every GPU wait has a deadline
 // (SELKV_TEST_HANG_S): a hang fails the case and aborts the run.
@@ -193,7 +193,7 @@ void fuzz_composed(std::mt19937_64& rng, std::string* desc) {
 TEST(FuzzGpu, AttentionVsOracle) {
   SELKV_REQUIRE_GPU();
   const uint64_t seed = uint64_t(test::env_int("SELKV_FUZZ_SEED", int64_t(kDefaultFuzzSeed)));
-  const int64_t cases = test::env_int("SELKV_FUZZ_CASES", 240);
+  const int64_t cases = test::env_int("SELKV_FUZZ_CASES", 300);
   const int64_t only = test::env_int("SELKV_FUZZ_CASE", -1);
   int failed = 0;
   for (int64_t i = only >= 0 ? only : 0; i < (only >= 0 ? only + 1 : cases); ++i) {
