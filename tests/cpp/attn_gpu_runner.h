@@ -363,6 +363,7 @@ struct PrefillProblem {
   int64_t N = 64;
   std::vector<uint16_t> q, kv;     // [T, H, D], [N, D]
   std::vector<int32_t> idx, len;   // [T, K]; len [T] or empty
+  std::vector<float> sink;         // attn_sink [H] or empty
   float sm_scale = 0.f;
 };
 
@@ -425,6 +426,7 @@ inline void prefill_oracle(const PrefillProblem& pr, PrefillOut* r, std::vector<
   a.kv = pr.kv.data(); a.num_kv = pr.N; a.indices = pr.idx.data(); a.K = pr.K;
   a.topk_length = pr.len.empty() ? nullptr : pr.len.data();
   a.sm_scale = pr.sm_scale;
+  a.attn_sink = pr.sink.empty() ? nullptr : pr.sink.data();
   a.out = ref_out->data(); a.max_logits = r->ml.data(); a.lse = r->lse.data();
   ref::sparse_prefill(a);
 }
@@ -463,14 +465,16 @@ inline bool run_prefill(const PrefillProblem& pr, const PrefillLayout& l, Prefil
   for (int64_t n = 0; n < pr.N; ++n)
     std::memcpy(&kv[size_t(n) * p.kv_row_stride], &pr.kv[size_t(n) * pr.D], size_t(pr.D) * 2);
   DevBuf dq(nq * 2), dkv(kv.size() * 2), didx(nidx * 4), dlen(std::max<size_t>(pr.len.size(), 1) * 4),
-      dout(nout * 2), dml(nml * 4), dlse(nlse * 4);
+      dsink(std::max<size_t>(pr.sink.size(), 1) * 4), dout(nout * 2), dml(nml * 4), dlse(nlse * 4);
   up(dq, q); up(dkv, kv); up(didx, idx);
   if (!pr.len.empty()) up(dlen, pr.len);
+  if (!pr.sink.empty()) up(dsink, pr.sink);
   EXPECT_EQ(cudaMemset(dout.ptr, 0x7F, nout * 2), cudaSuccess);
   EXPECT_EQ(cudaMemset(dml.ptr, 0x7F, nml * 4), cudaSuccess);
   EXPECT_EQ(cudaMemset(dlse.ptr, 0x7F, nlse * 4), cudaSuccess);
   p.q = dq.ptr; p.kv = dkv.ptr; p.indices = didx.as<int32_t>();
   p.topk_length = pr.len.empty() ? nullptr : dlen.as<int32_t>();
+  p.attn_sink = pr.sink.empty() ? nullptr : dsink.as<float>();
   p.out = dout.ptr; p.max_logits = dml.as<float>(); p.lse = dlse.as<float>();
   cudaStream_t stream;
   if (cudaStreamCreate(&stream) != cudaSuccess) {
@@ -519,7 +523,8 @@ inline bool run_prefill(const PrefillProblem& pr, const PrefillLayout& l, Prefil
 
 inline std::string prefill_name(const PrefillProblem& p) {
   return "T" + std::to_string(p.T) + " H" + std::to_string(p.H) + " D" + std::to_string(p.D) + " K" +
-         std::to_string(p.K) + " N" + std::to_string(p.N) + (p.len.empty() ? "" : " dyn");
+         std::to_string(p.K) + " N" + std::to_string(p.N) + (p.len.empty() ? "" : " dyn") +
+         (p.sink.empty() ? "" : " sink");
 }
 
 

@@ -3,7 +3,8 @@
 // and lengths (0, 1, 63, 64, 65, K, beyond K, negative), garbage in the indices (-1, other
 // negatives, INT_MAX, >= num_slots, duplicates, poisoned tails past topk_length), NaN in every
 // unselected record, now and then a NaN in a selected record or in q (DESIGN §2: that row NaN,
-// the rest unchanged), empty rows, padded layouts, split granularities and partial formats.
+// the rest unchanged), empty rows, attn_sink, padded layouts, split granularities and partial
+// formats.
 //
 //   SELKV_FUZZ_SEED   base seed (default a fixed one; printed with every failure)
 //   SELKV_FUZZ_CASES  number of cases (default 300; raise it for a longer run)
@@ -131,6 +132,10 @@ void fuzz_prefill(std::mt19937_64& rng, std::string* desc) {
   if (g.dynamic)
     for (int t = 0; t < g.T; ++t) g.lens.push_back(random_len(rng, g.K));
   test::PrefillProblem p = test::make_prefill_problem(g, rng);
+  if (rng() % 5 == 0) {  // attn_sink, now and then at the edges (-inf: no effect, +inf: out 0)
+    std::normal_distribution<float> nd(0.f, 2.f);
+    for (int h = 0; h < g.H; ++h) p.sink.push_back(rng() % 16 == 0 ? (rng() % 2 ? INFINITY : -INFINITY) : nd(rng));
+  }
   int nan_where = 0;
   if (rng() % 6 == 0) {
     nan_where = 1;
