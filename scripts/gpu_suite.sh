@@ -21,6 +21,9 @@
 #   SELKV_GTEST_FILTER (GPU tests; default *Gpu*:*GPU*:*Cuda*, every test when none matches),
 #   SELKV_GIT_HASH (recorded in the CSVs; the GPU machine's copy of the tree has no .git),
 #   SELKV_TEST_TIMEOUT / SELKV_MEMCHECK_TIMEOUT / SELKV_BENCH_TIMEOUT (seconds per run),
+#   SELKV_MEMCHECK_FUZZ_CASES (FuzzGpu cases under memcheck, default 12; SELKV_FUZZ_CASES /
+#   SELKV_FUZZ_SEED set the plain run's), SELKV_TEST_BIG=0 (skip the >4 GiB cache tests) and
+#   SELKV_TEST_FULL=0 (trimmed contract-test grids; memcheck sets both),
 #   SELKV_CUDA_FLAGS (extra CUDA flags, e.g. a kernel A/B switch "-DSELKV_DECODE_WARP_FORWARD=1",
 #   to run the whole suite on a variant before it becomes the default).
 # Needs no network when third_party/cutlass is present (carry it with the tree).
@@ -44,7 +47,7 @@ while [[ $# -gt 0 ]]; do
     --quick) quick=1 ;;
     --no-torch) torch=OFF; do_pytest=0 ;;
     --no-pytest) do_pytest=0 ;;
-    -h|--help) sed -n '2,26p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,29p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu_suite.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
   esac
   shift
@@ -168,7 +171,12 @@ if [[ "$do_memcheck" == 1 ]]; then
       fi
       mc_runs+="$name:$errs "
     }
-    [[ -x "$TESTS_BIN" ]] && mc gtest "$TESTS_BIN" --gtest_filter="$FILTER"
+    # Under the sanitizer (10-50x slower): no multi-GiB caches, the contract tests' trimmed grids,
+    # a short fuzz run, a longer hang deadline per GPU wait.
+    if [[ -x "$TESTS_BIN" ]]; then
+      SELKV_TEST_BIG=0 SELKV_TEST_FULL=0 SELKV_FUZZ_CASES="${SELKV_MEMCHECK_FUZZ_CASES:-12}" SELKV_TEST_HANG_S=300 \
+        mc gtest "$TESTS_BIN" --gtest_filter="$FILTER"
+    fi
     if [[ "$do_pytest" == 1 ]] && have_pytests; then
       export PYTORCH_NO_CUDA_MEMORY_CACHING=1  # so out-of-bounds accesses land outside allocations
       mc pytest env PYTHONPATH="$ROOT/python${PYTHONPATH:+:$PYTHONPATH}" SELKV_BUILD_DIR="$ROOT/$BUILD_DIR" \

@@ -35,7 +35,8 @@ Status dequant_selected(const DequantSelectedParams& p);
 // ---- C5 sparse MLA decode (fp64) ------------------------------------------------------------
 // Valid slot (DESIGN §2): 0 <= slot < cache.num_slots() and k < topk_length[b] when given.
 // score = sm_scale * q . k over 576 dims (k = dequantized record), out = softmax . v (v = first
-// 512 dims of k). A row with no valid slot: out = 0, lse = -inf.
+// 512 dims of k). A row with no valid slot: out = 0, lse = -inf. A NaN score (NaN in a valid
+// record: every head; NaN in one head of q: that head) gives out = NaN and lse = NaN.
 // attn_sink (optional, [H]): out *= 1 / (1 + exp(attn_sink[h] - lse)); lse is returned unchanged.
 // Each index entry is one softmax term (a slot listed twice counts twice). lse may be null.
 // Rows run on $SELKV_REF_THREADS threads (default: all cores); results do not depend on it.
@@ -59,7 +60,7 @@ Status check_sparse_decode_args(const SparseDecodeRefArgs& a);
 // ---- C7 sparse prefill over bf16 KV (fp64) ---------------------------------------------------
 // Valid index: 0 <= idx < num_kv and k < topk_length[t] when given. score = sm_scale * q . kv
 // over d_qk dims (576 or 512); out = softmax . kv[:, :512]. max_logits = max valid score.
-// Empty row: out = 0, max_logits = -inf, lse = -inf.
+// Empty row: out = 0, max_logits = -inf, lse = -inf. A NaN score: out, max_logits, lse NaN.
 struct SparsePrefillRefArgs {
   const uint16_t* q = nullptr;   // bf16 [T, H, d_qk]
   int T = 0, H = 0, d_qk = 0;

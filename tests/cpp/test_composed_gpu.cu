@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "attn_check_util.h"
 #include "gpu_test_util.h"
 #include "prefill/composed_ref.h"
 #include "reference/oracle.h"
@@ -55,32 +56,10 @@ struct Outs {
   std::vector<uint8_t> ws;
 };
 
-bool close_scalar(float g, float r) {
-  if (std::isinf(r)) return g == r;
-  const double e = std::fabs(double(g) - double(r));
-  return e < 1e-6 || e < 2.01 / 65536 * std::fabs(double(r));
-}
-
 void compare(const Outs& g, const Outs& r, int H) {
-  size_t bad = 0, first = 0;
-  double dot = 0, gg = 0, rr = 0;
-  for (size_t i = 0; i < r.out.size(); ++i) {
-    const double x = test::f32(g.out[i]), y = test::f32(r.out[i]);
-    dot += x * y; gg += x * x; rr += y * y;
-    const double e = std::fabs(x - y);
-    if ((std::isnan(x) || !(e < 8e-4 || e < 3.01 / 128 * std::fabs(y))) && bad++ == 0) first = i;
-  }
-  EXPECT_EQ(bad, 0u) << "out: first bad element " << first << " (token " << first / (size_t(H) * 512) << ", head "
-                     << (first / 512) % H << "): gpu " << test::f32(g.out[first]) << " ref " << test::f32(r.out[first]);
-  if (rr > 0) EXPECT_LT(1.0 - 2.0 * dot / (gg + rr), 7e-6) << "out cosine distance";
-  else EXPECT_EQ(gg, 0.0);
-  size_t bl = 0, bm = 0, fl = 0, fm = 0;
-  for (size_t i = 0; i < r.lse.size(); ++i) {
-    if (!close_scalar(g.lse[i], r.lse[i]) && bl++ == 0) fl = i;
-    if (!close_scalar(g.ml[i], r.ml[i]) && bm++ == 0) fm = i;
-  }
-  EXPECT_EQ(bl, 0u) << "lse[" << fl << "]: gpu " << g.lse[fl] << " ref " << r.lse[fl];
-  EXPECT_EQ(bm, 0u) << "max_logits[" << fm << "]: gpu " << g.ml[fm] << " ref " << r.ml[fm];
+  std::vector<float> ref_out(r.out.size());
+  for (size_t i = 0; i < r.out.size(); ++i) ref_out[i] = test::f32(r.out[i]);  // already bf16
+  test::expect_prefill_close(g.out, g.ml, g.lse, ref_out, r.ml, r.lse, H, "composed");
   size_t bw = 0, fw = 0;
   for (size_t i = 0; i < r.ws.size(); ++i)
     if (g.ws[i] != r.ws[i] && bw++ == 0) fw = i;

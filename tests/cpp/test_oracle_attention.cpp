@@ -2,6 +2,7 @@
 // same keys, tail/garbage-index invariance and attn_sink.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstring>
@@ -368,6 +369,98 @@ TEST(Decode, ThreadCountDoesNotChangeBits) {
   unsetenv("SELKV_REF_THREADS");
   EXPECT_EQ(std::memcmp(out0.data(), out1.data(), out0.size() * 4), 0);
   EXPECT_EQ(std::memcmp(lse0.data(), lse1.data(), lse0.size() * 4), 0);
+}
+
+// DESIGN §2: NaN is never an empty row. A NaN that reaches a row's softmax (an E4M3 NaN code or a
+// NaN scale in a valid record: every head; a NaN in one head of q: that head) gives out = NaN and
+// lse = NaN (prefill: max_logits too); every other row and head keeps its bits, and a row with no
+// valid slot keeps out 0, lse -inf even when its q is NaN.
+TEST(Decode, NanReachingSoftmaxGivesNanRowOthersUnchanged) {
+  for (bool dynamic : {false, true}) {
+    std::mt19937_64 rng(test::test_seed() + 17);
+    DecodeSetup s(rng);
+    std::vector<float> out0, lse0;
+    ref::sparse_decode(s.args(out0, lse0, dynamic));
+    const PagedKvCache view{s.cache.data(), s.num_blocks, s.page, int64_t(s.page) * 656, KvFormat::kDsMlaFp8};
+    // Record NaNs: slot a (row 0, entry 1: valid in both modes) gets an E4M3 NaN byte, slot b
+    // (a later valid entry of row 4) a NaN scale.
+    const int32_t slot_a = s.indices[1];
+    int32_t slot_b = -1;
+    for (int k = 2; k < s.K && slot_b < 0; ++k) {
+      const int32_t v = s.indices[size_t(4) * s.K + k];
+      if (v >= 0 && v < s.num_slots() - 20 && v != slot_a) slot_b = v;
+    }
+    ASSERT_TRUE(slot_a >= 0 && slot_b >= 0);
+    s.cache[size_t(view.slot_offset(slot_a)) + 300] = 0x7F;
+    const float nan = std::nanf("");
+    std::memcpy(s.cache.data() + view.slot_offset(slot_b) + 512 + 4 * 2, &nan, 4);
+    // q NaN: row 2 (b=1, s=0), head 5 only; and in the all-invalid row (b=1, s=1), head 0.
+    const int rows = s.B * s.S_q;
+    s.q[(size_t(2) * s.H + 5) * 576 + 17] = 0x7FC0;
+    s.q[(size_t(3) * s.H + 0) * 576 + 3] = 0x7FC0;
+    std::vector<float> out1, lse1;
+    ref::sparse_decode(s.args(out1, lse1, dynamic));
+    for (int r = 0; r < rows; ++r) {
+      const int b = r / s.S_q;
+      const int limit = dynamic ? std::clamp(s.topk[b], 0, s.K) : s.K;
+      bool record_nan = false;
+      for (int k = 0; k < limit; ++k) {
+        const int32_t v = s.indices[size_t(r) * s.K + k];
+        record_nan |= v == slot_a || v == slot_b;
+      }
+      for (int h = 0; h < s.H; ++h) {
+        const size_t i = size_t(r) * s.H + h;
+        const bool want_nan = record_nan || (r == 2 && h == 5);
+        if (want_nan) {
+          EXPECT_TRUE(std::isnan(lse1[i])) << "row " << r << " head " << h << " dyn " << dynamic;
+          for (int c = 0; c < 512; ++c) ASSERT_TRUE(std::isnan(out1[i * 512 + c])) << r << " " << h << " " << c;
+        } else {
+          EXPECT_EQ(std::memcmp(&lse0[i], &lse1[i], 4), 0) << "row " << r << " head " << h;
+          EXPECT_EQ(std::memcmp(&out0[i * 512], &out1[i * 512], 512 * 4), 0) << "row " << r << " head " << h;
+        }
+      }
+    }
+    EXPECT_TRUE(std::isnan(lse1[0]));  // row 0 selects slot a in both modes
+    EXPECT_EQ(lse1[size_t(3) * s.H], -kInf);  // all-invalid row: NaN q never reaches a softmax
+    for (int c = 0; c < 512; ++c) EXPECT_EQ(out1[size_t(3) * s.H * 512 + c], 0.f);
+  }
+}
+
+TEST(Prefill, NanReachingSoftmaxGivesNanStats) {
+  const int D = 512, H = 4, T = 3, K = 2;
+  std::mt19937_64 rng(test::test_seed() + 23);
+  std::vector<uint16_t> q = test::randn_bf16(size_t(T) * H * D, 1.f, rng);
+  std::vector<uint16_t> kv = test::randn_bf16(size_t(3) * D, 0.1f, rng);
+  // Token 0 reads keys {0, 1}, token 1 keys {1, 2}, token 2 keys {0, -1}.
+  const std::vector<int32_t> idx = {0, 1, 1, 2, 0, -1};
+  auto run = [&](std::vector<float>& out, std::vector<float>& ml, std::vector<float>& lse) {
+    out.assign(size_t(T) * H * 512, 0.f);
+    ml.assign(size_t(T) * H, 0.f);
+    lse.assign(size_t(T) * H, 0.f);
+    ref::SparsePrefillRefArgs a;
+    a.q = q.data(); a.T = T; a.H = H; a.d_qk = D;
+    a.kv = kv.data(); a.num_kv = 3; a.indices = idx.data(); a.K = K;
+    a.sm_scale = 0.1f;
+    a.out = out.data(); a.max_logits = ml.data(); a.lse = lse.data();
+    ref::sparse_prefill(a);
+  };
+  std::vector<float> out0, ml0, lse0, out1, ml1, lse1;
+  run(out0, ml0, lse0);
+  kv[size_t(2) * D + 100] = 0x7FC0;      // key 2: token 1 only
+  q[(size_t(2) * H + 3) * D + 7] = 0xFFC0;  // token 2, head 3
+  run(out1, ml1, lse1);
+  for (int t = 0; t < T; ++t)
+    for (int h = 0; h < H; ++h) {
+      const size_t i = size_t(t) * H + h;
+      if (t == 1 || (t == 2 && h == 3)) {
+        EXPECT_TRUE(std::isnan(lse1[i]) && std::isnan(ml1[i])) << t << " " << h;
+        for (int c = 0; c < 512; ++c) ASSERT_TRUE(std::isnan(out1[i * 512 + c])) << t << " " << h;
+      } else {
+        EXPECT_EQ(std::memcmp(&lse0[i], &lse1[i], 4), 0) << t << " " << h;
+        EXPECT_EQ(std::memcmp(&ml0[i], &ml1[i], 4), 0) << t << " " << h;
+        EXPECT_EQ(std::memcmp(&out0[i * 512], &out1[i * 512], 512 * 4), 0) << t << " " << h;
+      }
+    }
 }
 
 TEST(AttentionArgs, RejectsBadParams) {

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "attn_check_util.h"
 #include "gpu_test_util.h"
 #include "reference/oracle.h"
 #include "selkv/prefill.h"
@@ -145,12 +146,6 @@ void run_gpu(const Problem& pr, bool graph, Outs* o) {
   o->lse = down<float>(dlse, size_t(c.T) * c.H);
 }
 
-bool close_scalar(float g, float r) {
-  if (std::isinf(r)) return g == r;
-  const double e = std::fabs(double(g) - double(r));
-  return e < 1e-6 || e < 2.01 / 65536 * std::fabs(double(r));
-}
-
 void check_vs_oracle(const Problem& pr, const Outs& o) {
   const Case& c = pr.c;
   const size_t rows = size_t(c.T) * c.H;
@@ -165,32 +160,7 @@ void check_vs_oracle(const Problem& pr, const Outs& o) {
   ASSERT_TRUE(ref::check_sparse_prefill_args(a).ok());
   ref::sparse_prefill(a);
 
-  size_t bad = 0, first = 0;
-  double dot = 0, gg = 0, rr = 0;
-  for (size_t i = 0; i < out.size(); ++i) {
-    const float r = test::f32(test::bf16(out[i]));  // reference rounded to bf16
-    const float g = test::f32(o.out[i]);
-    dot += double(g) * r; gg += double(g) * g; rr += double(r) * r;
-    const double e = std::fabs(double(g) - double(r));
-    const bool ok = !std::isnan(g) && (e < 8e-4 || e < 3.01 / 128 * std::fabs(double(r)));
-    if (!ok && bad++ == 0) first = i;
-  }
-  EXPECT_EQ(bad, 0u) << "out: first bad element " << first << " (token " << first / (c.H * 512)
-                     << ", head " << (first / 512) % c.H << ", col " << first % 512 << "): gpu "
-                     << test::f32(o.out[first]) << " ref " << out[first];
-  if (rr > 0) {
-    const double cos_dist = 1.0 - 2.0 * dot / (gg + rr);  // FlashMLA's cosine diff
-    EXPECT_LT(cos_dist, 7e-6) << "out cosine distance";
-  } else {
-    EXPECT_EQ(gg, 0.0);
-  }
-  size_t bad_l = 0, bad_m = 0, fl = 0, fm = 0;
-  for (size_t i = 0; i < rows; ++i) {
-    if (!close_scalar(o.lse[i], lse[i]) && bad_l++ == 0) fl = i;
-    if (!close_scalar(o.ml[i], ml[i]) && bad_m++ == 0) fm = i;
-  }
-  EXPECT_EQ(bad_l, 0u) << "lse[" << fl << "]: gpu " << o.lse[fl] << " ref " << lse[fl];
-  EXPECT_EQ(bad_m, 0u) << "max_logits[" << fm << "]: gpu " << o.ml[fm] << " ref " << ml[fm];
+  test::expect_prefill_close(o.out, o.ml, o.lse, out, ml, lse, c.H, name(c));
 }
 
 void run_case(const Case& c, uint64_t salt) {
