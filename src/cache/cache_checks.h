@@ -14,6 +14,10 @@ namespace selkv::cache {
 // 4096 requests = 32 KiB. Larger batches must be split by the caller.
 inline constexpr int32_t kMaxGatherReqs = 4096;
 
+// C2 walks a row in int32 offsets, up to one 2048-entry chunk (and a 256-thread stride) past
+// topk: the bound keeps them below 2^31 (convert_indices.cu asserts it against the kernel's sizes).
+inline constexpr int32_t kMaxConvertTopk = (int32_t(1) << 30);
+
 // What a launcher must do after a successful check.
 enum class Work { kNone, kLaunch };
 

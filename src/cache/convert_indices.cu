@@ -12,6 +12,9 @@
 namespace selkv {
 namespace {
 
+static_assert(int64_t(cache::kMaxConvertTopk) + cache::kConvChunk + cache::kConvThreads <= INT32_MAX,
+              "the kernels' int32 row offsets reach topk + one chunk");
+
 // Fast path: persistent CTAs, one resident wave at most (the kernel walks rows grid-stride).
 template <bool kCount, bool kCompact>
 Status launch_rows(const cache::ConvertKernelParams& k, int64_t rows, cudaStream_t stream) {

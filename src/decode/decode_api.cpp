@@ -8,6 +8,8 @@
 #include "common/arch.h"
 #include "common/check.h"
 #include "common/cuda_check.h"
+#include "common/overlap.h"
+#include "common/sm_scale.h"
 #include "decode/combine.h"
 #include "decode/decode_params.h"
 #include "decode/scheduler.h"
@@ -18,6 +20,12 @@ namespace selkv {
 namespace {
 
 bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
+bool aligned4(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 3u) == 0; }
+
+// Bound on a call's 64-token blocks and on min_blocks_per_part: a part walks up to all of them in
+// int32 round counters (two rounds per block, stepped two at a time with a look-ahead of three),
+// and the part count adds the granularity to the block total; 2^29 keeps all of it far from 2^31.
+constexpr int64_t kMaxCallBlocks = int64_t(1) << 29;
 
 // 64-token blocks of a call of this shape, at most (all of K for dynamic top-k): the size the
 // plan's defaults (granularity, partial format) are chosen from.
@@ -28,17 +36,18 @@ bool known_partials(DecodePartials f) {
 }
 
 Status check_shape(const char* kOp, const DecodeShape& s) {
-  SELKV_CHECK_ARG(s.batch >= 1, "batch", "must be >= 1, got ", s.batch);
-  SELKV_CHECK_ARG(s.seq_q >= 1, "seq_q", "must be >= 1, got ", s.seq_q);
+  SELKV_CHECK_ARG(s.batch >= 0, "batch", "must be >= 0, got ", s.batch);
+  SELKV_CHECK_ARG(s.seq_q >= 0, "seq_q", "must be >= 0, got ", s.seq_q);
   SELKV_CHECK_ARG(s.num_heads == 64 || s.num_heads == 128, "num_heads",
                   "must be 64 or 128, got ", s.num_heads);
   SELKV_CHECK_ARG(s.topk >= decode::kBlockTokens && s.topk % decode::kBlockTokens == 0, "topk",
                   "must be a positive multiple of 64, got ", s.topk);
-  SELKV_CHECK_ARG(call_blocks(s) <= std::numeric_limits<int32_t>::max(), "batch",
-                  "batch * seq_q * topk / 64 must fit in int32, got ", call_blocks(s));
+  SELKV_CHECK_ARG(call_blocks(s) <= kMaxCallBlocks, "batch",
+                  "batch * seq_q * topk / 64 must be <= 2^29, got ", call_blocks(s));
   SELKV_CHECK_ARG(s.num_sms >= 0, "num_sms", "must be >= 0 (0 = current device), got ", s.num_sms);
-  SELKV_CHECK_ARG(s.min_blocks_per_part >= 0, "min_blocks_per_part",
-                  "must be >= 0 (0 = default), got ", s.min_blocks_per_part);
+  SELKV_CHECK_ARG(s.min_blocks_per_part >= 0 && s.min_blocks_per_part <= kMaxCallBlocks,
+                  "min_blocks_per_part", "must be in [0, 2^29] (0 = default), got ",
+                  s.min_blocks_per_part);
   SELKV_CHECK_ARG(known_partials(s.partials), "partials", "must be kAuto, kFp32 or kFp16, got ",
                   int(s.partials));
   return Status::Ok();
@@ -70,8 +79,20 @@ Status make_decode_metadata(const DecodeShape& shape, void* buffer, size_t buffe
   SELKV_CHECK_ARG(metadata != nullptr, "metadata", "must not be null");
   metadata->valid = false;
   SELKV_RETURN_IF_ERROR(check_shape(kOp, shape));
+  if (int64_t(shape.batch) * shape.seq_q == 0) {
+    // No rows (e.g. a mixed batch without decode rows): an empty plan, nothing launched or
+    // written; the buffer is not needed and the decode call is a no-op.
+    *metadata = DecodeMetadata{};
+    metadata->data = static_cast<int32_t*>(buffer);
+    metadata->bytes = buffer != nullptr ? buffer_bytes : 0;
+    metadata->shape = shape;
+    metadata->valid = true;
+    return Status::Ok();
+  }
   SELKV_CHECK_ARG(buffer != nullptr, "buffer", "must not be null");
   SELKV_CHECK_ARG((reinterpret_cast<uintptr_t>(buffer) & 15u) == 0, "buffer", "must be 16-byte aligned");
+  SELKV_RETURN_IF_ERROR(detail::check_disjoint(kOp, "buffer", detail::byte_range(buffer, int64_t(decode_metadata_size(shape.batch, shape.seq_q))),
+                                               "topk_length", detail::extent_of(shape.topk_length, 4, {{shape.batch, 1}})));
   const size_t need = decode_metadata_size(shape.batch, shape.seq_q);
   if (buffer_bytes < need)
     return Status(StatusCode::kWorkspaceTooSmall,
@@ -128,19 +149,51 @@ void set_contiguous_strides(SparseDecodeParams* p) {
   p->lse_batch_stride = int64_t(p->seq_q) * H;
 }
 
+namespace {
+
+// The byte extents of the decode's tensors, for the overlap rules (DESIGN §2).
+struct DecodeExtents {
+  detail::Extent q, cache, indices, topk_length, attn_sink, metadata, out, lse;
+};
+
+DecodeExtents decode_extents(const SparseDecodeParams& p, const DecodeMetadata& md) {
+  using detail::Dim;
+  using detail::extent_of;
+  const int64_t B = p.batch, S = p.seq_q, H = p.num_heads;
+  DecodeExtents e;
+  e.q = extent_of(p.q, 2, {Dim{B, p.q_batch_stride}, Dim{S, p.q_seq_stride}, Dim{H, p.q_head_stride}, Dim{fmt::kQkDim, 1}});
+  const PagedKvCache& c = p.cache;
+  e.cache = c.num_blocks > 0 ? detail::byte_range(c.data, (c.num_blocks - 1) * c.block_stride_bytes +
+                                                              int64_t(c.page_size) * fmt::record_bytes(c.format))
+                             : detail::Extent{};
+  e.indices = extent_of(p.indices, 4, {Dim{B, p.indices_batch_stride}, Dim{S, p.indices_seq_stride}, Dim{p.topk, 1}});
+  e.topk_length = extent_of(p.topk_length, 4, {Dim{B, 1}});
+  e.attn_sink = extent_of(p.attn_sink, 4, {Dim{H, 1}});
+  e.metadata = detail::byte_range(md.data, int64_t(std::min<size_t>(md.bytes, size_t(INT64_MAX))));
+  e.out = extent_of(p.out, 2, {Dim{B, p.out_batch_stride}, Dim{S, p.out_seq_stride}, Dim{H, p.out_head_stride}, Dim{fmt::kVDim, 1}});
+  e.lse = extent_of(p.lse, 4, {Dim{B, p.lse_batch_stride}, Dim{S, p.lse_seq_stride}, Dim{H, 1}});
+  return e;
+}
+
+// `name` (an output or the workspace) against every input and the metadata.
+Status check_disjoint_from_inputs(const char* kOp, const char* name, const detail::Extent& x,
+                                  const DecodeExtents& e) {
+  SELKV_RETURN_IF_ERROR(detail::check_disjoint(kOp, name, x, "q", e.q));
+  SELKV_RETURN_IF_ERROR(detail::check_disjoint(kOp, name, x, "cache", e.cache));
+  SELKV_RETURN_IF_ERROR(detail::check_disjoint(kOp, name, x, "indices", e.indices));
+  SELKV_RETURN_IF_ERROR(detail::check_disjoint(kOp, name, x, "topk_length", e.topk_length));
+  SELKV_RETURN_IF_ERROR(detail::check_disjoint(kOp, name, x, "attn_sink", e.attn_sink));
+  return detail::check_disjoint(kOp, name, x, "metadata", e.metadata);
+}
+
+}  // namespace
+
 Status check_sparse_mla_decode(const SparseDecodeParams& p, const DecodeMetadata& md,
                                size_t workspace_bytes) {
   constexpr const char* kOp = "selkv::sparse_mla_decode";
   DecodeShape shape{p.batch, p.seq_q, p.num_heads, p.topk, p.topk_length, 0};
   SELKV_RETURN_IF_ERROR(check_shape(kOp, shape));
-  // q
-  SELKV_CHECK_ARG(p.q != nullptr, "q", "must not be null");
-  SELKV_CHECK_ARG(aligned16(p.q), "q", "must be 16-byte aligned");
-  SELKV_CHECK_ARG(p.q_batch_stride >= 0 && p.q_seq_stride >= 0 && p.q_head_stride >= 0, "q",
-                  "strides must be >= 0 (last dim contiguous)");
-  SELKV_CHECK_ARG(p.q_batch_stride % 8 == 0 && p.q_seq_stride % 8 == 0 && p.q_head_stride % 8 == 0,
-                  "q", "strides must be multiples of 8 elements (16-byte aligned rows), got (",
-                  p.q_batch_stride, ", ", p.q_seq_stride, ", ", p.q_head_stride, ")");
+  SELKV_RETURN_IF_ERROR(detail::check_sm_scale(kOp, p.sm_scale));
   // cache
   const PagedKvCache& c = p.cache;
   SELKV_CHECK_ARG(c.format == KvFormat::kDsMlaFp8, "cache", "format must be ds_mla_fp8 (656-byte records)");
@@ -153,24 +206,10 @@ Status check_sparse_mla_decode(const SparseDecodeParams& p, const DecodeMetadata
                   int64_t(c.page_size) * fmt::kDsMlaRecordBytes, ", got ", c.block_stride_bytes);
   SELKV_CHECK_ARG(c.block_stride_bytes % 16 == 0, "cache",
                   "block_stride_bytes must be a multiple of 16, got ", c.block_stride_bytes);
-  // indices
-  SELKV_CHECK_ARG(p.indices != nullptr, "indices", "must not be null");
-  SELKV_CHECK_ARG(p.indices_batch_stride >= 0 && p.indices_seq_stride >= 0, "indices",
-                  "strides must be >= 0 (last dim contiguous)");
-  // scalars
-  SELKV_CHECK_ARG(std::isfinite(p.sm_scale), "sm_scale", "must be finite, got ", p.sm_scale);
-  // out / lse
-  SELKV_CHECK_ARG(p.out != nullptr, "out", "must not be null");
-  SELKV_CHECK_ARG(aligned16(p.out), "out", "must be 16-byte aligned");
-  SELKV_CHECK_ARG(p.out_batch_stride >= 0 && p.out_seq_stride >= 0 && p.out_head_stride >= fmt::kVDim,
-                  "out", "strides must be >= 0 and head stride >= 512 (last dim contiguous)");
-  SELKV_CHECK_ARG(p.out_batch_stride % 8 == 0 && p.out_seq_stride % 8 == 0 && p.out_head_stride % 8 == 0,
-                  "out", "strides must be multiples of 8 elements (16-byte aligned rows)");
-  SELKV_CHECK_ARG(p.lse != nullptr, "lse", "must not be null");
-  SELKV_CHECK_ARG(p.lse_batch_stride >= 0 && p.lse_seq_stride >= 0, "lse", "strides must be >= 0");
+  SELKV_CHECK_ARG(c.num_blocks <= std::numeric_limits<int64_t>::max() / c.block_stride_bytes, "cache",
+                  "num_blocks * block_stride_bytes overflows int64");
   // metadata
-  SELKV_CHECK_ARG(md.valid && md.data != nullptr, "metadata",
-                  "was not made by make_decode_metadata (or its creation failed)");
+  SELKV_CHECK_ARG(md.valid, "metadata", "was not made by make_decode_metadata (or its creation failed)");
   const DecodeShape& m = md.shape;
   SELKV_CHECK_ARG(m.batch == p.batch && m.seq_q == p.seq_q && m.num_heads == p.num_heads &&
                       m.topk == p.topk,
@@ -180,16 +219,60 @@ Status check_sparse_mla_decode(const SparseDecodeParams& p, const DecodeMetadata
   SELKV_CHECK_ARG(m.topk_length == p.topk_length, "metadata",
                   "made with a different topk_length (", m.topk_length == nullptr ? "none" : "a pointer",
                   ") than passed (", p.topk_length == nullptr ? "none" : "a pointer", ")");
-  SELKV_CHECK_ARG(md.bytes >= decode_metadata_size(p.batch, p.seq_q) && md.num_sm_parts >= 1 &&
-                      md.num_sm_parts <= decode::kMaxDecodeParts && md.min_blocks_per_part >= 1,
-                  "metadata", "buffer too small for this shape, or not made by make_decode_metadata");
   SELKV_CHECK_ARG(known_partials(m.partials), "metadata", "partials must be kAuto, kFp32 or kFp16, got ",
                   int(m.partials));
+  const bool empty = int64_t(p.batch) * p.seq_q == 0;
+  if (empty) {
+    // No rows: nothing is read or written, so no pointer is needed (a plan of 0 or more parts).
+    SELKV_CHECK_ARG(md.num_sm_parts >= 0 && md.num_sm_parts <= decode::kMaxDecodeParts, "metadata",
+                    "not made by make_decode_metadata");
+  } else {
+    SELKV_CHECK_ARG(md.data != nullptr && md.bytes >= decode_metadata_size(p.batch, p.seq_q) &&
+                        md.num_sm_parts >= 1 && md.num_sm_parts <= decode::kMaxDecodeParts &&
+                        md.min_blocks_per_part >= 1 && md.min_blocks_per_part <= kMaxCallBlocks,
+                    "metadata", "buffer too small for this shape, or not made by make_decode_metadata");
+  }
   // workspace
   const size_t need = decode_workspace_size(md);
   if (workspace_bytes < need)
     return Status(StatusCode::kWorkspaceTooSmall,
                   detail::concat(kOp, ": workspace: needs ", need, " bytes, got ", workspace_bytes));
+  if (empty) return Status::Ok();
+  // q
+  SELKV_CHECK_ARG(p.q != nullptr, "q", "must not be null");
+  SELKV_CHECK_ARG(aligned16(p.q), "q", "must be 16-byte aligned");
+  SELKV_CHECK_ARG(p.q_batch_stride >= 0 && p.q_seq_stride >= 0 && p.q_head_stride >= 0, "q",
+                  "strides must be >= 0 (last dim contiguous)");
+  SELKV_CHECK_ARG(p.q_batch_stride % 8 == 0 && p.q_seq_stride % 8 == 0 && p.q_head_stride % 8 == 0,
+                  "q", "strides must be multiples of 8 elements (16-byte aligned rows), got (",
+                  p.q_batch_stride, ", ", p.q_seq_stride, ", ", p.q_head_stride, ")");
+  // indices, topk_length, attn_sink (4-byte loads)
+  SELKV_CHECK_ARG(p.indices != nullptr, "indices", "must not be null");
+  SELKV_CHECK_ARG(aligned4(p.indices), "indices", "must be 4-byte aligned");
+  SELKV_CHECK_ARG(p.indices_batch_stride >= 0 && p.indices_seq_stride >= 0, "indices",
+                  "strides must be >= 0 (last dim contiguous)");
+  SELKV_CHECK_ARG(aligned4(p.topk_length), "topk_length", "must be 4-byte aligned");
+  SELKV_CHECK_ARG(aligned4(p.attn_sink), "attn_sink", "must be 4-byte aligned");
+  // out / lse: as prefill's outputs, every (b, s, h) row has its own memory
+  SELKV_CHECK_ARG(p.out != nullptr, "out", "must not be null");
+  SELKV_CHECK_ARG(aligned16(p.out), "out", "must be 16-byte aligned");
+  SELKV_CHECK_ARG(p.out_batch_stride >= 0 && p.out_seq_stride >= 0 && p.out_head_stride >= fmt::kVDim,
+                  "out", "strides must be >= 0 and head stride >= 512 (last dim contiguous)");
+  SELKV_CHECK_ARG(p.out_batch_stride % 8 == 0 && p.out_seq_stride % 8 == 0 && p.out_head_stride % 8 == 0,
+                  "out", "strides must be multiples of 8 elements (16-byte aligned rows)");
+  SELKV_CHECK_ARG(p.lse != nullptr, "lse", "must not be null");
+  SELKV_CHECK_ARG(aligned4(p.lse), "lse", "must be 4-byte aligned");
+  SELKV_CHECK_ARG(p.lse_batch_stride >= 0 && p.lse_seq_stride >= 0, "lse", "strides must be >= 0");
+  using detail::Dim;
+  SELKV_RETURN_IF_ERROR(detail::check_no_self_overlap(
+      kOp, "out", {Dim{p.batch, p.out_batch_stride}, Dim{p.seq_q, p.out_seq_stride},
+                   Dim{p.num_heads, p.out_head_stride}, Dim{fmt::kVDim, 1}}));
+  SELKV_RETURN_IF_ERROR(detail::check_no_self_overlap(
+      kOp, "lse", {Dim{p.batch, p.lse_batch_stride}, Dim{p.seq_q, p.lse_seq_stride}, Dim{p.num_heads, 1}}));
+  const DecodeExtents e = decode_extents(p, md);
+  SELKV_RETURN_IF_ERROR(detail::check_disjoint(kOp, "out", e.out, "lse", e.lse));
+  SELKV_RETURN_IF_ERROR(check_disjoint_from_inputs(kOp, "out", e.out, e));
+  SELKV_RETURN_IF_ERROR(check_disjoint_from_inputs(kOp, "lse", e.lse, e));
   return Status::Ok();
 }
 
@@ -197,8 +280,17 @@ Status sparse_mla_decode(const SparseDecodeParams& p, const DecodeMetadata& md, 
                          size_t workspace_bytes, cudaStream_t stream) {
   constexpr const char* kOp = "selkv::sparse_mla_decode";
   SELKV_RETURN_IF_ERROR(check_sparse_mla_decode(p, md, workspace_bytes));
+  if (int64_t(p.batch) * p.seq_q == 0) return Status::Ok();  // no rows: nothing to launch
   SELKV_CHECK_ARG(workspace != nullptr, "workspace", "must not be null");
   SELKV_CHECK_ARG(aligned16(workspace), "workspace", "must be 16-byte aligned");
+  {
+    // The split accumulators are written by the decode and read by the combine.
+    const DecodeExtents e = decode_extents(p, md);
+    const detail::Extent ws = detail::byte_range(workspace, int64_t(decode_workspace_size(md)));
+    SELKV_RETURN_IF_ERROR(check_disjoint_from_inputs(kOp, "workspace", ws, e));
+    SELKV_RETURN_IF_ERROR(detail::check_disjoint(kOp, "workspace", ws, "out", e.out));
+    SELKV_RETURN_IF_ERROR(detail::check_disjoint(kOp, "workspace", ws, "lse", e.lse));
+  }
 
   SELKV_RETURN_IF_ERROR(detail::require_sm90(kOp));
 
@@ -223,7 +315,7 @@ Status sparse_mla_decode(const SparseDecodeParams& p, const DecodeMetadata& md, 
   k.topk_length = p.topk_length;
   k.attn_sink = p.attn_sink;
   k.sm_scale = p.sm_scale;
-  k.sm_scale_log2 = float(double(p.sm_scale) * 1.4426950408889634);
+  k.sm_scale_log2 = detail::sm_scale_log2(p.sm_scale);
   k.out = static_cast<uint16_t*>(p.out);
   k.out_batch_stride = p.out_batch_stride;
   k.out_seq_stride = p.out_seq_stride;

@@ -11,6 +11,7 @@
 #include "common/arch.h"
 #include "common/check.h"
 #include "common/cuda_check.h"
+#include "common/overlap.h"
 #include "selkv/composed.h"
 #include "selkv/dequant.h"
 
@@ -41,6 +42,29 @@ Status check_attn_kv_unset(const char* kOp, const SparsePrefillParams& a, KvForm
                   fmt::dequant_dim(format), " for format ",
                   format == KvFormat::kDsMlaFp8 ? "ds_mla_fp8" : "nope_fp8", ", got ", a.d_qk);
   return Status::Ok();
+}
+
+// The caller's workspace [0, need) against the C7 tensors the caller owns (q, indices,
+// topk_length, out, max_logits, lse): the sub-ops' own checks see only their part of the workspace.
+Status check_workspace_disjoint(const char* kOp, const detail::Extent& ws, const SparsePrefillParams& a) {
+  using detail::Dim;
+  using detail::extent_of;
+  const int64_t T = a.num_tokens, H = a.num_heads;
+  if (T == 0) return Status::Ok();  // nothing runs
+  SELKV_RETURN_IF_ERROR(detail::check_disjoint(
+      kOp, "workspace", ws, "attn.q", extent_of(a.q, 2, {Dim{T, a.q_token_stride}, Dim{H, a.q_head_stride}, Dim{a.d_qk, 1}})));
+  if (a.topk > 0) {
+    SELKV_RETURN_IF_ERROR(detail::check_disjoint(
+        kOp, "workspace", ws, "attn.indices", extent_of(a.indices, 4, {Dim{T, a.indices_token_stride}, Dim{a.topk, 1}})));
+    SELKV_RETURN_IF_ERROR(
+        detail::check_disjoint(kOp, "workspace", ws, "attn.topk_length", extent_of(a.topk_length, 4, {Dim{T, 1}})));
+  }
+  SELKV_RETURN_IF_ERROR(detail::check_disjoint(
+      kOp, "workspace", ws, "attn.out", extent_of(a.out, 2, {Dim{T, a.out_token_stride}, Dim{H, a.out_head_stride}, Dim{512, 1}})));
+  SELKV_RETURN_IF_ERROR(detail::check_disjoint(
+      kOp, "workspace", ws, "attn.max_logits", extent_of(a.max_logits, 4, {Dim{T, a.max_logits_token_stride}, Dim{H, 1}})));
+  return detail::check_disjoint(kOp, "workspace", ws, "attn.lse",
+                                extent_of(a.lse, 4, {Dim{T, a.lse_token_stride}, Dim{H, 1}}));
 }
 
 // ---- (a) ------------------------------------------------------------------------------------------
@@ -110,7 +134,7 @@ Status plan_dequant(const DequantPrefillParams& p, DequantPlan* plan) {
   c7.indices_token_stride = a.topk;
   // topk_length stays: C4 writes -1 past it, C7 does not even read there.
   SELKV_RETURN_IF_ERROR(wrap(kOp, check_sparse_mla_prefill(c7)));
-  return Status::Ok();
+  return check_workspace_disjoint(kOp, detail::byte_range(p.workspace, need), a);
 }
 
 // ---- (b) ------------------------------------------------------------------------------------------
@@ -160,7 +184,7 @@ Status plan_gather(const GatherPrefillParams& p, GatherPlan* plan) {
   c7.kv_row_stride = D;
   c7.num_kv = p.num_kv_rows;
   SELKV_RETURN_IF_ERROR(wrap(kOp, check_sparse_mla_prefill(c7)));
-  return Status::Ok();
+  return check_workspace_disjoint(kOp, detail::byte_range(ws, need), a);
 }
 
 }  // namespace

@@ -8,6 +8,8 @@
 
 #include "common/arch.h"
 #include "common/check.h"
+#include "common/overlap.h"
+#include "common/sm_scale.h"
 #include "common/resident_ctas.h"
 #include "common/cuda_check.h"
 #include "prefill/prefill_params.h"
@@ -61,12 +63,13 @@ Status check_sparse_mla_prefill(const SparsePrefillParams& p) {
                   p.num_heads);
   SELKV_CHECK_ARG(p.topk >= 0 && p.topk % 64 == 0, "topk",
                   "must be a non-negative multiple of 64, got ", p.topk);
+  // The kernels step through a row two 64-entry blocks ahead in int32 offsets.
+  SELKV_CHECK_ARG(p.topk <= (int32_t(1) << 30), "topk", "must be <= 2^30, got ", p.topk);
   SELKV_CHECK_ARG(p.num_tokens >= 0, "num_tokens", "must be >= 0, got ", p.num_tokens);
   SELKV_CHECK_ARG(p.num_tokens <= (int64_t(1) << 30), "num_tokens",
                   "must be <= 2^30 (one CTA per token and 64-head group), got ", p.num_tokens);
   SELKV_CHECK_ARG(p.num_kv >= 0, "num_kv", "must be >= 0, got ", p.num_kv);
-  SELKV_CHECK_ARG(std::isfinite(p.sm_scale) && p.sm_scale > 0.f, "sm_scale",
-                  "must be finite and > 0, got ", p.sm_scale);
+  SELKV_RETURN_IF_ERROR(detail::check_sm_scale(kOp, p.sm_scale));
   if (p.num_tokens == 0) return Status::Ok();
   // q
   SELKV_CHECK_ARG(p.q != nullptr, "q", "must not be null");
@@ -115,6 +118,28 @@ Status check_sparse_mla_prefill(const SparsePrefillParams& p) {
     SELKV_CHECK_ARG(p.num_tokens == 1 || p.lse_token_stride >= p.num_heads, "lse_token_stride",
                     "must be >= H, got ", p.lse_token_stride);
   }
+  // Overlaps (DESIGN §2): the three outputs are disjoint from each other and from every input.
+  using detail::Dim;
+  using detail::extent_of;
+  const int64_t T = p.num_tokens, H = p.num_heads;
+  const bool reads_kv = p.num_kv > 0 && p.topk > 0;
+  const detail::Extent in[4] = {
+      extent_of(p.q, 2, {Dim{T, p.q_token_stride}, Dim{H, p.q_head_stride}, Dim{p.d_qk, 1}}),
+      reads_kv ? extent_of(p.kv, 2, {Dim{p.num_kv, p.kv_row_stride}, Dim{p.d_qk, 1}}) : detail::Extent{},
+      p.topk > 0 ? extent_of(p.indices, 4, {Dim{T, p.indices_token_stride}, Dim{p.topk, 1}}) : detail::Extent{},
+      p.topk > 0 ? extent_of(p.topk_length, 4, {Dim{T, 1}}) : detail::Extent{}};
+  const char* in_names[4] = {"q", "kv", "indices", "topk_length"};
+  const detail::Extent out[3] = {
+      extent_of(p.out, 2, {Dim{T, p.out_token_stride}, Dim{H, p.out_head_stride}, Dim{512, 1}}),
+      extent_of(p.max_logits, 4, {Dim{T, p.max_logits_token_stride}, Dim{H, 1}}),
+      extent_of(p.lse, 4, {Dim{T, p.lse_token_stride}, Dim{H, 1}})};
+  const char* out_names[3] = {"out", "max_logits", "lse"};
+  for (int o = 0; o < 3; ++o) {
+    for (int o2 = o + 1; o2 < 3; ++o2)
+      SELKV_RETURN_IF_ERROR(detail::check_disjoint(kOp, out_names[o], out[o], out_names[o2], out[o2]));
+    for (int i = 0; i < 4; ++i)
+      SELKV_RETURN_IF_ERROR(detail::check_disjoint(kOp, out_names[o], out[o], in_names[i], in[i]));
+  }
   return Status::Ok();
 }
 
@@ -139,7 +164,7 @@ Status sparse_mla_prefill(const SparsePrefillParams& p, cudaStream_t stream) {
   k.topk = p.topk;
   k.topk_length = p.topk_length;
   k.sm_scale = p.sm_scale;
-  k.sm_scale_log2 = float(double(p.sm_scale) * 1.4426950408889634);
+  k.sm_scale_log2 = detail::sm_scale_log2(p.sm_scale);
   k.attn_sink = p.attn_sink;
   k.out = static_cast<uint16_t*>(p.out);
   k.out_token_stride = p.out_token_stride;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/check.h"
+#include "common/sm_scale.h"
 #include "formats/codec.h"
 #include "reference/oracle.h"
 #include "reference/parallel.h"
@@ -158,7 +159,7 @@ Status check_sparse_decode_args(const SparseDecodeRefArgs& a) {
       "cache.block_stride_bytes", "must be >= page_size * 656");
   SELKV_CHECK_ARG(a.cache.data != nullptr || a.cache.num_blocks == 0, "cache.data",
                   "must not be null");
-  SELKV_CHECK_ARG(std::isfinite(a.sm_scale), "sm_scale", "must be finite");
+  SELKV_RETURN_IF_ERROR(::selkv::detail::check_sm_scale(kOp, a.sm_scale));
   if (int64_t(a.B) * a.S_q * a.H == 0) return Status::Ok();
   SELKV_CHECK_ARG(a.q != nullptr, "q", "must not be null");
   SELKV_CHECK_ARG(a.indices != nullptr || a.K == 0, "indices", "must not be null");
@@ -203,7 +204,7 @@ Status check_sparse_prefill_args(const SparsePrefillRefArgs& a) {
   SELKV_CHECK_ARG(a.K >= 0, "K", "must be >= 0, got ", a.K);
   SELKV_CHECK_ARG(a.num_kv >= 0, "num_kv", "must be >= 0, got ", a.num_kv);
   SELKV_CHECK_ARG(a.kv != nullptr || a.num_kv == 0, "kv", "must not be null");
-  SELKV_CHECK_ARG(std::isfinite(a.sm_scale), "sm_scale", "must be finite");
+  SELKV_RETURN_IF_ERROR(::selkv::detail::check_sm_scale(kOp, a.sm_scale));
   if (int64_t(a.T) * a.H == 0) return Status::Ok();
   SELKV_CHECK_ARG(a.q != nullptr, "q", "must not be null");
   SELKV_CHECK_ARG(a.indices != nullptr || a.K == 0, "indices", "must not be null");
