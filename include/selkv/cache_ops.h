@@ -20,7 +20,8 @@ namespace selkv {
 // (never written), so no caller value can write out of bounds. Valid slots must be distinct
 // (two tokens writing one slot race on the GPU; the oracle keeps the later one).
 // GPU requirements: latent/rope/cache 16-byte aligned, row strides multiples of 8 elements,
-// block_stride_bytes a multiple of 16; rope must be null for nope_fp8.
+// block_stride_bytes a multiple of 16; rope must be null for nope_fp8. The cache (every block of
+// the view) must not share memory with latent, rope or slot_mapping.
 struct WriteKvCacheParams {
   const void* latent = nullptr;    // bf16 [num_tokens, 512], rows 16-byte aligned
   int64_t latent_row_stride = 0;   // in elements
@@ -47,7 +48,9 @@ Status write_kv_cache(const WriteKvCacheParams& p, cudaStream_t stream);
 // valid_counts (optional, [num_tokens]) receives the number of valid slots per row.
 // compact: valid slots are moved to the front of the row in their original order and the rest
 // filled with -1, so valid_counts can serve as topk_length. topk == 0 zero-fills valid_counts.
-// In place (out_slots == req_local_indices) is allowed with equal row strides.
+// In place (out_slots == req_local_indices) is allowed with equal row strides; any other overlap
+// of out_slots or valid_counts with each other or with an input (req_local_indices, the first
+// num_tokens entries of req_id_per_token, block_table) is rejected. topk <= 2^30.
 struct ConvertIndicesParams {
   const int32_t* req_local_indices = nullptr;  // [num_tokens, topk]
   int64_t indices_row_stride = 0;              // in elements
@@ -74,7 +77,8 @@ Status convert_req_indices_to_slots(const ConvertIndicesParams& p, cudaStream_t 
 // Starts need not be page aligned. Tokens whose block is missing (past max_blocks_per_req or a
 // block id outside [0, num_blocks)) or whose position is negative are written as zeros; out rows
 // outside [0, out_rows) are never written, nor are rows no request covers. Output ranges must
-// not overlap (the GPU gives no order between requests). num_reqs <= 4096 per call; out and
+// not overlap (the GPU gives no order between requests), and out must not share memory with the
+// cache, block_table, seq_starts, seq_lens or ws_starts. num_reqs <= 4096 per call; out and
 // cache 16-byte aligned, out_row_stride a multiple of 8, block_stride_bytes a multiple of 16.
 // NaN outputs (only from corrupt records: E4M3 code 0x7F/0xFF or a NaN scale) are the
 // canonical bf16 NaN 0x7FFF, on the GPU and in the oracle alike.

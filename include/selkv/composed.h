@@ -24,7 +24,9 @@
 // ds_mla_fp8, 512 for nope_fp8. The workspace is one caller buffer (16-byte aligned) of at least
 // *_workspace_size(...) bytes; a smaller one gives kWorkspaceTooSmall naming the bytes needed.
 // Every check (composed, C4/C3 and C7) runs before anything is launched: a failing call launches
-// nothing and returns a Status naming the op and the argument.
+// nothing and returns a Status naming the op and the argument. The workspace bytes used must not
+// share memory with the cache or any attn tensor (and, for (b), the gather's inputs); T = 0 is a
+// no-op.
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -22,6 +22,12 @@
 // Streams: sparse_mla_decode only reads the metadata, so one plan serves calls on several streams
 // once each is ordered after the stream that made it (cudaStreamWaitEvent). The workspace is
 // written by every call: calls that can run at the same time need distinct workspaces.
+//
+// Zero rows (B = 0 or S_q = 0, e.g. a mixed batch without decode rows) are a no-op: the plan needs
+// no buffer and launches nothing, its workspace size is 0, and the call returns Ok without
+// touching a pointer. out and lse must not share memory with each other, with any input (q, the
+// cache, indices, topk_length, attn_sink), the metadata buffer or the workspace, and no two of
+// their (b, s, h) rows may alias (checked by extent from pointers, sizes and strides).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -44,15 +50,16 @@ enum class DecodePartials : int32_t {
 
 // Shape a metadata plan is made for.
 struct DecodeShape {
-  int32_t batch = 0;       // B
-  int32_t seq_q = 0;       // S_q (query tokens per batch row)
+  int32_t batch = 0;       // B (0 allowed: an empty plan)
+  int32_t seq_q = 0;       // S_q (query tokens per batch row; 0 allowed)
   int32_t num_heads = 0;   // H in {64, 128}
-  int32_t topk = 0;        // K, a multiple of 64
+  int32_t topk = 0;        // K, a multiple of 64; B * S_q * K / 64 <= 2^29
   const int32_t* topk_length = nullptr;  // device [B] or null (fixed top-k)
   int32_t num_sms = 0;     // 0: read from the current device
   // Split-KV granularity: no part gets fewer 64-token blocks than this (fewer, longer parts cost
   // fewer partial writes and combine reads; more, shorter parts spread a small batch over more
   // SMs). 0: the measured default for H and the call's block count (docs/decode-design.md §3).
+  // At most 2^29.
   int32_t min_blocks_per_part = 0;
   // Partial format of split rows (kAuto: the rule measured on the H200, src/decode/decode_params.h
   // f16_partials_by_default: fp16 is 10-12 % faster on split calls of 8+ rows and slower on
@@ -100,7 +107,7 @@ struct SparseDecodeParams {
 
   const int32_t* topk_length = nullptr;  // optional [B]: entries k >= topk_length[b] are invalid
   const float* attn_sink = nullptr;      // optional [H]: out *= 1 / (1 + exp(sink[h] - lse))
-  float sm_scale = 0.f;
+  float sm_scale = 0.f;  // finite, > 0, and sm_scale * log2(e) finite in fp32 (DESIGN §2)
 
   // out: bf16 [B, S_q, H, 512]; last dim contiguous; pointer and strides 16-byte aligned.
   void* out = nullptr;

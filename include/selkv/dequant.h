@@ -21,7 +21,8 @@
 // GPU requirements: cache and workspace 16-byte aligned, block_stride_bytes and
 // workspace_row_stride * 2 multiples of 16 bytes; indices / topk_length / out_indices 4-byte
 // aligned. out_indices must not overlap indices unless it is the same buffer with the same row
-// stride (in place is allowed). Dequantization is bf16(float(e4m3) * scale), bit-exact with the
+// stride (in place is allowed); the workspace rows used and out_indices must not share memory
+// with each other, the cache or topk_length, nor the workspace with indices. Dequantization is bf16(float(e4m3) * scale), bit-exact with the
 // oracle (src/reference/oracle.h).
 #pragma once
 

@@ -15,6 +15,9 @@
 // softmax makes that row's out, lse and max_logits NaN. Optional attn_sink [H]: out *= 1 / (1 +
 // exp(attn_sink[h] - lse)), fused in the epilogue.
 //
+// out, max_logits and lse must not share memory with each other or with q, kv, indices or
+// topk_length (checked by extent from pointers, sizes and strides). T = 0 is a no-op. K <= 2^30.
+//
 // Asynchronous on `stream`: no host sync, no allocation, CUDA-graph capturable, deterministic.
 #pragma once
 
@@ -45,7 +48,7 @@ struct SparsePrefillParams {
   int32_t topk = 0;                  // K
   const int32_t* topk_length = nullptr;  // optional [T]
 
-  float sm_scale = 0.f;  // > 0, finite
+  float sm_scale = 0.f;  // finite, > 0, and sm_scale * log2(e) finite in fp32 (DESIGN §2)
   // Optional fp32 [H]: out *= 1 / (1 + exp(attn_sink[h] - lse)) in the epilogue (lse and
   // max_logits unchanged; a row with no valid entry keeps out 0).
   const float* attn_sink = nullptr;

@@ -214,7 +214,8 @@ def sparse_mla_decode(
             skipped (see the module docstring).
         metadata: the plan from :func:`get_decode_metadata` for exactly this
             ``(B, S_q, H, K, topk_length)``.
-        sm_scale: softmax scale applied to ``q . k``; default ``576 ** -0.5``.
+        sm_scale: softmax scale applied to ``q . k``; default ``576 ** -0.5``. Finite and
+            ``> 0`` with ``sm_scale * log2(e)`` finite in fp32, else a RuntimeError naming it.
         topk_length: optional int32 ``[B]``; must be the tensor the plan was made with.
         attn_sink: optional fp32 ``[H]``: ``out *= 1 / (1 + exp(attn_sink[h] - lse))``
             (``lse`` is returned unchanged).
@@ -229,9 +230,12 @@ def sparse_mla_decode(
         natural-log logsumexp of ``sm_scale * q . k`` over the valid slots (``-inf`` and
         ``out = 0`` for a row with no valid slot).
 
+    ``B = 0`` or ``S_q = 0`` (no rows) is a no-op returning empty outputs.
+
     Raises:
         RuntimeError naming the argument on a wrong dtype / device / shape / stride /
-        alignment or a plan mismatch; NotImplementedError on a GPU other than SM90.
+        alignment, outputs that overlap each other or an input, or a plan mismatch;
+        NotImplementedError on a GPU other than SM90.
     """
     if sm_scale is None:
         sm_scale = q.shape[-1] ** -0.5

@@ -142,7 +142,8 @@ def flash_mla_with_kvcache(
             Reusable across calls (layers) with the same shapes and the same ``topk_length``
             values, as in FlashMLA.
         num_splits: must be ``None``.
-        softmax_scale: default ``576 ** -0.5``.
+        softmax_scale: default ``576 ** -0.5``; finite and > 0 with ``softmax_scale * log2(e)``
+            finite in fp32 (else :class:`ValueError` naming it).
         causal: must be ``False``.
         is_fp8_kvcache: must be ``True``.
         indices: int32 ``(batch_size, seq_len_q, topk)`` physical slots
@@ -233,15 +234,21 @@ def flash_mla_with_kvcache(
             # into the same buffers (one tiny kernel, no allocation when it fits).
             _decode.get_decode_metadata(b, s_q, h_q, topk, topk_length, out=md)
             sched.tile_scheduler_metadata = md.metadata
-    out, lse = _decode.sparse_mla_decode(
-        q,
-        kv,
-        indices,
-        sched.selkv_metadata,
-        softmax_scale,
-        topk_length=topk_length,
-        attn_sink=attn_sink,
-    )
+    try:
+        out, lse = _decode.sparse_mla_decode(
+            q,
+            kv,
+            indices,
+            sched.selkv_metadata,
+            softmax_scale,
+            topk_length=topk_length,
+            attn_sink=attn_sink,
+        )
+    except RuntimeError as e:
+        # The C++ API owns the scale rule (DESIGN §2) and names it sm_scale: say it as the caller did.
+        if ": sm_scale:" in str(e):
+            raise ValueError(f"flash_mla_with_kvcache: softmax_scale: {e}") from e
+        raise
     # FlashMLA's convention for a query row with no valid index: lse = +inf (out is 0 already).
     # One elementwise kernel, graph-capturable; finite values and NaN are kept.
     torch.nan_to_num_(lse, nan=float("nan"), posinf=float("inf"), neginf=float("inf"))

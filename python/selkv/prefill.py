@@ -74,7 +74,8 @@ def sparse_prefill(
             16-byte aligned rows. Tokens of many requests are flat in ``T``.
         kv: bf16 ``[N, D_qk]`` (``v = kv[:, :512]``), last dim dense.
         indices: int32 ``[T, K]`` rows of ``kv``, ``K`` a multiple of 64; last dim dense.
-        sm_scale: softmax scale of ``q . kv``; default ``D_qk ** -0.5``.
+        sm_scale: softmax scale of ``q . kv``; default ``D_qk ** -0.5``. Finite and ``> 0`` with
+            ``sm_scale * log2(e)`` finite in fp32, else a RuntimeError naming it.
         topk_length: optional int32 ``[T]``: only the first ``topk_length[t]`` entries of row
             ``t`` are read.
         out, max_logits, lse: optional outputs (bf16 ``[T, H, 512]``, fp32 ``[T, H]`` twice).

@@ -18,11 +18,11 @@ namespace {
 
 using cache::Work;
 
-// Fake, suitably aligned, never dereferenced device pointers.
-alignas(16) unsigned char g_arena[4096];
+// Fake, never dereferenced device pointers: each 16-byte step of `byte_offset` is its own 4 GiB
+// region (so no two arguments overlap), and byte_offset % 16 is kept (misalignment tests).
 template <typename T = void>
 T* fake(size_t byte_offset = 0) {
-  return reinterpret_cast<T*>(g_arena + byte_offset);
+  return reinterpret_cast<T*>(uintptr_t(1) << 44 | (byte_offset & ~size_t(15)) << 28 | (byte_offset & 15));
 }
 
 WriteKvCacheParams good_write() {
@@ -90,6 +90,12 @@ void expect_rejected(Status (*op)(const P&, cudaStream_t), const P& p, const std
   EXPECT_NE(st.message().find(arg + ":"), std::string::npos)
       << what << ": message does not name '" << arg << "': " << st.message();
 }
+
+template <typename P>
+struct Case {
+  const char* arg;
+  std::function<void(P&)> mutate;
+};
 
 TEST(CacheChecks, GoodParamsPass) {
   Work w;
@@ -250,6 +256,98 @@ TEST(CacheChecks, ZeroSizeWorkIsOkWithoutLaunch) {
   g.out_rows = 0;
   g.out = nullptr;
   EXPECT_TRUE(gather_kv_bf16(g, nullptr).ok());
+}
+
+// ---- issue 15: overlaps and host bounds --------------------------------------------------------
+
+template <typename T = void, typename U>
+T* at(U* p, ptrdiff_t bytes) {
+  return reinterpret_cast<T*>(reinterpret_cast<uintptr_t>(p) + bytes);
+}
+
+TEST(CacheChecks, WriteRejectsCacheOverlappingAnInput) {
+  const Case<WriteKvCacheParams> cases[] = {
+      {"cache", [](auto& p) { p.latent = at(p.cache, 656 * 64 * 3); }},
+      {"cache", [](auto& p) { p.rope = at(p.cache, 64 * 656 * 4 - 16); }},
+      {"cache", [](auto& p) { p.slot_mapping = at<const int64_t>(p.cache, 1024); }},
+      {"cache", [](auto& p) { p.cache = at(p.latent, 9 * 576 * 2); }},  // the last latent row
+  };
+  for (const auto& c : cases) {
+    auto p = good_write();
+    c.mutate(p);
+    expect_rejected(&write_kv_cache, p, c.arg, c.arg);
+  }
+  auto p = good_write();
+  p.rope = at(p.latent, 10 * 576 * 2);  // inputs may share memory with each other
+  p.slot_mapping = at<const int64_t>(p.latent, 1024);
+  Work w;
+  EXPECT_TRUE(cache::check_write_kv_cache(p, &w).ok()) << cache::check_write_kv_cache(p, &w).to_string();
+}
+
+TEST(CacheChecks, ConvertRejectsOverlaps) {
+  const Case<ConvertIndicesParams> cases[] = {
+      // out_slots against its inputs (only the exact in-place alias is allowed)
+      {"out_slots", [](auto& p) { p.out_slots = const_cast<int32_t*>(p.req_local_indices) + 4; }},
+      {"out_slots", [](auto& p) { p.out_slots = const_cast<int32_t*>(p.req_local_indices) + 3 * 2048; }},
+      {"out_slots", [](auto& p) { p.req_id_per_token = p.out_slots + 2; }},
+      {"out_slots", [](auto& p) { p.block_table = p.out_slots + 2048; }},
+      // valid_counts against out_slots and every input
+      {"valid_counts", [](auto& p) { p.valid_counts = const_cast<int32_t*>(p.req_id_per_token); }},
+      {"valid_counts", [](auto& p) { p.valid_counts = const_cast<int32_t*>(p.req_id_per_token) + 3; }},
+      {"valid_counts", [](auto& p) { p.valid_counts = p.out_slots + 100; }},
+      {"valid_counts", [](auto& p) { p.valid_counts = const_cast<int32_t*>(p.req_local_indices) + 5000; }},
+      {"valid_counts", [](auto& p) { p.valid_counts = const_cast<int32_t*>(p.block_table) + 20; }},
+  };
+  for (const auto& c : cases) {
+    auto p = good_convert();
+    c.mutate(p);
+    expect_rejected(&convert_req_indices_to_slots, p, c.arg, c.arg);
+  }
+  Work w;
+  // Exact in place stays allowed; req_id_per_token past num_tokens may overlap anything (never read).
+  auto p = good_convert();
+  p.out_slots = const_cast<int32_t*>(p.req_local_indices);
+  EXPECT_TRUE(cache::check_convert_indices(p, &w).ok()) << cache::check_convert_indices(p, &w).to_string();
+  p = good_convert();
+  p.valid_counts = const_cast<int32_t*>(p.req_id_per_token) + 4;  // right after the 4 rows read
+  EXPECT_TRUE(cache::check_convert_indices(p, &w).ok()) << cache::check_convert_indices(p, &w).to_string();
+}
+
+TEST(CacheChecks, ConvertBoundsTopk) {
+  // The kernels walk a row in int32 offsets up to a chunk past topk.
+  for (int32_t k : {cache::kMaxConvertTopk + 1, INT32_MAX - 2047, INT32_MAX}) {
+    auto p = good_convert();
+    p.topk = k;
+    p.indices_row_stride = p.out_row_stride = k;
+    p.valid_counts = nullptr;
+    expect_rejected(&convert_req_indices_to_slots, p, "topk", std::to_string(k));
+  }
+  auto p = good_convert();
+  p.num_tokens = 1;  // one 4 GiB row per tensor: the fake regions stay disjoint
+  p.topk = cache::kMaxConvertTopk;
+  p.indices_row_stride = p.out_row_stride = p.topk;
+  Work w;
+  EXPECT_TRUE(cache::check_convert_indices(p, &w).ok()) << cache::check_convert_indices(p, &w).to_string();
+}
+
+TEST(CacheChecks, GatherRejectsOutOverlappingAnInput) {
+  const Case<GatherKvParams> cases[] = {
+      {"out", [](auto& p) { p.out = at(p.cache, 7 * 64 * 656); }},
+      {"out", [](auto& p) { p.cache = at<const void>(p.out, 99 * 576 * 2); }},
+      {"out", [](auto& p) { p.block_table = at<const int32_t>(p.out, 64); }},
+      {"out", [](auto& p) { p.seq_starts = at<const int32_t>(p.out, 4); }},
+      {"out", [](auto& p) { p.seq_lens = at<const int32_t>(p.out, 100 * 576 * 2 - 4); }},
+      {"out", [](auto& p) { p.ws_starts = at<const int32_t>(p.out, 0); }},
+  };
+  for (const auto& c : cases) {
+    auto p = good_gather();
+    c.mutate(p);
+    expect_rejected(&gather_kv_bf16, p, c.arg, c.arg);
+  }
+  auto p = good_gather();
+  p.seq_lens = at<const int32_t>(p.out, 100 * 576 * 2);  // just past out
+  Work w;
+  EXPECT_TRUE(cache::check_gather_kv(p, &w).ok()) << cache::check_gather_kv(p, &w).to_string();
 }
 
 TEST(FastDivmod, MatchesIntegerDivision) {

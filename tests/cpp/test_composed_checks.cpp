@@ -21,7 +21,9 @@ namespace {
 
 using namespace selkv;
 
-void* fake(uintptr_t a) { return reinterpret_cast<void*>(a); }
+// Fake, never dereferenced device pointers: each MiB of `a` is its own 4 GiB region (no two
+// arguments overlap); the low 20 bits are kept (misalignment tests).
+void* fake(uintptr_t a) { return reinterpret_cast<void*>((a >> 20) << 32 | (a & 0xfffff)); }
 
 bool has(const Status& st, const std::string& s) { return st.message().find(s) != std::string::npos; }
 
@@ -166,6 +168,102 @@ TEST(ComposedChecks, GatherValidAndRejections) {
     EXPECT_TRUE(has(st, std::string("selkv::gather_sparse_mla_prefill: ") + b.arg)) << st.message();
     EXPECT_EQ(gather_sparse_mla_prefill(p, nullptr).code(), st.code());
   }
+}
+
+// ---- issue 15: sm_scale, overlaps, zero rows ---------------------------------------------------------
+TEST(ComposedChecks, SmScaleRule) {
+  for (float sc : test::bad_sm_scales()) {
+    SCOPED_TRACE(sc);
+    auto a = valid_dequant();
+    a.attn.sm_scale = sc;
+    EXPECT_TRUE(has(check_dequant_sparse_mla_prefill(a), "sm_scale:"));
+    EXPECT_EQ(dequant_sparse_mla_prefill(a, nullptr).code(), StatusCode::kInvalidArgument);
+    auto b = valid_gather();
+    b.attn.sm_scale = sc;
+    EXPECT_TRUE(has(check_gather_sparse_mla_prefill(b), "sm_scale:"));
+    EXPECT_EQ(gather_sparse_mla_prefill(b, nullptr).code(), StatusCode::kInvalidArgument);
+    // The host oracles (the torch CPU ops) reject the same scales, before touching memory.
+    EXPECT_TRUE(has(ref::dequant_sparse_mla_prefill(a), "sm_scale:"));
+    EXPECT_TRUE(has(ref::gather_sparse_mla_prefill(b), "sm_scale:"));
+  }
+  for (float sc : test::good_sm_scales()) {
+    auto a = valid_dequant();
+    a.attn.sm_scale = sc;
+    EXPECT_TRUE(check_dequant_sparse_mla_prefill(a).ok()) << sc;
+    auto b = valid_gather();
+    b.attn.sm_scale = sc;
+    EXPECT_TRUE(check_gather_sparse_mla_prefill(b).ok()) << sc;
+  }
+}
+
+TEST(ComposedChecks, RejectsWorkspaceOverlaps) {
+  auto ptr = [](const void* p, uintptr_t bytes) { return reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(p) + bytes); };
+  struct BadA {
+    const char* arg;
+    void (*mutate)(DequantPrefillParams&);
+  };
+  const BadA bad_a[] = {
+      // the C4 sub-check: workspace rows inside the cache
+      {"selkv::dequant_selected_kv: workspace", [](DequantPrefillParams& p) { p.workspace = fake((5 << 20) + 4096); }},
+      // the composed check: the whole workspace against the C7 tensors
+      {"workspace", [](DequantPrefillParams& p) { p.attn.q = fake((6 << 20) + 512 * 1152); }},
+      // C7: its outputs against the workspace rows (kv) and the remapped indices
+      {"selkv::sparse_mla_prefill: out", [](DequantPrefillParams& p) { p.attn.out = fake((6 << 20) + 16); }},
+      {"selkv::sparse_mla_prefill: lse", [](DequantPrefillParams& p) { p.attn.lse = static_cast<float*>(fake((6 << 20) + 512 * 1152 + 64)); }},
+      // C7: out against q
+      {"selkv::sparse_mla_prefill: out", [](DequantPrefillParams& p) { p.attn.out = const_cast<void*>(p.attn.q); }},
+  };
+  for (const BadA& b : bad_a) {
+    auto p = valid_dequant();
+    b.mutate(p);
+    const Status st = check_dequant_sparse_mla_prefill(p);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << b.arg;
+    EXPECT_TRUE(has(st, std::string("selkv::dequant_sparse_mla_prefill: ") + b.arg)) << st.message();
+    EXPECT_EQ(dequant_sparse_mla_prefill(p, nullptr).code(), StatusCode::kInvalidArgument);
+  }
+  struct BadB {
+    const char* arg;
+    void (*mutate)(GatherPrefillParams&);
+  };
+  const BadB bad_b[] = {
+      {"selkv::gather_kv_bf16: out", [](GatherPrefillParams& p) { p.gather.block_table = static_cast<const int32_t*>(fake((6 << 20) + 64)); }},
+      {"selkv::gather_kv_bf16: out", [](GatherPrefillParams& p) { p.workspace = fake((5 << 20) + 1024); }},
+      {"workspace", [](GatherPrefillParams& p) { p.attn.q = fake((6 << 20) + 4096); }},
+      {"workspace", [](GatherPrefillParams& p) { p.attn.indices = static_cast<const int32_t*>(fake((6 << 20) + 300 * 1024 - 4)); }},
+      {"selkv::sparse_mla_prefill: out", [](GatherPrefillParams& p) { p.attn.out = fake((6 << 20) + 1024); }},
+  };
+  for (const BadB& b : bad_b) {
+    auto p = valid_gather();
+    b.mutate(p);
+    const Status st = check_gather_sparse_mla_prefill(p);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << b.arg;
+    EXPECT_TRUE(has(st, std::string("selkv::gather_sparse_mla_prefill: ") + b.arg)) << st.message();
+    EXPECT_EQ(gather_sparse_mla_prefill(p, nullptr).code(), StatusCode::kInvalidArgument);
+  }
+  // Right after the workspace is fine.
+  auto a = valid_dequant();
+  a.attn.lse = static_cast<float*>(ptr(a.workspace, a.workspace_bytes));
+  EXPECT_TRUE(check_dequant_sparse_mla_prefill(a).ok()) << check_dequant_sparse_mla_prefill(a).to_string();
+}
+
+TEST(ComposedChecks, ZeroTokensAreNoOps) {
+  auto a = valid_dequant();
+  a.attn.num_tokens = 0;
+  a.attn.q = nullptr;
+  a.attn.indices = nullptr;
+  a.attn.out = nullptr;
+  a.attn.lse = nullptr;
+  a.workspace = nullptr;
+  a.workspace_bytes = 0;
+  EXPECT_TRUE(dequant_sparse_mla_prefill(a, nullptr).ok()) << dequant_sparse_mla_prefill(a, nullptr).to_string();
+  EXPECT_TRUE(ref::dequant_sparse_mla_prefill(a).ok());
+  auto b = valid_gather();
+  b.attn.num_tokens = 0;
+  b.attn.q = nullptr;
+  b.attn.indices = nullptr;
+  b.attn.out = nullptr;
+  EXPECT_TRUE(gather_sparse_mla_prefill(b, nullptr).ok()) << gather_sparse_mla_prefill(b, nullptr).to_string();
+  EXPECT_TRUE(ref::gather_sparse_mla_prefill(b).ok());
 }
 
 // ---- the host oracle of both paths vs a hand-built reference ---------------------------------------

@@ -11,6 +11,7 @@
 
 #include "decode/decode_params.h"
 #include "decode/partial_scale.h"
+#include "test_util.h"
 #include "selkv/decode.h"
 
 #ifdef SELKV_HAVE_CUTLASS
@@ -23,9 +24,10 @@ using namespace selkv;
 
 #ifdef SELKV_HAVE_CUTLASS
 
-// Fake (never dereferenced) 16-byte aligned addresses: validation must not touch memory.
+// Fake (never dereferenced) addresses: validation must not touch memory. Each 0x10000 step of
+// `a` is its own 64 GiB region (no two arguments overlap); the low 16 bits are kept as given.
 template <typename T>
-T* fake(uintptr_t a) { return reinterpret_cast<T*>(a); }
+T* fake(uintptr_t a) { return reinterpret_cast<T*>((a >> 16) << 36 | (a & 0xffff)); }
 
 struct Base {
   SparseDecodeParams p;
@@ -71,8 +73,10 @@ TEST(DecodeChecks, RejectsUnsupportedShapes) {
   { Base b; b.p.num_heads = 32; expect_arg_error(b.check(), "num_heads"); }
   { Base b; b.p.topk = 100; b.md.shape.topk = 100; expect_arg_error(b.check(), "topk"); }
   { Base b; b.p.topk = 0; expect_arg_error(b.check(), "topk"); }
-  { Base b; b.p.batch = 0; expect_arg_error(b.check(), "batch"); }
-  { Base b; b.p.seq_q = 0; expect_arg_error(b.check(), "seq_q"); }
+  { Base b; b.p.batch = -1; expect_arg_error(b.check(), "batch"); }
+  { Base b; b.p.seq_q = -1; expect_arg_error(b.check(), "seq_q"); }
+  // Zero rows are a valid shape: a plan made for another shape is still a mismatch.
+  { Base b; b.p.batch = 0; expect_arg_error(b.check(), "metadata"); }
 }
 
 TEST(DecodeChecks, RejectsBadPointersAndStrides) {
@@ -167,6 +171,137 @@ TEST(DecodeChecks, MakeMetadataValidates) {
 TEST(DecodeChecks, SmemLayoutsAgreeWithCute) {
   const std::string err = decode::sm90::check_tile_layouts();
   EXPECT_TRUE(err.empty()) << err;
+}
+
+// ---- issue 15: sm_scale rule, overlaps, host bounds, zero rows -------------------------------
+
+TEST(DecodeChecks, SmScaleRule) {
+  for (float s : test::bad_sm_scales()) {
+    Base b;
+    b.p.sm_scale = s;
+    SCOPED_TRACE(s);
+    expect_arg_error(b.check(), "sm_scale");
+    // sparse_mla_decode fails closed before touching the device.
+    expect_arg_error(sparse_mla_decode(b.p, b.md, fake<void>(0x80000), b.ws, nullptr), "sm_scale");
+  }
+  for (float s : test::good_sm_scales()) {
+    Base b;
+    b.p.sm_scale = s;
+    EXPECT_TRUE(b.check().ok()) << s << ": " << b.check().to_string();
+  }
+}
+
+TEST(DecodeChecks, RejectsAliasingOutputs) {
+  // Expanded (stride-0) and too-small strides: distinct (b, s, h) rows would share memory.
+  { Base b; b.p.out_seq_stride = 0; expect_arg_error(b.check(), "out"); }
+  { Base b; b.p.out_batch_stride = 0; expect_arg_error(b.check(), "out"); }
+  { Base b; b.p.out_seq_stride = 8 * 512; expect_arg_error(b.check(), "out"); }  // < H * 512
+  { Base b; b.p.out_batch_stride = b.p.out_seq_stride; expect_arg_error(b.check(), "out"); }
+  { Base b; b.p.lse_seq_stride = 0; expect_arg_error(b.check(), "lse"); }
+  { Base b; b.p.lse_batch_stride = 0; expect_arg_error(b.check(), "lse"); }
+  { Base b; b.p.lse_seq_stride = 63; expect_arg_error(b.check(), "lse"); }  // < H
+  { Base b; b.p.lse = fake<float>(0x50002); expect_arg_error(b.check(), "lse"); }  // 4-byte aligned
+  { Base b; b.p.indices = fake<int32_t>(0x30002); expect_arg_error(b.check(), "indices"); }
+  { Base b; b.p.topk_length = b.md.shape.topk_length = fake<int32_t>(0x70001); expect_arg_error(b.check(), "topk_length"); }
+  { Base b; b.p.attn_sink = fake<float>(0x90003); expect_arg_error(b.check(), "attn_sink"); }
+  // Stride-0 dims of size 1 carry no information: fine.
+  { Base b(1, 1, 64, 128); b.p.out_batch_stride = b.p.out_seq_stride = 0; b.p.lse_batch_stride = b.p.lse_seq_stride = 0;
+    EXPECT_TRUE(b.check().ok()) << b.check().to_string(); }
+  // Padded (non-dense) layouts that do not alias: fine.
+  { Base b; b.p.out_head_stride = 520; b.p.out_seq_stride = 64 * 520 + 8; b.p.out_batch_stride = 4 * 64 * 520;
+    b.p.lse_seq_stride = 80; b.p.lse_batch_stride = 200; EXPECT_TRUE(b.check().ok()) << b.check().to_string(); }
+}
+
+TEST(DecodeChecks, RejectsOverlapWithAnotherTensor) {
+  // out / lse against each other and every input (pointers placed inside another tensor).
+  auto inside = [](const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) + bytes; };
+  { Base b; b.p.lse = reinterpret_cast<float*>(inside(b.p.out, 4096)); expect_arg_error(b.check(), "out"); }
+  { Base b; b.p.out = b.p.lse; expect_arg_error(b.check(), "out"); }
+  { Base b; b.p.out = const_cast<void*>(b.p.q); expect_arg_error(b.check(), "out"); }
+  { Base b; b.p.out = reinterpret_cast<void*>(inside(b.p.cache.data, 656 * 16)); expect_arg_error(b.check(), "out"); }
+  { Base b; b.p.lse = reinterpret_cast<float*>(inside(b.p.q, 1024)); expect_arg_error(b.check(), "lse"); }
+  { Base b; b.p.lse = reinterpret_cast<float*>(inside(b.p.indices, 64)); expect_arg_error(b.check(), "lse"); }
+  { Base b; b.p.lse = reinterpret_cast<float*>(inside(b.p.cache.data, 0)); expect_arg_error(b.check(), "lse"); }
+  { Base b; b.p.topk_length = b.md.shape.topk_length = reinterpret_cast<int32_t*>(inside(b.p.lse, 16));
+    expect_arg_error(b.check(), "lse"); }
+  { Base b; b.p.attn_sink = reinterpret_cast<float*>(inside(b.p.out, 512)); expect_arg_error(b.check(), "out"); }
+  { Base b; b.md.data = reinterpret_cast<int32_t*>(inside(b.p.out, 0)); expect_arg_error(b.check(), "out"); }
+  { Base b; b.md.data = reinterpret_cast<int32_t*>(inside(b.p.lse, 0)); expect_arg_error(b.check(), "lse"); }
+  // The workspace (split accumulators): sparse_mla_decode checks it before any device call.
+  {
+    const Base b;
+    for (const void* ws : {b.p.q, b.p.cache.data, static_cast<const void*>(b.p.indices),
+                           static_cast<const void*>(b.p.out), static_cast<const void*>(b.p.lse),
+                           static_cast<const void*>(b.md.data)}) {
+      // 16 bytes before the tensor: the workspace's tail runs into it.
+      void* w = reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(ws) - 16);
+      expect_arg_error(sparse_mla_decode(b.p, b.md, w, b.ws, nullptr), "workspace");
+    }
+  }
+  // Adjacent but disjoint tensors are fine.
+  {
+    Base b;
+    const uintptr_t out_bytes = uintptr_t(2) * 2 * 64 * 512 * 2;
+    b.p.lse = reinterpret_cast<float*>(inside(b.p.out, out_bytes));
+    EXPECT_TRUE(b.check().ok()) << b.check().to_string();
+  }
+}
+
+TEST(DecodeChecks, BoundsSizesThatReachInt32Arithmetic) {
+  alignas(16) static int32_t buf[64];
+  DecodeMetadata md;
+  for (int32_t mb : {(1 << 29) + 1, INT32_MAX}) {
+    DecodeShape s{2, 2, 64, 128, nullptr, 132};
+    s.min_blocks_per_part = mb;
+    expect_arg_error(make_decode_metadata(s, buf, sizeof(buf), &md, nullptr), "min_blocks_per_part");
+    EXPECT_FALSE(md.valid);
+  }
+  // B * S_q * K / 64 blocks: a part's int32 round counters walk up to all of them.
+  expect_arg_error(make_decode_metadata(DecodeShape{1 << 16, 1, 64, 64 * (1 << 13) + 64, nullptr, 132}, buf,
+                                        sizeof(buf), &md, nullptr),
+                   "batch");
+  {
+    Base b;
+    b.md.min_blocks_per_part = (1 << 29) + 1;  // a plan with a granularity no call accepts
+    expect_arg_error(b.check(), "metadata");
+  }
+}
+
+TEST(DecodeChecks, ZeroRowsAreNoOps) {
+  for (auto [B, S] : {std::pair{0, 2}, std::pair{3, 0}, std::pair{0, 0}}) {
+    SCOPED_TRACE(std::to_string(B) + "x" + std::to_string(S));
+    // The plan: no buffer needed, nothing launched (this binary may have no GPU).
+    DecodeMetadata md;
+    ASSERT_TRUE(make_decode_metadata(DecodeShape{B, S, 128, 2048, nullptr, 0}, nullptr, 0, &md, nullptr).ok());
+    EXPECT_TRUE(md.valid);
+    EXPECT_EQ(decode_workspace_size(md), 0u);
+    // The call: no pointer is needed, nothing is launched.
+    SparseDecodeParams p;
+    p.batch = B; p.seq_q = S; p.num_heads = 128; p.topk = 2048;
+    p.cache.data = fake<void>(0x20000);
+    p.cache.num_blocks = 4; p.cache.page_size = 64; p.cache.block_stride_bytes = 64 * 656;
+    p.sm_scale = 0.04f;
+    EXPECT_TRUE(check_sparse_mla_decode(p, md, 0).ok()) << check_sparse_mla_decode(p, md, 0).to_string();
+    EXPECT_TRUE(sparse_mla_decode(p, md, nullptr, 0, nullptr).ok());
+    // Still checked: the shape against the plan, the scale, the configuration.
+    SparseDecodeParams bad = p;
+    bad.sm_scale = 0.f;
+    expect_arg_error(check_sparse_mla_decode(bad, md, 0), "sm_scale");
+    bad = p;
+    bad.topk = 1024;
+    expect_arg_error(check_sparse_mla_decode(bad, md, 0), "metadata");
+    bad = p;
+    bad.num_heads = 96;
+    expect_arg_error(check_sparse_mla_decode(bad, md, 0), "num_heads");
+    // With a buffer and dynamic top-k too.
+    alignas(16) static int32_t buf[4];
+    DecodeMetadata md2;
+    ASSERT_TRUE(make_decode_metadata(DecodeShape{B, S, 64, 128, fake<int32_t>(0x70000), 0}, buf, sizeof(buf), &md2,
+                                     nullptr)
+                    .ok());
+    p.num_heads = 64; p.topk = 128; p.topk_length = fake<int32_t>(0x70000);
+    EXPECT_TRUE(sparse_mla_decode(p, md2, nullptr, 0, nullptr).ok());
+  }
 }
 
 #endif  // SELKV_HAVE_CUTLASS

@@ -102,6 +102,26 @@ TEST(DequantSelectedChecks, RejectsBadArguments) {
     f.p.workspace_row_stride = 512; EXPECT_TRUE(check_dequant_selected(f.p).ok()); }
 }
 
+// Issue 15: outputs (workspace rows, out_indices) overlapping each other or an input.
+TEST(DequantSelectedChecks, RejectsOverlaps) {
+  { Fixture f; f.p.workspace = f.cache + 656; expect_invalid(f.p, "workspace"); }  // inside the cache
+  { Fixture f; f.p.cache.data = f.ws + 576 * 7; expect_invalid(f.p, "workspace"); }
+  { Fixture f; f.p.workspace = reinterpret_cast<uint8_t*>(f.idx) - 16; expect_invalid(f.p, "workspace"); }
+  { Fixture f; f.p.out_indices = reinterpret_cast<int32_t*>(f.ws + 576); expect_invalid(f.p, "workspace"); }
+  { Fixture f; alignas(16) static int32_t len[1]; f.p.topk_length = len; f.p.workspace = len; expect_invalid(f.p, "workspace"); }
+  { Fixture f; f.p.out_indices = reinterpret_cast<int32_t*>(f.cache + 16); expect_invalid(f.p, "out_indices"); }
+  { Fixture f; f.p.topk_length = f.out_idx + 3; expect_invalid(f.p, "out_indices"); }
+  // Partial overlap with indices (shifted, or the same buffer at another stride) is not in place.
+  { Fixture f; f.p.out_indices = f.idx + 4; expect_invalid(f.p, "out_indices"); }
+  { Fixture f; f.p.num_tokens = 2; f.p.workspace_rows = 16; f.p.out_indices = f.idx + 64; expect_invalid(f.p, "out_indices"); }
+  // In place (same pointer, same stride) stays allowed.
+  { Fixture f; f.p.out_indices = f.idx; EXPECT_TRUE(check_dequant_selected(f.p).ok()) << check_dequant_selected(f.p).to_string(); }
+  // Full pool reads the whole cache: a workspace right after it is fine, one inside it is not.
+  { Fixture f; f.p.num_tokens = 2; f.p.workspace_rows = 16;
+    f.p.workspace = f.cache + 4 * 4 * 656; EXPECT_TRUE(check_dequant_selected(f.p).ok()) << check_dequant_selected(f.p).to_string();
+    f.p.workspace = f.cache + 4 * 4 * 656 - 16; expect_invalid(f.p, "workspace"); }
+}
+
 // Oracle semantics on a hand-made case: remap, -1 for every kind of invalid entry, duplicates.
 TEST(DequantSelectedOracle, SelectedAndFullPoolSemantics) {
   Fixture f;

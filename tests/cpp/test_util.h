@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <cfloat>
+#include <cmath>
 #include <fstream>
 #include <random>
 #include <string>
@@ -77,6 +79,17 @@ inline std::vector<uint16_t> randn_bf16(size_t n, float stddev, std::mt19937_64&
   std::vector<uint16_t> v(n);
   for (auto& x : v) x = bf16(d(rng));
   return v;
+}
+
+// The sm_scale rule (DESIGN §2: finite, > 0, sm_scale * log2(e) finite in fp32), as value lists
+// every op's tests run through the op's check, GPU and CPU entry points alike.
+inline std::vector<float> bad_sm_scales() {
+  return {0.f, -0.f, -0.1f, -FLT_MIN, NAN, -NAN, INFINITY, -INFINITY, FLT_MAX, 3e38f,
+          float(double(FLT_MAX) / 1.4426950408889634 * 1.000001)};  // s finite, s * log2(e) not
+}
+inline std::vector<float> good_sm_scales() {
+  return {0.03f, 1.f, FLT_MIN, 1e-40f /* subnormal */, 1e-45f /* smallest subnormal */,
+          float(double(FLT_MAX) / 1.4426950408889634 * 0.999999)};
 }
 
 }  // namespace selkv::test

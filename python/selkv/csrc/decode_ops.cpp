@@ -214,7 +214,7 @@ SparseDecodeParams decode_params(const at::Tensor& q, const at::Tensor& kv_cache
   p.topk = to_int32(kOp, "topk (indices.size(2))", indices.size(2));
   p.topk_length = static_cast<const int32_t*>(data_or_null(topk_length));
   p.attn_sink = static_cast<const float*>(data_or_null(attn_sink));
-  p.sm_scale = float(sm_scale);
+  p.sm_scale = to_float(kOp, "sm_scale", sm_scale);
   p.out = mutable_data_or_null(out);
   p.out_batch_stride = out.stride(0);
   p.out_seq_stride = out.stride(1);

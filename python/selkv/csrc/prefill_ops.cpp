@@ -117,7 +117,7 @@ SparsePrefillParams attn_params(const char* kOp, const at::Tensor& q, const at::
   p.indices_token_stride = indices.stride(0);
   p.topk = to_int32(kOp, "topk (indices.size(1))", indices.size(1));
   p.topk_length = static_cast<const int32_t*>(data_or_null(topk_length));
-  p.sm_scale = float(sm_scale);
+  p.sm_scale = to_float(kOp, "sm_scale", sm_scale);
   p.attn_sink = static_cast<const float*>(data_or_null(attn_sink));
   p.out = mutable_data_or_null(out);
   p.out_token_stride = out.stride(0);

@@ -13,6 +13,7 @@
 #include <c10/core/ScalarType.h>
 #include <c10/util/Exception.h>
 
+#include <cmath>
 #include <cstdint>
 #include <initializer_list>
 #include <limits>
@@ -110,6 +111,16 @@ inline int32_t to_int32(const char* op, const char* name, int64_t v) {
   TORCH_CHECK(v >= std::numeric_limits<int32_t>::min() && v <= std::numeric_limits<int32_t>::max(),
               op, ": ", name, ": ", v, " does not fit in int32");
   return static_cast<int32_t>(v);
+}
+
+// A float argument (a Python float, double here) narrowed to the fp32 the C++ API takes: a finite
+// value that fp32 cannot hold (1e-50 would become 0, 1e39 inf) is named here with the value the
+// caller passed; the C++ API checks the narrowed value's own rules (e.g. sm_scale's).
+inline float to_float(const char* op, const char* name, double v) {
+  const float f = static_cast<float>(v);
+  TORCH_CHECK(!std::isfinite(v) || (std::isfinite(f) && (f != 0.f || v == 0.0)), op, ": ", name, ": ", v,
+              " is not representable in fp32 (it would become ", f, ")");
+  return f;
 }
 
 // Data pointers for the Params structs; meta tensors (shape-only, torch.compile) have none.
