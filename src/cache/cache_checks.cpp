@@ -4,7 +4,7 @@
 #include <limits>
 
 #include "common/check.h"
-#include "common/overlap.h"
+#include "cache/overlap_checks.h"
 
 namespace selkv::cache {
 namespace {
@@ -12,17 +12,6 @@ namespace {
 bool aligned(const void* p, uintptr_t a) { return (reinterpret_cast<uintptr_t>(p) & (a - 1)) == 0; }
 bool valid_format(KvFormat f) { return f == KvFormat::kDsMlaFp8 || f == KvFormat::kNopeFp8; }
 constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
-
-using detail::Dim;
-using detail::Extent;
-using detail::extent_of;
-
-// The bytes a paged cache view spans (every block the view describes).
-Extent cache_extent(const void* cache, int64_t num_blocks, int32_t page_size, int64_t block_stride_bytes,
-                    KvFormat format) {
-  if (num_blocks <= 0) return Extent{};
-  return detail::byte_range(cache, (num_blocks - 1) * block_stride_bytes + int64_t(page_size) * fmt::record_bytes(format));
-}
 
 // Shared by C1 and C3: the paged-cache view. The kernels address records with 16-byte vector
 // accesses, so the base and the block stride must be 16-byte aligned (record sizes 656 and 528
@@ -86,16 +75,7 @@ Status check_write_kv_cache(const WriteKvCacheParams& p, Work* work) {
   SELKV_CHECK_ARG(p.slot_mapping != nullptr, "slot_mapping", "must not be null");
   SELKV_CHECK_ARG(aligned(p.slot_mapping, 8), "slot_mapping", "must be 8-byte aligned");
   if (p.num_blocks == 0) return Status::Ok();  // no blocks: every slot is out of range
-  const int64_t T = p.num_tokens;
-  const Extent cache = cache_extent(p.cache, p.num_blocks, p.page_size, p.block_stride_bytes, p.format);
-  SELKV_RETURN_IF_ERROR(detail::check_disjoint(
-      kOp, "cache", cache, "latent", extent_of(p.latent, 2, {Dim{T, p.latent_row_stride}, Dim{fmt::kNopeDim, 1}})));
-  if (fmt::has_rope(p.format)) {
-    SELKV_RETURN_IF_ERROR(detail::check_disjoint(
-        kOp, "cache", cache, "rope", extent_of(p.rope, 2, {Dim{T, p.rope_row_stride}, Dim{fmt::kRopeDim, 1}})));
-  }
-  SELKV_RETURN_IF_ERROR(
-      detail::check_disjoint(kOp, "cache", cache, "slot_mapping", extent_of(p.slot_mapping, 8, {Dim{T, 1}})));
+  SELKV_RETURN_IF_ERROR(check_write_overlaps(kOp, p));
   *work = Work::kLaunch;
   return Status::Ok();
 }
@@ -140,28 +120,7 @@ Status check_convert_indices(const ConvertIndicesParams& p, Work* work) {
                     "must be >= max_blocks_per_req (", p.max_blocks_per_req, "), got ",
                     p.block_table_row_stride);
   }
-  // Overlaps. In place is supported only as an exact alias (same pointer and stride): each CTA
-  // reads its row chunk before writing it. Every other overlap of an output is rejected.
-  const int64_t T = p.num_tokens;
-  const Extent in = extent_of(p.req_local_indices, 4, {Dim{T, p.indices_row_stride}, Dim{p.topk, 1}});
-  const Extent out = extent_of(p.out_slots, 4, {Dim{T, p.out_row_stride}, Dim{p.topk, 1}});
-  const Extent req = extent_of(p.req_id_per_token, 4, {Dim{T, 1}});
-  const Extent table = reads_table ? extent_of(p.block_table, 4, {Dim{p.num_reqs, p.block_table_row_stride},
-                                                                   Dim{p.max_blocks_per_req, 1}})
-                                   : Extent{};
-  const Extent counts = extent_of(p.valid_counts, 4, {Dim{T, 1}});
-  if (static_cast<const void*>(p.out_slots) == static_cast<const void*>(p.req_local_indices)) {
-    SELKV_CHECK_ARG(p.out_row_stride == p.indices_row_stride, "out_row_stride",
-                    "must equal indices_row_stride when out_slots aliases req_local_indices");
-  } else {
-    SELKV_RETURN_IF_ERROR(detail::check_disjoint(kOp, "out_slots", out, "req_local_indices", in));
-  }
-  SELKV_RETURN_IF_ERROR(detail::check_disjoint(kOp, "out_slots", out, "req_id_per_token", req));
-  SELKV_RETURN_IF_ERROR(detail::check_disjoint(kOp, "out_slots", out, "block_table", table));
-  SELKV_RETURN_IF_ERROR(detail::check_disjoint(kOp, "valid_counts", counts, "out_slots", out));
-  SELKV_RETURN_IF_ERROR(detail::check_disjoint(kOp, "valid_counts", counts, "req_local_indices", in));
-  SELKV_RETURN_IF_ERROR(detail::check_disjoint(kOp, "valid_counts", counts, "req_id_per_token", req));
-  SELKV_RETURN_IF_ERROR(detail::check_disjoint(kOp, "valid_counts", counts, "block_table", table));
+  SELKV_RETURN_IF_ERROR(check_convert_overlaps(kOp, p));
   *work = Work::kLaunch;
   return Status::Ok();
 }
@@ -202,19 +161,7 @@ Status check_gather_kv(const GatherKvParams& p, Work* work) {
                     "must be >= max_blocks_per_req (", p.max_blocks_per_req, "), got ",
                     p.block_table_row_stride);
   }
-  // out against every input.
-  const Extent out = extent_of(p.out, 2, {Dim{p.out_rows, p.out_row_stride}, Dim{dim, 1}});
-  const int64_t R = p.num_reqs;
-  SELKV_RETURN_IF_ERROR(detail::check_disjoint(
-      kOp, "out", out, "cache", cache_extent(p.cache, p.num_blocks, p.page_size, p.block_stride_bytes, p.format)));
-  if (p.max_blocks_per_req > 0) {
-    SELKV_RETURN_IF_ERROR(detail::check_disjoint(
-        kOp, "out", out, "block_table",
-        extent_of(p.block_table, 4, {Dim{R, p.block_table_row_stride}, Dim{p.max_blocks_per_req, 1}})));
-  }
-  SELKV_RETURN_IF_ERROR(detail::check_disjoint(kOp, "out", out, "seq_starts", extent_of(p.seq_starts, 4, {Dim{R, 1}})));
-  SELKV_RETURN_IF_ERROR(detail::check_disjoint(kOp, "out", out, "seq_lens", extent_of(p.seq_lens, 4, {Dim{R, 1}})));
-  SELKV_RETURN_IF_ERROR(detail::check_disjoint(kOp, "out", out, "ws_starts", extent_of(p.ws_starts, 4, {Dim{R, 1}})));
+  SELKV_RETURN_IF_ERROR(check_gather_overlaps(kOp, p));
   *work = Work::kLaunch;
   return Status::Ok();
 }

@@ -4,7 +4,7 @@
 #include <limits>
 
 #include "common/check.h"
-#include "common/overlap.h"
+#include "cache/overlap_checks.h"
 #include "selkv/dequant.h"
 
 namespace selkv {
@@ -75,29 +75,7 @@ Status check_dequant_selected(const DequantSelectedParams& p) {
     SELKV_CHECK_ARG(need <= std::numeric_limits<int64_t>::max() / 2 / p.workspace_row_stride,
                     "workspace_row_stride", "rows * row stride overflows");
   }
-  if (N > 0 || need > 0) {
-    // Overlaps: the workspace rows and out_indices against each other and every input; in place
-    // (out_indices == indices, same stride) is the one allowed alias.
-    using detail::Dim;
-    using detail::Extent;
-    using detail::extent_of;
-    const int64_t T = p.num_tokens, K = p.topk;
-    const Extent cache = c.num_blocks > 0 ? detail::byte_range(c.data, (c.num_blocks - 1) * c.block_stride_bytes +
-                                                                           page_bytes)
-                                          : Extent{};
-    const Extent idx = N > 0 ? extent_of(p.indices, 4, {Dim{T, p.indices_row_stride}, Dim{K, 1}}) : Extent{};
-    const Extent len = N > 0 ? extent_of(p.topk_length, 4, {Dim{T, 1}}) : Extent{};
-    const Extent out_idx = N > 0 ? extent_of(p.out_indices, 4, {Dim{T, p.out_indices_row_stride}, Dim{K, 1}}) : Extent{};
-    const Extent ws = need > 0 ? extent_of(p.workspace, 2, {Dim{need, p.workspace_row_stride}, Dim{D, 1}}) : Extent{};
-    SELKV_RETURN_IF_ERROR(detail::check_disjoint(kOp, "workspace", ws, "cache", cache));
-    SELKV_RETURN_IF_ERROR(detail::check_disjoint(kOp, "workspace", ws, "indices", idx));
-    SELKV_RETURN_IF_ERROR(detail::check_disjoint(kOp, "workspace", ws, "topk_length", len));
-    SELKV_RETURN_IF_ERROR(detail::check_disjoint(kOp, "workspace", ws, "out_indices", out_idx));
-    SELKV_RETURN_IF_ERROR(detail::check_disjoint(kOp, "out_indices", out_idx, "cache", cache));
-    SELKV_RETURN_IF_ERROR(detail::check_disjoint(kOp, "out_indices", out_idx, "topk_length", len));
-    if (static_cast<const void*>(p.out_indices) != static_cast<const void*>(p.indices))
-      SELKV_RETURN_IF_ERROR(detail::check_disjoint(kOp, "out_indices", out_idx, "indices", idx));
-  }
+  if (N > 0 || need > 0) SELKV_RETURN_IF_ERROR(cache::check_dequant_overlaps(kOp, p, need));
   return Status::Ok();
 }
 

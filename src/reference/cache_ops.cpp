@@ -5,6 +5,7 @@
 #include <limits>
 #include <vector>
 
+#include "cache/overlap_checks.h"
 #include "common/check.h"
 #include "reference/oracle.h"
 
@@ -41,6 +42,7 @@ Status write_kv_cache(const WriteKvCacheParams& p) {
   }
   SELKV_CHECK_ARG(p.slot_mapping != nullptr, "slot_mapping", "must not be null");
   SELKV_CHECK_ARG(p.cache != nullptr || p.num_blocks == 0, "cache", "must not be null");
+  if (p.num_blocks > 0) SELKV_RETURN_IF_ERROR(cache::check_write_overlaps(kOp, p));  // the GPU op's rule
 
   const PagedKvCache view{p.cache, p.num_blocks, p.page_size, p.block_stride_bytes, p.format};
   const int64_t num_slots = view.num_slots();
@@ -86,6 +88,7 @@ Status convert_req_indices_to_slots(const ConvertIndicesParams& p) {
     SELKV_CHECK_ARG(p.block_table_row_stride >= p.max_blocks_per_req, "block_table_row_stride",
                     "must be >= max_blocks_per_req");
   }
+  SELKV_RETURN_IF_ERROR(cache::check_convert_overlaps(kOp, p));  // the GPU op's rule
 
   std::vector<int32_t> row(p.topk);  // the row is read fully first so in-place calls work
   for (int64_t t = 0; t < p.num_tokens; ++t) {
@@ -148,6 +151,7 @@ Status gather_kv_bf16(const GatherKvParams& p) {
                     "must be >= max_blocks_per_req");
   }
   SELKV_CHECK_ARG(p.cache != nullptr || p.num_blocks == 0, "cache", "must not be null");
+  if (p.out_rows > 0) SELKV_RETURN_IF_ERROR(cache::check_gather_overlaps(kOp, p));  // the GPU op's rule
 
   const auto* cache = static_cast<const uint8_t*>(p.cache);
   auto* out = static_cast<uint16_t*>(p.out);

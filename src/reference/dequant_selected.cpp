@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "cache/overlap_checks.h"
 #include "common/check.h"
 #include "reference/oracle.h"
 #include "selkv/dequant.h"
@@ -55,6 +56,7 @@ Status dequant_selected(const DequantSelectedParams& p) {
     SELKV_CHECK_ARG(p.workspace_row_stride >= D, "workspace_row_stride", "must be >= ", D);
     SELKV_CHECK_ARG(p.cache.data != nullptr, "cache.data", "must not be null");
   }
+  if (N > 0 || need > 0) SELKV_RETURN_IF_ERROR(cache::check_dequant_overlaps(kOp, p, need));  // the GPU op's rule
   const auto* cache = static_cast<const uint8_t*>(p.cache.data);
   auto* ws = static_cast<uint16_t*>(p.workspace);
   const bool selected = dequant_selected_mode(p.num_tokens, p.topk, P) == DequantMode::kSelected;

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cfloat>
 #include <climits>
 #include <cmath>
 #include <cstring>
@@ -458,6 +459,31 @@ TEST(DecodeGpu, GoldenVectors) {
     Result gd;
     run_gpu(pd, sms, 0, &gd);
     compare(gd, dout, dlse, "golden dynamic sms" + std::to_string(sms));
+  }
+}
+
+// Issue 15: the smallest scales the sm_scale rule accepts (FLT_MIN, a subnormal) give the oracle's
+// finite results on the GPU too, split rows included (3 SMs); 0 and what rounds to 0 in fp32 are
+// rejected on both (DecodeChecks.SmScaleRule, PrefillChecks.SmScaleRuleSharedWithTheOracle).
+TEST(DecodeGpu, TinyValidScalesMatchOracle) {
+  SELKV_REQUIRE_GPU();
+  const CaseSpec cases[] = {
+      {4, 2, 64, 512, 128, 61, 0, true, true, /*dynamic=*/true},
+      {2, 2, 128, 512, 256, 64},
+  };
+  for (const CaseSpec& c : cases) {
+    for (float s : {FLT_MIN, 1e-40f}) {
+      std::mt19937_64 rng(test::test_seed() ^ 0x5ca1e ^ uint64_t(c.H));
+      Problem p = make_problem(c, rng);
+      p.sm_scale = s;
+      std::vector<float> ro, rl;
+      oracle(p, &ro, &rl);
+      for (int sms : {0, 3}) {
+        Result g;
+        run_gpu(p, sms, 0, &g);
+        compare(g, ro, rl, name(c, sms) + " sm_scale " + std::to_string(s));
+      }
+    }
   }
 }
 
