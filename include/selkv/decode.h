@@ -53,7 +53,7 @@ struct DecodeShape {
   int32_t batch = 0;       // B (0 allowed: an empty plan)
   int32_t seq_q = 0;       // S_q (query tokens per batch row; 0 allowed)
   int32_t num_heads = 0;   // H in {64, 128}
-  int32_t topk = 0;        // K, a multiple of 64; B * S_q * K / 64 <= 2^29
+  int32_t topk = 0;        // K, a multiple of 64, <= 2^30; B * S_q * K / 64 <= 2^29
   const int32_t* topk_length = nullptr;  // device [B] or null (fixed top-k)
   int32_t num_sms = 0;     // 0: read from the current device
   // Split-KV granularity: no part gets fewer 64-token blocks than this (fewer, longer parts cost

@@ -42,6 +42,8 @@ Status check_shape(const char* kOp, const DecodeShape& s) {
                   "must be 64 or 128, got ", s.num_heads);
   SELKV_CHECK_ARG(s.topk >= decode::kBlockTokens && s.topk % decode::kBlockTokens == 0, "topk",
                   "must be a positive multiple of 64, got ", s.topk);
+  // Row offsets (a block and the blocks read ahead of it) stay in int32.
+  SELKV_CHECK_ARG(s.topk <= (int32_t(1) << 30), "topk", "must be <= 2^30, got ", s.topk);
   SELKV_CHECK_ARG(call_blocks(s) <= kMaxCallBlocks, "batch",
                   "batch * seq_q * topk / 64 must be <= 2^29, got ", call_blocks(s));
   SELKV_CHECK_ARG(s.num_sms >= 0, "num_sms", "must be >= 0 (0 = current device), got ", s.num_sms);

@@ -260,6 +260,9 @@ TEST(DecodeChecks, BoundsSizesThatReachInt32Arithmetic) {
   expect_arg_error(make_decode_metadata(DecodeShape{1 << 16, 1, 64, 64 * (1 << 13) + 64, nullptr, 132}, buf,
                                         sizeof(buf), &md, nullptr),
                    "batch");
+  expect_arg_error(make_decode_metadata(DecodeShape{1, 1, 64, (1 << 30) + 64, nullptr, 132}, buf, sizeof(buf), &md,
+                                        nullptr),
+                   "topk");
   {
     Base b;
     b.md.min_blocks_per_part = (1 << 29) + 1;  // a plan with a granularity no call accepts
