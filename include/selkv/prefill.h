@@ -15,8 +15,8 @@
 // softmax makes that row's out, lse and max_logits NaN. Optional attn_sink [H]: out *= 1 / (1 +
 // exp(attn_sink[h] - lse)), fused in the epilogue.
 //
-// out, max_logits and lse must not share memory with each other or with q, kv, indices or
-// topk_length (checked by extent from pointers, sizes and strides). T = 0 is a no-op. K <= 2^30.
+// out, max_logits and lse must not share memory with each other or with q, kv, indices,
+// topk_length or attn_sink (checked by extent from pointers, sizes and strides). T = 0 is a no-op. K <= 2^30.
 //
 // Asynchronous on `stream`: no host sync, no allocation, CUDA-graph capturable, deterministic.
 #pragma once

@@ -44,7 +44,7 @@ Status check_attn_kv_unset(const char* kOp, const SparsePrefillParams& a, KvForm
   return Status::Ok();
 }
 
-// The caller's workspace [0, need) against the C7 tensors the caller owns (q, indices,
+// The caller's workspace [0, need) against the C7 tensors the caller owns (q, attn_sink, indices,
 // topk_length, out, max_logits, lse): the sub-ops' own checks see only their part of the workspace.
 Status check_workspace_disjoint(const char* kOp, const detail::Extent& ws, const SparsePrefillParams& a) {
   using detail::Dim;
@@ -53,6 +53,8 @@ Status check_workspace_disjoint(const char* kOp, const detail::Extent& ws, const
   if (T == 0) return Status::Ok();  // nothing runs
   SELKV_RETURN_IF_ERROR(detail::check_disjoint(
       kOp, "workspace", ws, "attn.q", extent_of(a.q, 2, {Dim{T, a.q_token_stride}, Dim{H, a.q_head_stride}, Dim{a.d_qk, 1}})));
+  SELKV_RETURN_IF_ERROR(
+      detail::check_disjoint(kOp, "workspace", ws, "attn.attn_sink", extent_of(a.attn_sink, 4, {Dim{H, 1}})));
   if (a.topk > 0) {
     SELKV_RETURN_IF_ERROR(detail::check_disjoint(
         kOp, "workspace", ws, "attn.indices", extent_of(a.indices, 4, {Dim{T, a.indices_token_stride}, Dim{a.topk, 1}})));

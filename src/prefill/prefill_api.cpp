@@ -99,6 +99,7 @@ Status check_sparse_mla_prefill(const SparsePrefillParams& p) {
       SELKV_CHECK_ARG(aligned(p.topk_length, 4), "topk_length", "must be 4-byte aligned");
     }
   }
+  SELKV_CHECK_ARG(aligned(p.attn_sink, 4), "attn_sink", "must be 4-byte aligned");
   // outputs
   SELKV_CHECK_ARG(p.out != nullptr, "out", "must not be null");
   SELKV_CHECK_ARG(aligned(p.out, 16), "out", "must be 16-byte aligned");
@@ -123,12 +124,13 @@ Status check_sparse_mla_prefill(const SparsePrefillParams& p) {
   using detail::extent_of;
   const int64_t T = p.num_tokens, H = p.num_heads;
   const bool reads_kv = p.num_kv > 0 && p.topk > 0;
-  const detail::Extent in[4] = {
+  const detail::Extent in[5] = {
       extent_of(p.q, 2, {Dim{T, p.q_token_stride}, Dim{H, p.q_head_stride}, Dim{p.d_qk, 1}}),
       reads_kv ? extent_of(p.kv, 2, {Dim{p.num_kv, p.kv_row_stride}, Dim{p.d_qk, 1}}) : detail::Extent{},
       p.topk > 0 ? extent_of(p.indices, 4, {Dim{T, p.indices_token_stride}, Dim{p.topk, 1}}) : detail::Extent{},
-      p.topk > 0 ? extent_of(p.topk_length, 4, {Dim{T, 1}}) : detail::Extent{}};
-  const char* in_names[4] = {"q", "kv", "indices", "topk_length"};
+      p.topk > 0 ? extent_of(p.topk_length, 4, {Dim{T, 1}}) : detail::Extent{},
+      extent_of(p.attn_sink, 4, {Dim{H, 1}})};
+  const char* in_names[5] = {"q", "kv", "indices", "topk_length", "attn_sink"};
   const detail::Extent out[3] = {
       extent_of(p.out, 2, {Dim{T, p.out_token_stride}, Dim{H, p.out_head_stride}, Dim{512, 1}}),
       extent_of(p.max_logits, 4, {Dim{T, p.max_logits_token_stride}, Dim{H, 1}}),
@@ -137,7 +139,7 @@ Status check_sparse_mla_prefill(const SparsePrefillParams& p) {
   for (int o = 0; o < 3; ++o) {
     for (int o2 = o + 1; o2 < 3; ++o2)
       SELKV_RETURN_IF_ERROR(detail::check_disjoint(kOp, out_names[o], out[o], out_names[o2], out[o2]));
-    for (int i = 0; i < 4; ++i)
+    for (int i = 0; i < 5; ++i)
       SELKV_RETURN_IF_ERROR(detail::check_disjoint(kOp, out_names[o], out[o], in_names[i], in[i]));
   }
   return Status::Ok();

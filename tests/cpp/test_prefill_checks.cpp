@@ -156,6 +156,8 @@ TEST(PrefillChecks, RejectsOverlappingOutputs) {
   { auto p = P(); p.lse = reinterpret_cast<float*>(const_cast<int32_t*>(p.indices)) + 64; expect_invalid(p, "lse"); }
   { auto p = P(); p.topk_length = reinterpret_cast<const int32_t*>(p.max_logits) + 100; expect_invalid(p, "max_logits"); }
   { auto p = P(); p.lse = reinterpret_cast<float*>(const_cast<void*>(p.kv)) + 99 * 288; expect_invalid(p, "lse"); }
+  { auto p = P(); p.attn_sink = p.lse + 64; expect_invalid(p, "lse"); }
+  { auto p = P(); p.attn_sink = fake<const float>(kLen, 2); expect_invalid(p, "attn_sink"); }
   // in-bounds neighbours are fine: out right after q, lse right after max_logits
   { auto p = P(); p.out = static_cast<char*>(const_cast<void*>(p.q)) + 3 * 128 * 576 * 2;
     EXPECT_TRUE(check_sparse_mla_prefill(p).ok()) << check_sparse_mla_prefill(p).to_string(); }
