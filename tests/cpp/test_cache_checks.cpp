@@ -10,6 +10,7 @@
 
 #include "cache/cache_checks.h"
 #include "common/fast_divmod.h"
+#include "common/overlap.h"
 #include "selkv/cache_ops.h"
 #include "test_util.h"
 
@@ -348,6 +349,36 @@ TEST(CacheChecks, GatherRejectsOutOverlappingAnInput) {
   p.seq_lens = at<const int32_t>(p.out, 100 * 576 * 2);  // just past out
   Work w;
   EXPECT_TRUE(cache::check_gather_kv(p, &w).ok()) << cache::check_gather_kv(p, &w).to_string();
+}
+
+// The extent / aliasing rules of common/overlap.h every op's overlap check is built from.
+TEST(OverlapRules, ExtentsAndAliasing) {
+  using detail::Dim;
+  using detail::extent_of;
+  const void* base = reinterpret_cast<const void*>(uintptr_t(1) << 40);
+  auto at = [&](int64_t bytes) { return reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(base) + bytes); };
+  // [T=3, H=2, 512] bf16 at head stride 520, token stride 1040: last byte at (2*1040 + 520 + 511) * 2.
+  const detail::Extent e = extent_of(base, 2, {Dim{3, 1040}, Dim{2, 520}, Dim{512, 1}});
+  EXPECT_EQ(int64_t(e.hi - e.lo), (2 * 1040 + 520 + 512) * 2);
+  EXPECT_TRUE(detail::overlaps(e, detail::byte_range(at(6223), 1)));   // its last byte
+  EXPECT_FALSE(detail::overlaps(e, detail::byte_range(at(6224), 64)));  // right after it
+  EXPECT_FALSE(detail::overlaps(e, detail::byte_range(at(-64), 64)));   // right before it
+  EXPECT_TRUE(detail::overlaps(e, detail::byte_range(at(-64), 65)));
+  // Empty views (a size 0, a null pointer) overlap nothing.
+  EXPECT_FALSE(detail::overlaps(e, extent_of(base, 2, {Dim{0, 1040}, Dim{512, 1}})));
+  EXPECT_FALSE(detail::overlaps(e, extent_of(nullptr, 2, {Dim{3, 1040}, Dim{512, 1}})));
+  // Negative strides reach below the pointer.
+  EXPECT_TRUE(detail::overlaps(extent_of(at(4096), 4, {Dim{5, -256}}), detail::byte_range(at(0), 4)));
+  // Aliasing: nested strides (in any order) are fine; stride 0 or a stride inside a smaller dim's
+  // reach on a dim of size > 1 aliases; dims of size 1 do not count.
+  EXPECT_FALSE(detail::self_overlaps({Dim{4, 64 * 512}, Dim{64, 512}, Dim{512, 1}}));
+  EXPECT_FALSE(detail::self_overlaps({Dim{64, 512}, Dim{4, 64 * 512}, Dim{512, 1}}));
+  EXPECT_FALSE(detail::self_overlaps({Dim{1, 0}, Dim{64, 512}, Dim{512, 1}}));
+  EXPECT_TRUE(detail::self_overlaps({Dim{2, 0}, Dim{64, 512}, Dim{512, 1}}));
+  EXPECT_TRUE(detail::self_overlaps({Dim{4, 63 * 512}, Dim{64, 512}, Dim{512, 1}}));
+  EXPECT_TRUE(detail::self_overlaps({Dim{64, 511}, Dim{512, 1}}));
+  EXPECT_TRUE(detail::self_overlaps({Dim{2, 512}, Dim{2, 512}, Dim{512, 1}}));  // two dims, one stride
+  EXPECT_FALSE(detail::self_overlaps({Dim{64, -512}, Dim{512, 1}}));
 }
 
 TEST(FastDivmod, MatchesIntegerDivision) {
