@@ -24,8 +24,9 @@
 // written by every call: calls that can run at the same time need distinct workspaces.
 //
 // Zero rows (B = 0 or S_q = 0, e.g. a mixed batch without decode rows) are a no-op: the plan needs
-// no buffer and launches nothing, its workspace size is 0, and the call returns Ok without
-// touching a pointer. out and lse must not share memory with each other, with any input (q, the
+// no buffer and launches nothing, its workspace size is 0, and the call launches nothing and
+// touches no memory (q, indices, out, lse and the workspace may be null; the cache view and the
+// scalars are still checked). out and lse must not share memory with each other, with any input (q, the
 // cache, indices, topk_length, attn_sink), the metadata buffer or the workspace, and no two of
 // their (b, s, h) rows may alias (checked by extent from pointers, sizes and strides).
 #pragma once
