@@ -93,12 +93,13 @@ Status make_decode_metadata(const DecodeShape& shape, void* buffer, size_t buffe
   }
   SELKV_CHECK_ARG(buffer != nullptr, "buffer", "must not be null");
   SELKV_CHECK_ARG((reinterpret_cast<uintptr_t>(buffer) & 15u) == 0, "buffer", "must be 16-byte aligned");
-  SELKV_RETURN_IF_ERROR(detail::check_disjoint(kOp, "buffer", detail::byte_range(buffer, int64_t(decode_metadata_size(shape.batch, shape.seq_q))),
-                                               "topk_length", detail::extent_of(shape.topk_length, 4, {{shape.batch, 1}})));
   const size_t need = decode_metadata_size(shape.batch, shape.seq_q);
   if (buffer_bytes < need)
     return Status(StatusCode::kWorkspaceTooSmall,
                   detail::concat(kOp, ": buffer: needs ", need, " bytes, got ", buffer_bytes));
+  // The scheduler reads topk_length while it writes the plan.
+  SELKV_RETURN_IF_ERROR(detail::check_disjoint(kOp, "buffer", detail::byte_range(buffer, int64_t(need)), "topk_length",
+                                               detail::extent_of(shape.topk_length, 4, {{shape.batch, 1}})));
   int num_sms = shape.num_sms;
   if (num_sms == 0) {
     int dev = 0;

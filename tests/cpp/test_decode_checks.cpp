@@ -247,6 +247,17 @@ TEST(DecodeChecks, RejectsOverlapWithAnotherTensor) {
   }
 }
 
+TEST(DecodeChecks, MakeMetadataRejectsBufferOverTopkLength) {
+  alignas(16) static int32_t big[1 << 16];
+  ASSERT_LE(decode_metadata_size(2, 2), sizeof(big));
+  DecodeMetadata md;
+  // The scheduler reads topk_length while it writes the plan (and its lengths snapshot).
+  const Status st = make_decode_metadata(DecodeShape{2, 2, 64, 128, big + 40, 132}, big, sizeof(big), &md, nullptr);
+  expect_arg_error(st, "buffer");
+  EXPECT_NE(st.message().find("topk_length"), std::string::npos) << st.message();
+  EXPECT_FALSE(md.valid);
+}
+
 TEST(DecodeChecks, BoundsSizesThatReachInt32Arithmetic) {
   alignas(16) static int32_t buf[64];
   DecodeMetadata md;
