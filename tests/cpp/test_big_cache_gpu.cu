@@ -294,8 +294,13 @@ void decode_clusters(const BigCache& c, const std::vector<Cluster>& cl, const Mi
     a.sm_scale = sm_scale; a.out = ro.data(); a.lse = rl.data();
     ref::sparse_decode(a);
     for (float v : rl) ASSERT_FALSE(std::isnan(v)) << "oracle NaN: a cluster slot was not written";
+    // Dynamic: batch entry 1 attends over at most 9 tokens. FlashMLA's per-element tolerance is
+    // calibrated on thousands of tokens, where the bf16 rounding of P averages out; over a handful
+    // one element can miss it by a few ulps (seen: 3 ulps at seed 2409753757), so those rows take
+    // DESIGN §5's scale-free check (8 ulps of the row max, relative L2, cosine). A misread record
+    // (0xFF fill) is NaN and fails either check.
     test::expect_decode_close(down<uint16_t>(dout, ro.size()), down<float>(dlse, rl.size()), ro, rl,
-                              std::string("C5 big cache") + (dyn ? " dyn" : ""));
+                              std::string("C5 big cache") + (dyn ? " dyn" : ""), /*scale_free=*/dyn);
   }
 }
 #endif
