@@ -12,8 +12,8 @@ already built (e.g. the suite's build/selkv), with optional extra
 CUDA flags (compile-time switches; start the string with a space, " -DX=1", or argparse takes
 it for an option) and environment (run-time switches). Variants that share the
 tree and the flags share one build. All builds run in parallel (the CLI only, no tests, no
-torch); then the benchmark runs `--rounds` times, the variants alternating within each round so
-that clock and thermal drift hit all of them alike. The per-case median over rounds of each
+torch); then the benchmark runs `--rounds` times, the variants alternating within each round
+(in reverse order in odd rounds) so that clock, thermal and power-cap drift hit all of them alike. The per-case median over rounds of each
 variant's median goes to `<out>/ab_summary.csv` and to stdout with its ratio to the first variant
 (< 1: faster). The raw CSVs stay as `<out>/ab_<variant>_<round>.csv` unless --no-raw (the device
 tool brings back at most 8 files).
@@ -113,7 +113,9 @@ def main() -> int:
     raw = []
     gpu = ""
     for r in range(args.rounds):
-        for n in names:
+        # Odd rounds run the variants in reverse: sustained runs sit at the board power cap, where
+        # whichever runs second in a pair reads ~1 % slower; alternating cancels that bias.
+        for n in (names if r % 2 == 0 else names[::-1]):
             csv_path = out / f"ab_{n}_{r}.csv"
             env = dict(os.environ, SELKV_GIT_HASH=os.environ.get("SELKV_GIT_HASH", n), **envs[n])
             p = subprocess.run([str(exes[n]), *bench_args, "--csv", str(csv_path)], env=env,
