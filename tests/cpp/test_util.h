@@ -18,19 +18,10 @@
 
 namespace selkv::test {
 
-// Golden vectors: $SELKV_VECTORS_DIR, else ../shared/vectors beside the checkout.
+// Golden vectors: $SELKV_VECTORS_DIR, else the copy in the tree (tests/data/vectors).
 inline std::string vectors_dir() {
-  if (const char* env = std::getenv("SELKV_VECTORS_DIR")) return env;
-#ifdef SELKV_DEFAULT_VECTORS_DIR
+  if (const char* env = std::getenv("SELKV_VECTORS_DIR"); env && *env) return env;
   return SELKV_DEFAULT_VECTORS_DIR;
-#else
-  return "../shared/vectors";
-#endif
-}
-
-inline bool vectors_required() {
-  const char* env = std::getenv("SELKV_REQUIRE_VECTORS");
-  return env && std::string(env) == "1";
 }
 
 // Reads a raw little-endian array; empty vector if the file is missing.
@@ -44,13 +35,13 @@ std::vector<T> read_vector(const std::string& name) {
   return v;
 }
 
-// Skips (or, with SELKV_REQUIRE_VECTORS=1 as CI sets it, fails) when the vectors are absent.
-#define SELKV_REQUIRE_VECTOR(vec, name)                                                      \
-  do {                                                                                       \
-    if ((vec).empty()) {                                                                     \
-      if (::selkv::test::vectors_required()) FAIL() << "golden vector missing: " << (name); \
-      GTEST_SKIP() << "golden vector missing: " << (name);                                   \
-    }                                                                                        \
+// The vectors ship with the tree, so a missing one is a broken checkout or a wrong
+// SELKV_VECTORS_DIR: a failure, never a skip.
+#define SELKV_REQUIRE_VECTOR(vec, name)                                                            \
+  do {                                                                                             \
+    if ((vec).empty())                                                                             \
+      FAIL() << "golden vector missing or empty: " << ::selkv::test::vectors_dir() << "/" << (name) \
+             << " (tests/data/vectors in the tree; SELKV_VECTORS_DIR overrides it)";               \
   } while (0)
 
 inline bool has_gpu() {
