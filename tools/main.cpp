@@ -7,17 +7,20 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <map>
 #include <memory>
 #include <random>
 #include <regex>
 #include <set>
+#include <stdexcept>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "anchor.h"
+#include "common/cuda_check.h"
 #include "harness.h"
 #include "registry.h"
 #include "table.h"
@@ -37,6 +40,12 @@ struct Options {
   bool bench = false, quick = false, graph = false, no_flush = false, list = false, cpu = false;
   bench::Params params;
 };
+
+// A bad flag value is a usage error (exit 2, like an unknown flag), not a failed op (exit 1). The
+// op files report one as std::invalid_argument whose message starts with the flag ("--heads ...").
+bool is_usage_error(const std::exception& e) {
+  return dynamic_cast<const std::invalid_argument*>(&e) != nullptr && std::strncmp(e.what(), "--", 2) == 0;
+}
 
 void progress(const char* fmt_str, const std::string& a = "", const std::string& b = "") {
   std::fprintf(stderr, "[selkv] ");
@@ -211,6 +220,7 @@ int run_cpu(const Options& o, const std::string& why) {
         notes.push_back(op->key + ": " + r.check.detail);
       }
     } catch (const std::exception& e) {
+      if (is_usage_error(e)) throw;
       ++failures;
       t.add({op->key, "-", "-", "-", "ERROR"});
       notes.push_back(op->key + ": " + e.what());
@@ -381,6 +391,7 @@ int run_job(const Options& o) {
       std::unique_ptr<Workload> w = op->make(o.params);
       if (!run_workload(g, o, op->key, *w, false, true, t, notes)) ++failures;
     } catch (const std::exception& e) {
+      if (is_usage_error(e)) throw;
       ++failures;
       t.add({op->key, "-", "-", "-", "-", "-", "-", "ERROR"});
       notes.push_back("ERROR " + op->key + ": " + e.what());
@@ -431,20 +442,22 @@ int main(int argc, char** argv) {
   int n = 0;
   const cudaError_t err = cudaGetDeviceCount(&n);
   const bool gpu = err == cudaSuccess && n > 0;
+  const std::string no_gpu = err == cudaSuccess ? std::string("no NVIDIA GPU found") : selkv::detail::cuda_error_text(err);
   try {
     if (!gpu || o.cpu) {
       if (o.bench) {
-        std::fprintf(stderr, "selkv: --bench needs a CUDA GPU (%s)\n",
-                     gpu ? "--cpu given" : cudaGetErrorString(err));
+        std::fprintf(stderr, "selkv: --bench needs an NVIDIA GPU (%s)\n", gpu ? "--cpu given" : no_gpu.c_str());
         return 2;
       }
-      const std::string why = o.cpu ? std::string("--cpu: GPU not used.")
-                                    : std::string("No CUDA GPU available (") +
-                                          (err == cudaSuccess ? "no devices" : cudaGetErrorName(err)) + ").";
+      const std::string why = o.cpu ? std::string("--cpu: GPU not used.") : "No GPU to run on: " + no_gpu + ".";
       return run_cpu(o, why);
     }
     return o.bench ? run_bench(o) : run_job(o);
   } catch (const std::exception& e) {
+    if (is_usage_error(e)) {
+      std::fprintf(stderr, "selkv: %s (see --help)\n", e.what());
+      return 2;
+    }
     std::fprintf(stderr, "selkv: %s\n", e.what());
     return 1;
   }
