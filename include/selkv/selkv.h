@@ -2,6 +2,7 @@
 // Umbrella header: includes the whole public C++ API.
 #pragma once
 
+#include "selkv/version.h"
 #include "selkv/status.h"
 #include "selkv/formats.h"
 #include "selkv/cache_ops.h"
