@@ -12,22 +12,48 @@
 # Sources: python/selkv/csrc/*.cpp (and *.cu). Each op family is one file holding its schema
 # (TORCH_LIBRARY_FRAGMENT) and its CPU / CUDA / Meta kernels; adding an op needs no change here.
 find_package(Python3 COMPONENTS Interpreter QUIET)
-set(SELKV_TORCH_FOUND OFF)
-if(Python3_Interpreter_FOUND)
+# Why the extension cannot be built, as one sentence with the fix; empty when it can.
+set(_selkv_no_torch "")
+if(NOT Python3_Interpreter_FOUND)
+  set(_selkv_no_torch "no Python 3 interpreter found: install python3, or name the one that has "
+                      "torch with -DPython3_EXECUTABLE=/path/to/python")
+else()
+  # Prints the cmake prefix, or the reason on stderr (exit 2 = not importable, 3 = CPU-only build).
   execute_process(
-    COMMAND "${Python3_EXECUTABLE}" -c
-      "import torch,sys; sys.stdout.write(torch.utils.cmake_prefix_path if torch.version.cuda else '')"
-    OUTPUT_VARIABLE SELKV_TORCH_PREFIX RESULT_VARIABLE _rc ERROR_QUIET)
-  if(_rc EQUAL 0 AND SELKV_TORCH_PREFIX)
-    set(SELKV_TORCH_FOUND ON)
+    COMMAND "${Python3_EXECUTABLE}" -c [=[
+import sys
+try:
+    import torch
+except Exception as e:
+    sys.stderr.write(f"{type(e).__name__}: {e}"); sys.exit(2)
+if not torch.version.cuda:
+    sys.stderr.write(torch.__version__); sys.exit(3)
+sys.stdout.write(torch.utils.cmake_prefix_path)
+]=]
+    OUTPUT_VARIABLE SELKV_TORCH_PREFIX ERROR_VARIABLE _selkv_torch_err RESULT_VARIABLE _rc)
+  string(STRIP "${_selkv_torch_err}" _selkv_torch_err)
+  if(_rc EQUAL 3)
+    set(_selkv_no_torch "torch ${_selkv_torch_err} of ${Python3_EXECUTABLE} is a CPU-only build: the "
+                        "extension needs a CUDA build of torch (on Linux, `pip install torch` from PyPI is one)")
+  elseif(NOT _rc EQUAL 0 OR NOT SELKV_TORCH_PREFIX)
+    string(REGEX REPLACE "\n.*" "" _selkv_torch_err "${_selkv_torch_err}")
+    set(_selkv_no_torch "torch is not importable by ${Python3_EXECUTABLE} (${_selkv_torch_err}): "
+                        "install torch for it first (`${Python3_EXECUTABLE} -m pip install torch`)")
+    if(SKBUILD)
+      string(APPEND _selkv_no_torch ", then build without isolation, which never has torch: "
+                                    "`pip install --no-build-isolation .`")
+    endif()
   endif()
 endif()
-if(NOT SELKV_TORCH_FOUND)
+if(_selkv_no_torch)
   if(SELKV_BUILD_TORCH STREQUAL "ON")
-    message(FATAL_ERROR "SELKV_BUILD_TORCH=ON but no CUDA-enabled torch is importable "
-                        "by ${Python3_EXECUTABLE} (set -DPython3_EXECUTABLE=...)")
+    if(SKBUILD)
+      message(FATAL_ERROR "selkv: ${_selkv_no_torch}.")
+    endif()
+    message(FATAL_ERROR "selkv: SELKV_BUILD_TORCH=ON but ${_selkv_no_torch}; or configure with "
+                        "-DSELKV_BUILD_TORCH=OFF to build the C++ library only.")
   endif()
-  message(STATUS "selkv: no CUDA-enabled torch importable; torch extension not built")
+  message(STATUS "selkv: torch extension not built: ${_selkv_no_torch}")
   return()
 endif()
 
