@@ -1,11 +1,19 @@
 #!/usr/bin/env bash
 # selkv one-command set-up: system packages, CUTLASS headers, configure + build.
 #
-#   scripts/setup.sh [--no-build] [-- <extra cmake args>]
+#   scripts/setup.sh [--with-torch] [--no-build] [--cutlass-only] [-- <extra cmake args>]
+#
+#   --with-torch    also build the torch extension so that scripts/test.sh runs pytest: uses the
+#                   torch of python3 when it has one, else installs torch (PyPI's Linux wheel, a
+#                   CUDA build that also runs on CPU-only machines: ~3 GB download, ~5 GB on disk)
+#                   with pytest and numpy into a venv at $SELKV_TORCH_VENV, reused by later runs
+#   --no-build      set up only (packages, CUTLASS headers, torch), no configure or build
+#   --cutlass-only  only fetch the CUTLASS headers (what `pip install .` needs from this script)
 #
 # Environment:
 #   BUILD_DIR (build)  BUILD_TYPE (Release)  JOBS ($(nproc))
 #   SELKV_CUTLASS_WHEEL  path to a local nvidia_cutlass-4.2.0.0 wheel (offline install)
+#   SELKV_TORCH_VENV     venv for --with-torch (${XDG_CACHE_HOME:-~/.cache}/selkv/torch-venv)
 #
 # Idempotent: every step is skipped when its result is already there, so a second run only
 # rebuilds what changed. Works without a network once third_party/cutlass exists (that folder
@@ -21,12 +29,17 @@ BUILD_DIR="${BUILD_DIR:-build}"
 BUILD_TYPE="${BUILD_TYPE:-Release}"
 JOBS="${JOBS:-$(nproc)}"
 DO_BUILD=1
+WITH_TORCH=0
+CUTLASS_ONLY=0
+TORCH_VENV="${SELKV_TORCH_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/selkv/torch-venv}"
 EXTRA_CMAKE_ARGS=()
 
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --no-build) DO_BUILD=0; shift ;;
-    -h|--help) sed -n '2,13p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --with-torch) WITH_TORCH=1; shift ;;
+    --cutlass-only) CUTLASS_ONLY=1; shift ;;
+    -h|--help) sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     --) shift; EXTRA_CMAKE_ARGS=("$@"); break ;;
     *) echo "setup.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
   esac
@@ -38,6 +51,7 @@ die() { echo "[setup] ERROR: $*" >&2; exit 1; }
 # ---- 1. system packages (apt only for what is missing) -----------------------------------------
 version_ge() { [[ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -n1)" == "$2" ]]; }
 
+if [[ "$CUTLASS_ONLY" == 0 ]]; then
 missing=()
 if ! command -v cmake >/dev/null 2>&1; then
   missing+=(cmake)
@@ -51,8 +65,11 @@ for f in /usr/include/gtest/gtest.h /usr/local/include/gtest/gtest.h; do
   [[ -f "$f" ]] && have_gtest=1
 done
 [[ "$have_gtest" == 1 ]] || missing+=(libgtest-dev)
-if [[ ! -f "$CUTLASS_DIR/include/cute/tensor.hpp" && -z "${SELKV_CUTLASS_WHEEL:-}" ]]; then
+if [[ ! -f "$CUTLASS_DIR/include/cute/tensor.hpp" && -z "${SELKV_CUTLASS_WHEEL:-}" ]] || [[ "$WITH_TORCH" == 1 ]]; then
   python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
+fi
+if [[ "$WITH_TORCH" == 1 ]] && ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
+  missing+=(python3-venv)
 fi
 
 if [[ ${#missing[@]} -gt 0 ]]; then
@@ -84,6 +101,7 @@ if ! version_ge "$NVCC_VERSION" "13.0"; then
 else
   log "CUDA toolkit: nvcc $NVCC_VERSION ($(command -v nvcc))"
 fi
+fi  # CUTLASS_ONLY
 
 # ---- 3. CUTLASS headers from the nvidia-cutlass wheel -------------------------------------------
 if [[ -f "$CUTLASS_DIR/include/cute/tensor.hpp" && -d "$CUTLASS_DIR/tools/util/include/cutlass" ]]; then
@@ -134,7 +152,42 @@ PY
   log "CUTLASS headers installed: $CUTLASS_DIR ($(du -sh "$CUTLASS_DIR" | cut -f1))"
 fi
 
-# ---- 4. configure + build ------------------------------------------------------------------------
+if [[ "$CUTLASS_ONLY" == 1 ]]; then
+  log "--cutlass-only: done"
+  exit 0
+fi
+
+# ---- 4. torch for the Python tests (--with-torch) ------------------------------------------------
+# PyPI has no CPU-only torch for Linux: its wheel is the CUDA build with the nvidia-* wheels it
+# pins (an older system CUDA/NCCL cannot stand in for them). It imports and runs the CPU ops on a
+# machine without a GPU. A venv outside the tree keeps it out of the user's Python and lets fresh
+# clones on the same machine reuse it.
+TORCH_CMAKE_ARGS=(-DSELKV_BUILD_TORCH=AUTO)  # a per-run choice: a failed ON is not kept in the cache
+has_cuda_torch() { "$1" -c 'import sys, torch; sys.exit(0 if torch.version.cuda else 1)' >/dev/null 2>&1; }
+if [[ "$WITH_TORCH" == 1 ]]; then
+  if has_cuda_torch python3; then
+    PY="$(python3 -c 'import sys; print(sys.executable)')"
+  else
+    PY="$TORCH_VENV/bin/python"
+    if [[ -x "$PY" ]] && has_cuda_torch "$PY"; then
+      :
+    else
+      log "installing torch (PyPI, CUDA build; ~3 GB download, ~5 GB on disk) with pytest and numpy into $TORCH_VENV"
+      python3 -m venv "$TORCH_VENV" || die "could not create a venv at $TORCH_VENV: install python3-venv, or set SELKV_TORCH_VENV"
+      "$PY" -m pip install --quiet torch pytest numpy \
+        || die "pip could not install torch into $TORCH_VENV (no network?); without --with-torch setup.sh builds the C++ library and its tests only"
+      has_cuda_torch "$PY" || die "torch installed into $TORCH_VENV but '$PY -c \"import torch\"' fails (see above)"
+    fi
+  fi
+  if ! "$PY" -c 'import pytest, numpy' >/dev/null 2>&1; then
+    log "installing pytest and numpy for $PY"
+    "$PY" -m pip install --quiet pytest numpy || die "pip could not install pytest and numpy for $PY"
+  fi
+  log "torch $("$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null) for the extension and pytest: $PY"
+  TORCH_CMAKE_ARGS=(-DSELKV_BUILD_TORCH=ON "-DPython3_EXECUTABLE=$PY")
+fi
+
+# ---- 5. configure + build ------------------------------------------------------------------------
 if [[ "$DO_BUILD" == 0 ]]; then
   log "--no-build: done"
   exit 0
@@ -144,8 +197,9 @@ if [[ ! -f "$BUILD_DIR/CMakeCache.txt" ]] && command -v ninja >/dev/null 2>&1; t
   GEN_ARGS=(-G Ninja)
 fi
 log "configuring $BUILD_DIR ($BUILD_TYPE)"
-cmake -S "$ROOT" -B "$BUILD_DIR" "${GEN_ARGS[@]}" -DCMAKE_BUILD_TYPE="$BUILD_TYPE" "${EXTRA_CMAKE_ARGS[@]}" \
-  || die "cmake configure failed (see above)"
+# Extra arguments come last so that they win over the defaults above.
+cmake -S "$ROOT" -B "$BUILD_DIR" "${GEN_ARGS[@]}" -DCMAKE_BUILD_TYPE="$BUILD_TYPE" "${TORCH_CMAKE_ARGS[@]}" \
+  "${EXTRA_CMAKE_ARGS[@]}" || die "cmake configure failed (see above)"
 log "building with $JOBS jobs"
 cmake --build "$BUILD_DIR" -j "$JOBS"
 log "done: $BUILD_DIR/selkv (main job + benchmarks), $BUILD_DIR/selkv_tests; run scripts/test.sh"

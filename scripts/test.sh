@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# selkv test suite: builds if needed, runs the C++ tests through ctest (CPU tests always; GPU
-# tests skip themselves without a GPU), then pytest tests/python when a GPU, a CUDA torch and
-# the selkv torch extension are available (pytest runs first, ctest last). Exits nonzero on
-# any failure; the last lines printed are ctest's summary.
+# selkv test suite: builds if needed, then runs pytest tests/python (when the torch extension
+# was built: scripts/setup.sh --with-torch) and the C++ tests through ctest, ctest last so that
+# its summary closes the output. Without a GPU the GPU tests skip themselves and the CPU tests
+# (oracle, golden vectors, argument checks, the torch ops' CPU kernels, the installed CMake
+# package) run. Exits nonzero on any failure.
 #
 #   scripts/test.sh [extra ctest args, e.g. -R Oracle]
 #
@@ -25,31 +26,30 @@ else
   cmake --build "$BUILD_DIR" -j "$JOBS"
 fi
 
-# ---- pytest: only where it can run -----------------------------------------------------------
+# ---- pytest: wherever the torch extension was built ------------------------------------------
+# The Python that CMake built the extension against is the one with a matching torch.
+PY="$(sed -n 's/^Python3_EXECUTABLE:[A-Z]*=//p' "$BUILD_DIR/CMakeCache.txt" 2>/dev/null | head -n1)"
+[[ -n "$PY" ]] || PY=python3
+ops_lib="$(find "$BUILD_DIR/python" -name '_selkv_ops*.so' 2>/dev/null | head -n1)"
+[[ -z "$ops_lib" ]] || ops_lib="$(realpath "$ops_lib")"
 run_pytest=0
-if [[ "${SELKV_SKIP_PYTEST:-0}" != 1 ]] && ls tests/python/test_*.py >/dev/null 2>&1; then
-  if python3 - <<'PY' >/dev/null 2>&1
-import sys, torch
-sys.exit(0 if torch.cuda.is_available() else 1)
-PY
-  then
-    ops_lib="${SELKV_OPS_LIBRARY:-$(find "$BUILD_DIR" -name '_selkv_ops*.so' 2>/dev/null | head -n1)}"
-    if [[ -n "$ops_lib" && -f "$ops_lib" ]]; then
-      export SELKV_OPS_LIBRARY="$ops_lib"
-      run_pytest=1
-    else
-      log "a CUDA torch is importable but no selkv torch extension was built: pytest skipped"
-    fi
-  else
-    log "no GPU or no CUDA-enabled torch: pytest tests/python skipped"
-  fi
+if [[ "${SELKV_SKIP_PYTEST:-0}" == 1 ]]; then
+  log "SELKV_SKIP_PYTEST=1: pytest skipped"
+elif [[ -z "$ops_lib" ]]; then
+  log "pytest skipped: no torch extension in $BUILD_DIR (scripts/setup.sh --with-torch builds it)"
+elif ! "$PY" -c 'import pytest' >/dev/null 2>&1; then
+  log "pytest skipped: pytest is not importable by $PY ($PY -m pip install pytest)"
+else
+  run_pytest=1
 fi
 
-# ---- pytest first (when it can run), ctest last so its summary closes the output ------------
 pytest_rc=0
 if [[ "$run_pytest" == 1 ]]; then
-  PYTHONPATH="$ROOT/python${PYTHONPATH:+:$PYTHONPATH}" SELKV_BUILD_DIR="$ROOT/$BUILD_DIR" \
-    python3 -m pytest tests/python -q || pytest_rc=$?
+  log "pytest tests/python with $PY and $ops_lib"
+  # The library was built, so failing to find or load it is a failure, not a skip.
+  PYTHONPATH="$ROOT/python${PYTHONPATH:+:$PYTHONPATH}" SELKV_BUILD_DIR="$(realpath "$BUILD_DIR")" \
+    SELKV_OPS_LIBRARY="$ops_lib" SELKV_REQUIRE_OPS=1 \
+    "$PY" -m pytest tests/python -q -rs || pytest_rc=$?
   [[ "$pytest_rc" == 5 ]] && pytest_rc=0   # no tests collected is not a failure
   [[ "$pytest_rc" == 0 ]] || log "pytest FAILED (exit $pytest_rc)"
 fi
