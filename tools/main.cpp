@@ -58,13 +58,13 @@ void print_help() {
   std::printf(
       "selkv — sparse (selected-KV) attention kernels and FP8 KV-cache ops for Hopper GPUs\n\n"
       "usage: selkv [options]\n\n"
-      "With no options, runs the default DeepSeek-V3.2 serving-step workload on the GPU (ds_mla_fp8\n"
-      "cache, page 64): C1 cache write, C2 top-k index conversion, C3 gather of a prefill chunk, C5\n"
-      "sparse MLA decode over the converted slots (H=128, S_q=2, B=64, top-k 2048); checks a sample\n"
-      "of every output against the CPU oracle (bit-exact; the decode within the DESIGN §5 attention\n"
-      "tolerances vs the fp64 oracle) and prints a table with\n"
-      "the time, bandwidth and %% of the ceilings measured in the same run. Without a GPU it runs the\n"
-      "CPU oracle on a small default instead and says so.\n\n"
+      "With no options, runs one DeepSeek-V3.2 serving step on the GPU (ds_mla_fp8 cache, page 64),\n"
+      "every op once with its default shape (below): C1 cache write, C2 top-k index conversion, C3\n"
+      "gather of a prefill chunk, C5 sparse MLA decode over the converted slots, C4 selected-row\n"
+      "dequant, C7 sparse MLA prefill. Checks a sample of every output against the CPU oracle\n"
+      "(bit-exact for C1-C4; C5 and C7 within the attention tolerances vs the fp64 oracle) and\n"
+      "prints a table with the time, bandwidth and %% of the ceilings measured in the same run.\n"
+      "Without a GPU it says so and runs the CPU oracle on a small default instead.\n\n"
       "options:\n"
       "  --ops LIST        comma-separated ops to run (default: all)\n"
       "  --bench           run the benchmark grid instead of the main job\n"
@@ -88,7 +88,8 @@ void print_help() {
       "\nexamples:\n"
       "  selkv --ops gather --tokens 128K --page-size 61\n"
       "  selkv --bench --csv out/bench.csv\n"
-      "exit status: 0 ok, 1 a check or an op failed, 2 bad usage or no GPU for --bench\n");
+      "exit status: 0 ok, 1 a check or an op failed, 2 bad usage (unknown flag, bad value) or no GPU\n"
+      "for --bench\n");
 }
 
 std::vector<std::string> split(const std::string& s, char sep) {
