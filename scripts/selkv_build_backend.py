@@ -39,6 +39,12 @@ def _check_torch() -> None:
     probe = "import sys, torch; sys.stdout.write(torch.__version__ + ' ' + str(torch.version.cuda or ''))"
     r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     if r.returncode != 0:
+        if any("pip-build-env" in p for p in sys.path):
+            _fail(
+                "pip is building in an isolated environment, which has no torch to compile the "
+                "extension against: with a CUDA build of torch and scikit-build-core installed, run "
+                "`pip install --no-build-isolation .`"
+            )
         lines = r.stderr.strip().splitlines()
         _fail(
             f"torch is not importable by {sys.executable} ({lines[-1] if lines else 'import failed'}): "
