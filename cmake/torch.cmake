@@ -15,8 +15,8 @@ find_package(Python3 COMPONENTS Interpreter QUIET)
 # Why the extension cannot be built, as one sentence with the fix; empty when it can.
 set(_selkv_no_torch "")
 if(NOT Python3_Interpreter_FOUND)
-  set(_selkv_no_torch "no Python 3 interpreter found: install python3, or name the one that has "
-                      "torch with -DPython3_EXECUTABLE=/path/to/python")
+  string(CONCAT _selkv_no_torch "no Python 3 interpreter found: install python3, or name the one "
+                                "that has torch with -DPython3_EXECUTABLE=/path/to/python")
 else()
   # Prints the cmake prefix, or the reason on stderr (exit 2 = not importable, 3 = CPU-only build).
   execute_process(
@@ -33,12 +33,12 @@ sys.stdout.write(torch.utils.cmake_prefix_path)
     OUTPUT_VARIABLE SELKV_TORCH_PREFIX ERROR_VARIABLE _selkv_torch_err RESULT_VARIABLE _rc)
   string(STRIP "${_selkv_torch_err}" _selkv_torch_err)
   if(_rc EQUAL 3)
-    set(_selkv_no_torch "torch ${_selkv_torch_err} of ${Python3_EXECUTABLE} is a CPU-only build: the "
-                        "extension needs a CUDA build of torch (on Linux, `pip install torch` from PyPI is one)")
+    string(CONCAT _selkv_no_torch "torch ${_selkv_torch_err} of ${Python3_EXECUTABLE} is a CPU-only "
+           "build: the extension needs a CUDA build of torch (on Linux, `pip install torch` from PyPI is one)")
   elseif(NOT _rc EQUAL 0 OR NOT SELKV_TORCH_PREFIX)
     string(REGEX REPLACE "\n.*" "" _selkv_torch_err "${_selkv_torch_err}")
-    set(_selkv_no_torch "torch is not importable by ${Python3_EXECUTABLE} (${_selkv_torch_err}): "
-                        "install torch for it first (`${Python3_EXECUTABLE} -m pip install torch`)")
+    string(CONCAT _selkv_no_torch "torch is not importable by ${Python3_EXECUTABLE} (${_selkv_torch_err}): "
+           "install torch for it first (`${Python3_EXECUTABLE} -m pip install torch`)")
     if(SKBUILD)
       string(APPEND _selkv_no_torch ", then build without isolation, which never has torch: "
                                     "`pip install --no-build-isolation .`")
