@@ -31,7 +31,7 @@ JOBS="${JOBS:-$(nproc)}"
 DO_BUILD=1
 WITH_TORCH=0
 CUTLASS_ONLY=0
-TORCH_VENV="${SELKV_TORCH_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/selkv/torch-venv}"
+TORCH_VENV="${SELKV_TORCH_VENV:-${XDG_CACHE_HOME:-${HOME:-$ROOT}/.cache}/selkv/torch-venv}"
 EXTRA_CMAKE_ARGS=()
 
 while [[ $# -gt 0 ]]; do
