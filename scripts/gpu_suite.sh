@@ -21,8 +21,8 @@
 #   SELKV_GTEST_FILTER (GPU tests; default *Gpu*:*GPU*:*Cuda*, every test when none matches),
 #   SELKV_GIT_HASH (recorded in the CSVs; the GPU machine's copy of the tree has no .git),
 #   SELKV_TEST_TIMEOUT / SELKV_MEMCHECK_TIMEOUT / SELKV_BENCH_TIMEOUT (seconds per run),
-#   SELKV_CUDA_FLAGS (extra CUDA flags, e.g. a kernel A/B switch "-DSELKV_DECODE_WARP_FORWARD=1",
-#   to run the whole suite on a variant before it becomes the default).
+#   SELKV_CUDA_FLAGS (extra CUDA flags, e.g. a kernel variant's "-DNAME=1" switch, to run the
+#   whole suite on a variant before it becomes the default).
 # Needs no network when third_party/cutlass is present (carry it with the tree).
 set -uo pipefail
 

@@ -29,7 +29,7 @@ struct CombineNarrow {
 #define SELKV_DECODE_TIMELINE 0
 #endif
 #if SELKV_DECODE_TIMELINE
-// Launch timeline (probe builds only, see sm90/probe.cuh): absolute globaltimer ns of the first
+// Launch timeline (SELKV_DECODE_TIMELINE=1 builds only, see sm90/timeline.cuh): absolute globaltimer ns of the first
 // CTA entry, the first return from griddepcontrol.wait and the last CTA end, printed by the last
 // CTA for the first launches of the process.
 __device__ unsigned long long g_ctl[3] = {~0ull, ~0ull, 0ull};

@@ -40,7 +40,6 @@ static_assert(kProducerRegs + kSoftmaxWgRegs + kPvWgRegs == 3 * 168, "setmaxnreg
 // Named barriers (id 0 is __syncthreads).
 enum class NamedBar : uint32_t {
   kPReady = 1, kPFree = 2, kRowSum = 3, kQReady = 4, kProducerHalfDone = 5,
-  kQReadyWg1 = 6,  // SELKV_DECODE_EARLY_Q: the softmax WG's own Q barrier (128 threads)
 };
 
 // All bf16 tiles are K-major with the 128-byte swizzle. K/Q tiles are laid out row-group-major
@@ -82,42 +81,6 @@ using TiledMmaPVrs = decltype(make_tiled_mma(
 using TiledMmaPV = decltype(make_tiled_mma(
     SM90_64x256x16_F32BF16BF16_SS<GMMA::Major::K, GMMA::Major::MN>{}, Layout<Shape<_1, _1, _1>>{}));
 
-// ---- block ping-pong consumers (A/B switch; docs/decode-design.md §4 item 2) -----------------
-// SELKV_DECODE_PINGPONG=1 (UNMEASURED alternative; default 0 = the measured v7/v8 split): WG1 (A)
-// and WG2 (B) take the even / odd block of each pair of a row's blocks, each computing S for all
-// 64 tokens of its block and O for its d_v half from both blocks (own P from registers, RS; the
-// other's P from smem, SS). consumer_pingpong.cuh.
-#ifndef SELKV_DECODE_PINGPONG
-#define SELKV_DECODE_PINGPONG 0
-#endif
-inline constexpr bool kPingPong = SELKV_DECODE_PINGPONG != 0;
-// Both consumers hold O (128) + S (32) + P (16) + state: 192 serializes the wgmmas (C7512) and
-// spills; the producer gives up 16 of its 120 (SELKV_DECODE_PP_PRODUCER_REGS to try others).
-#ifndef SELKV_DECODE_PP_PRODUCER_REGS
-#define SELKV_DECODE_PP_PRODUCER_REGS 104
-#endif
-#ifndef SELKV_DECODE_PP_A_REGS
-#define SELKV_DECODE_PP_A_REGS 200
-#endif
-inline constexpr int kPingPongProducerRegs = SELKV_DECODE_PP_PRODUCER_REGS;
-inline constexpr int kPingPongARegs = SELKV_DECODE_PP_A_REGS;  // consumer A (WG1)
-inline constexpr int kPingPongBRegs = 3 * 168 - kPingPongProducerRegs - kPingPongARegs;  // consumer B (WG2)
-static_assert(kPingPongARegs % 8 == 0 && kPingPongBRegs % 8 == 0 && kPingPongBRegs <= 256,
-              "setmaxnreg budget (ping-pong)");
-// The P a consumer publishes for the other overlays the RoPE columns [512, 576) of its block's own
-// K tile, read only by that consumer's S (complete by then) and refilled only after both consumers
-// released the tile: (head m, token k) at K-tile position (t = m, d = 512 + k), so the P tile is
-// the K tile's first column block (SmemLayoutPInK) at + kRopeColOffset.
-inline constexpr int kRopeColOffset = (kDimNope / 64) * 512;  // 4096 elements = 8 KB, 1 KB aligned
-using SmemLayoutPInK = decltype(composition(
-    SmemLayoutK{}, make_layout(Shape<Int<kBlockM>, Int<kBlockN>>{}, Stride<_1, Int<kBlockN>>{})));
-SELKV_DEC_HD constexpr int p_in_k_offset(int m, int k) {
-  return k_tile_offset(m, kDimNope + (k & ~7)) + (k & 7);
-}
-// Ping-pong named barriers among the 256 consumer threads (ids of NamedBar the ping-pong does not
-// use, plus 6 and 7; NamedBar::kRowSum / kQReady keep their roles).
-enum class PpBar : uint32_t { kMaxA = 1, kMaxB = 2, kP0 = 6, kP1 = 7 };
-
 struct alignas(1024) SharedStorage {
   alignas(1024) bf16_t q[cosize_v<SmemLayoutQ>];             // 72 KB
   alignas(1024) bf16_t k[kNumKBufs][cosize_v<SmemLayoutK>];  // 2 x 72 KB
@@ -129,10 +92,6 @@ struct alignas(1024) SharedStorage {
   alignas(8) uint64_t bar_full[kNumKBufs];   // producer -> consumers, 128 arrivals
   alignas(8) uint64_t bar_empty[kNumKBufs];  // consumer warps -> producer(s): 8 (H=64) / 16 (H=128, both CTAs)
   alignas(8) uint64_t bar_remote[kNumKBufs]; // H=128: the peer CTA's half of the tile (st.async tx bytes)
-#if SELKV_DECODE_PINGPONG
-  alignas(16) float m_x[kBlockM];     // ping-pong: running row max handed A -> B -> A per pair
-  alignas(16) float l_x[2][kBlockM];  // ping-pong: row sums per consumer at row end
-#endif
 };
 static_assert(sizeof(SharedStorage) <= 227 * 1024, "shared memory plan exceeds 227 KB");
 static_assert(cosize_v<SmemLayoutK> == kBlockN * kDimQK);

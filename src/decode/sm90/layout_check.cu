@@ -40,13 +40,6 @@ std::string check_tile_layouts() {
           return err.str();
         }
   }
-  Tensor sPk = make_tensor(make_smem_ptr(base + kRopeColOffset), SmemLayoutPInK{});  // ping-pong P
-  for (int m = 0; m < kBlockM; ++m)
-    for (int k = 0; k < kBlockN; ++k)
-      if (&sPk(m, k) != &sK(m, kDimNope + k) || long(&sPk(m, k) - base) != long(p_in_k_offset(m, k))) {
-        err << "P-in-K (" << m << "," << k << ") mismatch";
-        return err.str();
-      }
   for (int m = 0; m < kBlockM; ++m)
     for (int k = 0; k < kBlockN; ++k)
       if (long(&sP(m, k) - base) != long(p_tile_offset(m, k))) {

@@ -7,11 +7,7 @@
 #include "decode/sm90/config.h"
 #include "decode/sm90/part_iter.cuh"
 #include "decode/sm90/primitives.cuh"
-#include "decode/sm90/probe.cuh"
-
-#ifndef SELKV_DECODE_WARP_FORWARD
-#define SELKV_DECODE_WARP_FORWARD 0
-#endif
+#include "decode/sm90/timeline.cuh"
 
 namespace selkv::decode::sm90 {
 
@@ -177,15 +173,12 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
   // raw records is live at a time (v2 issued all 11 loads of round n + 1 before converting round
   // n: two rounds, ~90 registers, live at once -> spills at 120 registers). Every load still
   // has a full round of lead before its use. The arithmetic is unchanged.
-  SELKV_PROBE(unsigned long long pr_empty = 0;)
   auto convert = [&](int32_t n, const RoundRaw& r, int32_t idx2v, RoundRaw& nx, const uint8_t* nrec) {
     const int32_t blkn = n / kRounds, rin = n - (n / kRounds) * kRounds;
     const int buf = blkn & 1;
     const uint32_t phase = uint32_t(blkn >> 1) & 1u;
     if (rin == 0) {
-      SELKV_PROBE(const unsigned long long pe0 = probe_clk();)
       cutlass::arch::ClusterBarrier::wait(&ss.bar_empty[buf], phase ^ 1u);
-      SELKV_PROBE(pr_empty += probe_clk() - pe0;)
       // The wait asm has no memory clobber: keep every smem store of this round below it.
       asm volatile("" ::: "memory");
       if constexpr (kCluster == 2) {
@@ -239,24 +232,12 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
       cutlass::arch::ClusterBarrier::arrive(&ss.bar_full[buf]);
       SELKV_TL(if (threadIdx.x == 0 && n == kRounds - 1) tl_stamp(1);)
       if constexpr (kCluster == 2) {
-#if SELKV_DECODE_WARP_FORWARD
-        // A/B switch (default 0, UNMEASURED; H=128 fixed spills 2 bytes in the round loop with it):
-        // each warp ships its own 8 tokens (one 9 KB row group of the tile) as soon as its lanes
-        // have fenced their stores, instead of one 36 KB copy after all four warps: the copy
-        // overlaps the slower warps' conversion.
-        __syncwarp();
-        if (lane == 0) {
-          const uint32_t off = uint32_t(half * kHalfOff + warp * kKRowGroupStride) * uint32_t(sizeof(bf16_t));
-          bulk_copy_to_peer(peer_k + off, smem_u32(sk) + off, uint32_t(kKRowGroupStride * sizeof(bf16_t)), peer_bar);
-        }
-#else
         // Every producer thread's half-tile stores are fenced: one thread ships the half.
         cutlass::arch::NamedBarrier::sync(128, uint32_t(NamedBar::kProducerHalfDone));
         if (threadIdx.x == 0) {
           const uint32_t off = uint32_t(half * kHalfOff) * uint32_t(sizeof(bf16_t));
           bulk_copy_to_peer(peer_k + off, smem_u32(sk) + off, uint32_t(kHalfOff * sizeof(bf16_t)), peer_bar);
         }
-#endif
       }
     }
   };
@@ -279,7 +260,6 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
     }
   };
 
-  SELKV_PROBE(const unsigned long long pt0 = probe_clk();)
   // Index ring of two slots (slot of round m = m & 1), rotated by the main loop's 2-step unroll,
   // so a loop-carried index never moves between registers (a move of a value still in flight
   // waits for it; 6693a0a lost ~15 % of the producer's stall samples on one per step). At the
@@ -316,13 +296,6 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
     if (n + 1 < total_rounds) step(n + 1, x1, v2_1, x0, v2_0, s0, s0p, s1);
   }
   SELKV_TL(if (threadIdx.x == 0) tl_stamp(2);)
-#if SELKV_DECODE_PROBE
-  if (threadIdx.x == 0 && blockIdx.x == 0 && probe_should_print<kNumHeads>(p, 0)) {
-    const unsigned long long tot = probe_clk() - pt0;
-    printf("PROBE H%d producer part=%d rounds=%d total=%llu empty_wait=%llu per_round_busy=%llu\n", kNumHeads, int(blockIdx.y),
-           int(total_rounds), tot, pr_empty, (tot - pr_empty) / (total_rounds > 0 ? total_rounds : 1));
-  }
-#endif
 }
 
 }  // namespace selkv::decode::sm90

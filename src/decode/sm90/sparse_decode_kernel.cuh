@@ -15,9 +15,6 @@
 
 #include "decode/sm90/config.h"
 #include "decode/sm90/consumer.cuh"
-#if SELKV_DECODE_PINGPONG
-#include "decode/sm90/consumer_pingpong.cuh"
-#endif
 #include "decode/sm90/part_iter.cuh"
 #include "decode/sm90/producer.cuh"
 
@@ -39,7 +36,7 @@ sparse_decode_sm90_kernel(const __grid_constant__ DecodeKernelParams p) {
   // grid (H / 64, parts); H = 128 runs as clusters of the two head groups of one part (cluster
   // rank == blockIdx.x). An empty part exits in both CTAs of its cluster, before any cluster sync.
   if (!it.init(int32_t(blockIdx.y))) {  // uniform
-    SELKV_TL(if (threadIdx.x == 0) { if (tl_cta() < 2 * 132) g_tl[tl_cta()][0] = 0; tl_finish(p); })
+    SELKV_TL(if (threadIdx.x == 0) tl_empty_exit(p);)
     return;
   }
   constexpr int kCluster = kNumHeads == 128 ? 2 : 1;
@@ -72,24 +69,14 @@ sparse_decode_sm90_kernel(const __grid_constant__ DecodeKernelParams p) {
   // kernel ran since its previous call, as in a serving engine) got its first KV block 4-6.5 us
   // later and took 2.5-4.6 us longer (H=64 B=8 S_q=1 31.2 -> 27.6 us; docs/perf-log.md, session 8).
   if (wg != 0) {
-#if SELKV_DECODE_PINGPONG
-    if (wg == 2) {
-      cutlass::arch::warpgroup_reg_alloc<kPingPongBRegs>();
-      run_pingpong_consumer<kNumHeads, 1, kF16Partials>(p, ss, it);
-    } else {
-      cutlass::arch::warpgroup_reg_alloc<kPingPongARegs>();
-      run_pingpong_consumer<kNumHeads, 0, kF16Partials>(p, ss, it);
-    }
-#else
     if (wg == 2) {
       run_pv_wg<kNumHeads, kF16Partials>(p, ss, it);  // stays at the launch budget (kPvWgRegs)
     } else {
       cutlass::arch::warpgroup_reg_alloc<kSoftmaxWgRegs>();
       run_softmax_wg<kNumHeads, kF16Partials>(p, ss, it);
     }
-#endif
   } else {
-    cutlass::arch::warpgroup_reg_dealloc<kPingPong ? kPingPongProducerRegs : kProducerRegs>();
+    cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
     run_producer<kNumHeads, kDynamic>(p, ss, it, rank);
   }
   if constexpr (kCluster == 2) {
