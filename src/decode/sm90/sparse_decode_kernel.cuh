@@ -114,17 +114,18 @@ cudaError_t launch_sparse_decode_sm90(const DecodeKernelParams& p, cudaStream_t 
   return cudaGetLastError();
 }
 
-// How many clusters (H = 128) / CTAs (H = 64) of the decode kernel can be resident at once: the
-// part count must not exceed it (a second wave would double the time).
+// How many clusters (H = 128) / CTAs (H = 64) of the decode kernel can be resident at once on the
+// current device, for a grid of `parts` parts: the part count must not exceed it (a second wave
+// would double the time).
 template <int kNumHeads>
-cudaError_t max_resident_sparse_decode_sm90(int* count) {
+cudaError_t max_resident_sparse_decode_sm90(int parts, int* count) {
   // (the fixed fp16 instantiation stands for all: same smem, registers and cluster shape)
   auto kernel = &sparse_decode_sm90_kernel<kNumHeads, false, true>;
   constexpr int kSmem = int(sizeof(SharedStorage));
   cudaError_t err = selkv::detail::set_max_dynamic_smem_once<&sparse_decode_sm90_kernel<kNumHeads, false, true>>(kSmem);
   if (err != cudaSuccess) return err;
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(kNumHeads / kBlockM, 132, 1);
+  cfg.gridDim = dim3(kNumHeads / kBlockM, parts > 0 ? parts : 1, 1);
   cfg.blockDim = dim3(kNumThreads, 1, 1);
   cfg.dynamicSmemBytes = kSmem;
   cudaLaunchAttribute attr[1];
