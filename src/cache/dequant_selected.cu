@@ -14,7 +14,7 @@ namespace {
 constexpr const char* kOp = "selkv::dequant_selected_kv";
 
 // Selected mode's grid cap in CTAs per SM (4 are resident): the fastest of the caps measured
-// (docs/perf-log.md, session 10: C4 selected path, grid cap).
+// (docs/perf-log.md: C4 selected grid cap).
 constexpr int64_t kSelectedCtasPerSm = 16;
 
 // One resident wave at most, `tasks` spread evenly: every warp runs ceil(tasks / warps) or one

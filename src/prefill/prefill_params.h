@@ -37,8 +37,8 @@ struct PrefillKernelParams {
 
   // L2 cache policies: 2 (the library's only setting) Q and out evict-first, kv gathers
   // evict-last; 1 kv evict-normal; 0 all evict-normal. Values are identical in every mode. Still a
-  // run-time field: folding it into the kernel would change the measured SASS (docs/perf-log.md,
-  // prefill L2 hints).
+  // run-time field: folding it into the kernel would change the measured SASS (docs/perf-log.md:
+  // experiment switches removed).
   int32_t l2_hints = 2;
 };
 

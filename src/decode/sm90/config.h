@@ -26,8 +26,8 @@ inline constexpr int kNumKBufs = 2;            // double-buffered dequantized KV
 // WG2 = PV WG (O dims [256, 512) with P from smem). See the consumer section of the kernel.
 inline constexpr int kNumThreads = 384;
 inline constexpr int kNumConsumerThreads = 256;
-// 128 / 208 (session 7): at 120 / 216 the H=64 fixed producer spilled 4 bytes in its round loop
-// (one STL + two LDL per round); the softmax WG fits in 208 without a spill.
+// 128 / 208: with fewer the producer spills in its round loop; the softmax WG fits in 208 without
+// a spill (docs/perf-log.md: decode register split).
 inline constexpr int kProducerRegs = 128;   // setmaxnreg.dec
 inline constexpr int kSoftmaxWgRegs = 208;  // setmaxnreg.inc: O (128) + S (32) + P (16) + state
 inline constexpr int kPvWgRegs = 168;       // launch value (no setmaxnreg): O (128) + state

@@ -72,9 +72,8 @@ __device__ __forceinline__ void store_row(const DecodeKernelParams& p, const Row
       }
     } else {
       // fp32 partial: 8-byte stores of the accumulator pairs. The fp32 epilogue is bound by the
-      // write bandwidth of all CTAs finishing at once (16 MB in ~4 us at H=64 B=8 S_q=1); a
-      // head-pair workspace layout with 16-byte stores measured slower (H=64 B=1 22.1 vs 21.8 us,
-      // B=64 S_q=1 81.1 vs 79.6; a288085 vs 19a530b, session 7).
+      // write bandwidth of all CTAs finishing at once; a head-pair layout with 16-byte stores was
+      // slower (docs/perf-log.md: decode fp32 partial stores).
       float* acc0 = p.accum_out + (int64_t(w.slot) * kNumHeads + h0) * kDimV + cw * kDimVPerConsumer + 2 * q4;
       float* acc1 = p.accum_out + (int64_t(w.slot) * kNumHeads + h1) * kDimV + cw * kDimVPerConsumer + 2 * q4;
       CUTE_UNROLL
@@ -96,8 +95,7 @@ __device__ __forceinline__ void store_row(const DecodeKernelParams& p, const Row
     }
     // bf16: a 4 x 4 word transpose over the quad gives lane q all four words of chunk 4c + q, so a
     // warp instruction writes 64 contiguous bytes of each of its 8 rows (whole sectors) instead of
-    // 16 (half sectors, each written twice): a row's epilogue took ~6 us for 64 KB per CTA at H=64
-    // B=64 S_q=2, 2 us after (timeline, session 7).
+    // 16 (half sectors, each written twice; docs/perf-log.md: decode epilogue).
     // (With fp16 partials a split row's partial goes the same way into its slot, [H, 512]
     // contiguous.)
     const bool to_slot = kF16Partials && w.split;
@@ -271,8 +269,8 @@ __device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, Shar
 
       // Publish P and the rescale factors to WG2 (after it has finished with the previous ones).
       if (blk != w.blk_begin) cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(NamedBar::kPFree));
-      // P tile by stmatrix: 4 instructions per thread instead of 16 four-byte stores (ncu, session 6:
-      // 1.84 M shared-store instructions at H=64 B=64 S_q=4 against FlashMLA's 1.25 M). The u32 at
+      // P tile by stmatrix: 4 instructions per thread instead of 16 four-byte stores (docs/perf-log.md:
+      // decode P tile). The u32 at
       // tOrP(i) is (row half (i >> 1) & 1, column block i >> 2); store k writes column blocks 2k and
       // 2k + 1 as matrices m = (half m & 1, block 2k + (m >> 1)), i.e. tOrP(8k + 2m).
       {

@@ -32,8 +32,8 @@ struct RoundRaw {
 // Walks (row, block) of the part in block order; identical in every CTA of a cluster. With
 // dynamic top-k it holds the clamped top-k lengths of rows row and row + 1, loading the next one
 // when it steps to a new row, a whole row before it is needed: the index stage of a new row never
-// waits on a topk_length load (it had cost a dependent DRAM round trip per row after the L2
-// flush; docs/perf-log.md, session 7). A row's block count follows from its length exactly as
+// waits on a topk_length load (a dependent DRAM round trip per row otherwise; docs/perf-log.md:
+// part entries). A row's block count follows from its length exactly as
 // the scheduler derived the prefix sums the consumers walk (max(ceil(len / 64), 1)), so the
 // producer reads no metadata after the part's entry.
 template <bool kDynamic, class Schedule>
@@ -170,9 +170,8 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
   // and issue the loads of round n + 1 into `nx` (record `nrec`, validity nx.valid, set by the
   // caller) interleaved with it: NoPE chunk d of round n + 1 is loaded right after chunk d of
   // round n has been converted, into the registers that just died, so only about one round of
-  // raw records is live at a time (v2 issued all 11 loads of round n + 1 before converting round
-  // n: two rounds, ~90 registers, live at once -> spills at 120 registers). Every load still
-  // has a full round of lead before its use. The arithmetic is unchanged.
+  // raw records is live at a time (two rounds, all 11 loads issued first, spill). Every load still
+  // has a full round of lead before its use.
   auto convert = [&](int32_t n, const RoundRaw& r, int32_t idx2v, RoundRaw& nx, const uint8_t* nrec) {
     const int32_t blkn = n / kRounds, rin = n - (n / kRounds) * kRounds;
     const int buf = blkn & 1;
@@ -262,7 +261,7 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
 
   // Index ring of two slots (slot of round m = m & 1), rotated by the main loop's 2-step unroll,
   // so a loop-carried index never moves between registers (a move of a value still in flight
-  // waits for it; 6693a0a lost ~15 % of the producer's stall samples on one per step). At the
+  // waits for it; docs/perf-log.md: decode index ring). At the
   // start of step n, slot (n + 1) & 1 holds round n + 1's indices (their records are loaded in
   // step n) and slot n & 1 round n + 2's (prefetched into L2 in step n); step n then loads round
   // n + 3's into slot (n + 1) & 1. Prologue: rounds 0, 1 and 2, records of round 0.
@@ -273,7 +272,7 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
   load_index(s1, s1p);  // round 1
   issue_loads(s0, x0);
   // Round 1's records to L2 now, alongside round 0's, not in step 0 after round 0 landed: the first
-  // block of an H = 64 part needs both rounds (H=64 B=8 S_q=1 27.5 -> 27.0 us, session 8).
+  // block of an H = 64 part needs both rounds (docs/perf-log.md: decode prologue prefetch).
   prefetch_record(s1);
   v2_0 = valid2(s0p);
   load_index(s0, s0p);  // round 2

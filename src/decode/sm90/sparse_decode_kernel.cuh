@@ -64,10 +64,9 @@ sparse_decode_sm90_kernel(const __grid_constant__ DecodeKernelParams p) {
 
   const int wg = int(threadIdx.x) / 128;
   // Branch order sets the code layout (ptxas places the else path first): the producer's code right
-  // after the prologue, then the softmax WG's, then the PV WG's. With the producer's code last
-  // (52 KB past the entry), a call whose instruction caches do not hold the kernel (any other
-  // kernel ran since its previous call, as in a serving engine) got its first KV block 4-6.5 us
-  // later and took 2.5-4.6 us longer (H=64 B=8 S_q=1 31.2 -> 27.6 us; docs/perf-log.md, session 8).
+  // after the prologue, then the softmax WG's, then the PV WG's. With the producer's code last, a
+  // call with cold instruction caches (as in a serving engine) started its first KV block later
+  // (docs/perf-log.md: decode code layout).
   if (wg != 0) {
     if (wg == 2) {
       run_pv_wg<kNumHeads, kF16Partials>(p, ss, it);  // stays at the launch budget (kPvWgRegs)

@@ -215,8 +215,8 @@ __device__ __forceinline__ void run_consumer(const PrefillKernelParams& p, typen
   // S for this consumer's block of a pair: halves in arrival order (A: L then R, B: R then L).
   auto issue_s_half = [&](int half, uint32_t parity, bool first) {
     bar_wait(&ss.full[kC][half], parity);
-    // cp.async (generic proxy) -> wgmma (async proxy). Required by the memory model; dropping it
-    // measured no faster (2dfddb8, H200).
+    // cp.async (generic proxy) -> wgmma (async proxy). Required by the memory model, and it costs
+    // nothing measurable (docs/perf-log.md: prefill proxy fence).
     cutlass::arch::fence_view_async_shared();
     warpgroup_fence_operand(tSrS);
     warpgroup_arrive();
