@@ -5,7 +5,6 @@
 
 namespace selkv::prefill {
 
-inline constexpr int kBlockTopk = 64;    // selected kv rows per pipeline step
 inline constexpr int kHeadsPerCta = 64;  // query heads per CTA (one wgmma M tile)
 
 struct PrefillKernelParams {

@@ -44,14 +44,12 @@ enum class NamedBar : uint32_t {
 
 // All bf16 tiles are K-major with the 128-byte swizzle. K/Q tiles are laid out row-group-major
 // (Step<_2,_1>): element (t, d) sits at (t/8)*4608 + (d/64)*512 + (t%8)*64 + d%64 (pre-swizzle),
-// so rows [32, 64) are the same layout at +18432 elements (the second consumer's tokens) and
-// dims [256, 512) are the same layout at +2048 elements (the second consumer's V half). Both
+// so rows [32, 64) are the same layout at +18432 elements (the H = 128 peer CTA's half of a block)
+// and dims [256, 512) are the same layout at +2048 elements (the PV WG's V half). Both
 // offsets are multiples of 1024 bytes, the swizzle period, so a plain pointer offset is exact.
 using SwAtom = GMMA::Layout_K_SW128_Atom<bf16_t>;  // 8 x 64
 using SmemLayoutQ = decltype(tile_to_shape(SwAtom{}, Shape<Int<kBlockM>, Int<kDimQK>>{}, Step<_2, _1>{}));
 using SmemLayoutK = decltype(tile_to_shape(SwAtom{}, Shape<Int<kBlockN>, Int<kDimQK>>{}, Step<_2, _1>{}));
-using SmemLayoutKHalf =
-    decltype(tile_to_shape(SwAtom{}, Shape<Int<kTokensPerConsumer>, Int<kDimQK>>{}, Step<_2, _1>{}));
 // V half viewed as the (N = dv, K = token) operand of O += P V: MN-major (dv contiguous).
 using SmemLayoutVHalf = decltype(composition(
     SmemLayoutK{}, make_layout(Shape<Int<kDimVPerConsumer>, Int<kBlockN>>{}, Stride<Int<kBlockN>, _1>{})));

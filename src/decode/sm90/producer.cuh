@@ -96,7 +96,7 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
   const int row_base = warp * kKRowGroupStride + l7 * 64;
   const int c0 = ((2 * q) ^ l7) << 3, c1 = ((2 * q + 1) ^ l7) << 3;
   const int r0 = (kDimNope / 64) * 512 + ((q ^ l7) << 3), r1 = (kDimNope / 64) * 512 + (((q + 4) ^ l7) << 3);
-  constexpr int kHalfOff = (32 / 8) * kKRowGroupStride;  // tokens [32, 64)
+  constexpr int kHalfOff = kKHalfTokenOffset;  // tokens [32, 64)
   uint32_t peer_smem = 0;
   if constexpr (kCluster == 2) peer_smem = map_smem_to_rank(smem_u32(&ss), rank ^ 1u);
 
@@ -170,8 +170,8 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
   // and issue the loads of round n + 1 into `nx` (record `nrec`, validity nx.valid, set by the
   // caller) interleaved with it: NoPE chunk d of round n + 1 is loaded right after chunk d of
   // round n has been converted, into the registers that just died, so only about one round of
-  // raw records is live at a time (two rounds, all 11 loads issued first, spill). Every load still
-  // has a full round of lead before its use.
+  // raw records is live at a time (issuing all 11 loads of round n + 1 first kept two rounds live
+  // and spilled). Every load still has a full round of lead before its use.
   auto convert = [&](int32_t n, const RoundRaw& r, int32_t idx2v, RoundRaw& nx, const uint8_t* nrec) {
     const int32_t blkn = n / kRounds, rin = n - (n / kRounds) * kRounds;
     const int buf = blkn & 1;
