@@ -2,6 +2,7 @@
 //
 //   bf16x2_bits          two floats -> packed bf16x2 (RNE, exactly the oracle's rounding)
 //   f16x2_bits           two floats -> packed fp16x2 (RNE)
+//   named_bar_sync / named_bar_arrive  a kernel's named barrier (an enum id >= 1) among kThreads
 //   exp2_ftz             2^x on MUFU.EX2, denormal results flushed to 0 (the softmax exponent)
 //   cp_async_16          16-byte cp.async.cg global -> shared, zero-filled (no global read) when
 //                        !valid
@@ -14,7 +15,20 @@
 
 #include <cstdint>
 
+#include <cutlass/arch/barrier.h>
+
 namespace selkv::sm90 {
+
+// Named barrier `id` among the kThreads threads that use it (ids start at 1: 0 is __syncthreads).
+// sync waits for all of them; arrive counts this thread in and goes on.
+template <uint32_t kThreads, class Id>
+__device__ __forceinline__ void named_bar_sync(Id id) {
+  cutlass::arch::NamedBarrier::sync(kThreads, uint32_t(id));
+}
+template <uint32_t kThreads, class Id>
+__device__ __forceinline__ void named_bar_arrive(Id id) {
+  cutlass::arch::NamedBarrier::arrive(kThreads, uint32_t(id));
+}
 
 __device__ __forceinline__ uint32_t bf16x2_bits(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // cvt.rn.bf16x2.f32: exact RNE, as the oracle

@@ -27,6 +27,10 @@ namespace selkv::decode::sm90 {
 // The A-operand register fragment of m64n256k16 (RS) for k-block kb holds, in the same order,
 // accumulator values [8 kb, 8 kb + 8) of S, so P goes to registers with a flat copy.
 
+// Named barriers among the 256 threads of the two consumer warpgroups.
+__device__ __forceinline__ void consumers_sync(NamedBar b) { selkv::sm90::named_bar_sync<kNumConsumerThreads>(b); }
+__device__ __forceinline__ void consumers_arrive(NamedBar b) { selkv::sm90::named_bar_arrive<kNumConsumerThreads>(b); }
+
 // Shared per-row state of the epilogue (both consumer warpgroups of one row).
 struct RowStats {
   float m0, m1, l0, l1;
@@ -148,7 +152,7 @@ __device__ __forceinline__ void load_q_tile(const DecodeKernelParams& p, SharedS
   }
   selkv::sm90::cp_async_wait_all();
   cutlass::arch::fence_view_async_shared();  // cp.async writes are generic proxy; wgmma reads async
-  cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(NamedBar::kQReady));
+  consumers_sync(NamedBar::kQReady);
 }
 
 // S = Q K^T for the 64 tokens of the K tile `ktile` (wgmma m64n64k16 SS over all 576 dims),
@@ -268,7 +272,7 @@ __device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, Shar
       }
 
       // Publish P and the rescale factors to WG2 (after it has finished with the previous ones).
-      if (blk != w.blk_begin) cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(NamedBar::kPFree));
+      if (blk != w.blk_begin) consumers_sync(NamedBar::kPFree);
       // P tile by stmatrix: 4 instructions per thread instead of 16 four-byte stores (docs/perf-log.md:
       // decode P tile). The u32 at
       // tOrP(i) is (row half (i >> 1) & 1, column block i >> 2); store k writes column blocks 2k and
@@ -287,7 +291,7 @@ __device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, Shar
         ss.row_scale[r1] = sc1;
       }
       cutlass::arch::fence_view_async_shared();  // P tile: generic stores -> WG2's wgmma
-      cutlass::arch::NamedBarrier::arrive(kNumConsumerThreads, uint32_t(NamedBar::kPReady));
+      consumers_arrive(NamedBar::kPReady);
       // Once the running maxima settle the factors are exactly 1: skip the 128 multiplies
       // (warp-uniform test; multiplying by 1 would give the same bits).
       if (__any_sync(0xffffffffu, sc0 != 1.f || sc1 != 1.f)) {
@@ -312,7 +316,7 @@ __device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, Shar
       ss.row_max[r0] = m0;
       ss.row_max[r1] = m1;
     }
-    cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(NamedBar::kRowSum));
+    consumers_sync(NamedBar::kRowSum);
     // WG2 reads row_sum / row_max right after kRowSum; WG1 rewrites them only after the next
     // row's kQReady barrier, which WG2 reaches after that read.
     SELKV_TL(if (tid_wg == 0) tl_stamp(6);)  // overwritten per row: the last row's remains
@@ -342,7 +346,7 @@ __device__ __forceinline__ void run_pv_wg(const DecodeKernelParams& p, SharedSto
     load_q_tile(p, ss, w);
     clear(tOrO);
     for (int32_t blk = w.blk_begin; blk < w.blk_end; ++blk) {
-      cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(NamedBar::kPReady));
+      consumers_sync(NamedBar::kPReady);
       // WG1 waited for this tile before publishing P; waiting here too is free and keeps the
       // async-proxy visibility chain explicit (producer fence -> mbarrier -> this thread).
       wait_kv_tile<kNumHeads>(ss, buf, phase);
@@ -355,10 +359,10 @@ __device__ __forceinline__ void run_pv_wg(const DecodeKernelParams& p, SharedSto
       pv_gemm_wait(mma_pv, thr_pv, tOrP, ss.k[buf] + kVHalfDimOffset, tOrO);
 
       release_kv_tile<kNumHeads>(ss, buf, lane);
-      if (blk + 1 != w.blk_end) cutlass::arch::NamedBarrier::arrive(kNumConsumerThreads, uint32_t(NamedBar::kPFree));
+      if (blk + 1 != w.blk_end) consumers_arrive(NamedBar::kPFree);
       if (++buf == kNumKBufs) { buf = 0; phase ^= 1u; }
     }
-    cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(NamedBar::kRowSum));
+    consumers_sync(NamedBar::kRowSum);
     const RowStats st{ss.row_max[r0], ss.row_max[r1], ss.row_sum[r0], ss.row_sum[r1]};
     store_row<kNumHeads, kF16Partials>(p, w, 1, lane, r0, r1, st, tOrO);
   }

@@ -232,7 +232,7 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
       SELKV_TL(if (threadIdx.x == 0 && n == kRounds - 1) tl_stamp(1);)
       if constexpr (kCluster == 2) {
         // Every producer thread's half-tile stores are fenced: one thread ships the half.
-        cutlass::arch::NamedBarrier::sync(128, uint32_t(NamedBar::kProducerHalfDone));
+        selkv::sm90::named_bar_sync<128>(NamedBar::kProducerHalfDone);
         if (threadIdx.x == 0) {
           const uint32_t off = uint32_t(half * kHalfOff) * uint32_t(sizeof(bf16_t));
           bulk_copy_to_peer(peer_k + off, smem_u32(sk) + off, uint32_t(kHalfOff * sizeof(bf16_t)), peer_bar);

@@ -51,12 +51,8 @@ __device__ __forceinline__ int32_t prefill_row_len(const PrefillKernelParams& p,
 __device__ __forceinline__ void bar_wait(uint64_t* b, uint32_t parity) {
   cutlass::arch::ClusterBarrier::wait(b, parity);
 }
-__device__ __forceinline__ void nb_sync(Bar b) {
-  cutlass::arch::NamedBarrier::sync(256, uint32_t(b));
-}
-__device__ __forceinline__ void nb_arrive(Bar b) {
-  cutlass::arch::NamedBarrier::arrive(256, uint32_t(b));
-}
+__device__ __forceinline__ void nb_sync(Bar b) { selkv::sm90::named_bar_sync<256>(b); }
+__device__ __forceinline__ void nb_arrive(Bar b) { selkv::sm90::named_bar_arrive<256>(b); }
 
 // ---- producer -------------------------------------------------------------------------------
 // Thread (g = tid / 8, e = tid % 8) copies 16-byte chunk e of every 64-column tile of rows
