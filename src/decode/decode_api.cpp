@@ -8,6 +8,7 @@
 #include "common/arch.h"
 #include "common/check.h"
 #include "common/cuda_check.h"
+#include "common/softmax_scale.h"
 #include "decode/combine.h"
 #include "decode/decode_params.h"
 #include "decode/scheduler.h"
@@ -222,7 +223,7 @@ Status sparse_mla_decode(const SparseDecodeParams& p, const DecodeMetadata& md, 
   k.topk_length = p.topk_length;
   k.attn_sink = p.attn_sink;
   k.sm_scale = p.sm_scale;
-  k.sm_scale_log2 = float(double(p.sm_scale) * 1.4426950408889634);
+  k.sm_scale_log2 = detail::sm_scale_log2(p.sm_scale);
   k.out = static_cast<uint16_t*>(p.out);
   k.out_batch_stride = p.out_batch_stride;
   k.out_seq_stride = p.out_seq_stride;

@@ -8,6 +8,7 @@
 #include "common/check.h"
 #include "common/resident_ctas.h"
 #include "common/cuda_check.h"
+#include "common/softmax_scale.h"
 #include "prefill/prefill_params.h"
 #include "prefill/sm90/launch.h"
 #include "selkv/prefill.h"
@@ -113,7 +114,7 @@ Status sparse_mla_prefill(const SparsePrefillParams& p, cudaStream_t stream) {
   k.topk = p.topk;
   k.topk_length = p.topk_length;
   k.sm_scale = p.sm_scale;
-  k.sm_scale_log2 = float(double(p.sm_scale) * 1.4426950408889634);
+  k.sm_scale_log2 = detail::sm_scale_log2(p.sm_scale);
   k.out = static_cast<uint16_t*>(p.out);
   k.out_token_stride = p.out_token_stride;
   k.out_head_stride = p.out_head_stride;
