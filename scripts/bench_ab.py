@@ -3,7 +3,7 @@
 
     scripts/bench_ab.py --variant v7 .ab/src-ca876a9 --variant v8 . \\
         --variant v8-mb1 . --env v8-mb1 SELKV_BENCH_MIN_BLOCKS=1 \\
-        --flags v8-eq " -DSELKV_DECODE_EARLY_Q=1" --variant v8-eq . \\
+        --flags v8-x " -DNAME=1" --variant v8-x . \\
         --rounds 3 --out $OUT -- --bench --quick --ops decode
 
 Each variant is a source tree (this checkout, or an older commit exported with

@@ -24,8 +24,8 @@
 #   SELKV_MEMCHECK_FUZZ_CASES (FuzzGpu cases under memcheck, default 12; SELKV_FUZZ_CASES /
 #   SELKV_FUZZ_SEED set the plain run's), SELKV_TEST_BIG=0 (skip the >4 GiB cache tests) and
 #   SELKV_TEST_FULL=0 (trimmed contract-test grids; memcheck sets both),
-#   SELKV_CUDA_FLAGS (extra CUDA flags, e.g. a kernel A/B switch "-DSELKV_DECODE_WARP_FORWARD=1",
-#   to run the whole suite on a variant before it becomes the default).
+#   SELKV_CUDA_FLAGS (extra CUDA flags, e.g. a kernel variant's "-DNAME=1" switch, to run the
+#   whole suite on a variant before it becomes the default).
 # Needs no network when third_party/cutlass is present (carry it with the tree).
 set -uo pipefail
 

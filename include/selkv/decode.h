@@ -62,8 +62,8 @@ struct DecodeShape {
   // SMs). 0: the measured default for H and the call's block count (docs/decode-design.md §3).
   // At most 2^29.
   int32_t min_blocks_per_part = 0;
-  // Partial format of split rows (kAuto: the rule measured on the H200, src/decode/decode_params.h
-  // f16_partials_by_default: fp16 is 10-12 % faster on split calls of 8+ rows and slower on
+  // Partial format of split rows (kAuto: the measured rule of src/decode/decode_params.h
+  // f16_partials_by_default: fp16 is faster on split calls of several rows and slower on
   // single-row calls, which write little). The torch ops always use kAuto.
   DecodePartials partials = DecodePartials::kAuto;
 };

@@ -8,17 +8,14 @@
 #include "common/resident_ctas.h"
 #include "selkv/dequant.h"
 
-// Selected mode's grid cap in CTAs per SM (A/B switch; 4 are resident). T=64 K=2048 P=1M, us for
-// 2 / 4 / 8 / 16: nope_fp8 60.8 / 60.9 / 62.7 / 59.9 (16 again 60.1 vs 62.8 for 8),
-// ds_mla_fp8 69.9 / 70.6 / 70.3 / 69.7 (H200, session 10, 3765865).
-#ifndef SELKV_DEQUANT_SELECTED_CTAS_PER_SM
-#define SELKV_DEQUANT_SELECTED_CTAS_PER_SM 16
-#endif
-
 namespace selkv {
 namespace {
 
 constexpr const char* kOp = "selkv::dequant_selected_kv";
+
+// Selected mode's grid cap in CTAs per SM (4 are resident): the fastest of the caps measured
+// (docs/perf-log.md: C4 selected grid cap).
+constexpr int64_t kSelectedCtasPerSm = 16;
 
 // One resident wave at most, `tasks` spread evenly: every warp runs ceil(tasks / warps) or one
 // task fewer, where warps <= the resident warps.
@@ -78,7 +75,7 @@ Status dequant_selected_kv(const DequantSelectedParams& p, cudaStream_t stream) 
     int sms = 0;
     SELKV_RETURN_IF_ERROR(detail::device_sm_count(kOp, &sms));
     const int64_t want = (rows + cache::kDequantRowsPerStep - 1) / cache::kDequantRowsPerStep;
-    const int64_t cap = int64_t(sms) * SELKV_DEQUANT_SELECTED_CTAS_PER_SM;
+    const int64_t cap = int64_t(sms) * kSelectedCtasPerSm;
     const unsigned grid = unsigned(want < cap ? want : cap);  // rows >= 1 here
     if (rope) {
       cache::dequant_selected_kernel<true><<<grid, cache::kDequantThreads, 0, stream>>>(k);

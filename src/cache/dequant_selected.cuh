@@ -8,11 +8,9 @@
 // index write, record offset) and broadcast the offsets by shuffle; then every lane issues all
 // loads of the 4 records before converting: per row two 8-byte E4M3 loads (each 256 contiguous
 // bytes across the warp) and one 16-byte broadcast load of the 4 scales; lane l also loads 16 B
-// of row l/8's RoPE. Stores are 16-byte and contiguous across the warp. Measured against more
-// aggressive schedules (docs/perf-log.md, C4): hiding the index load behind the previous rows,
-// 8 rows per batch, two batches in flight, one resident wave with the rows dealt round-robin all
-// came out 2-5% SLOWER on this random-read path (more record reads in flight, lower DRAM
-// efficiency), so this schedule is kept.
+// of row l/8's RoPE. Stores are 16-byte and contiguous across the warp. More aggressive schedules
+// (more record reads in flight) were slower on this random-read path: lower DRAM efficiency
+// (docs/perf-log.md: C4 selected schedule).
 //
 // Full pool (N >= P): a warp task is 4 pool rows (slot = row, read sequentially) plus 2 index
 // units per lane: a unit is 4 entries moved as one 16-byte load and store when K and both row

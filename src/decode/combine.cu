@@ -16,9 +16,8 @@ constexpr int kCombineThreads = 128 * kHeadsPerCombineCta;  // 128 threads x 4 f
 // Two shapes of the kernel, picked at launch from the plan's grid (shape only, never data):
 // a grid that fits one CTA per SM keeps all 16 partial rows of a thread in flight at once (104
 // registers, one L2 round trip for rows split up to 16 ways); a larger grid keeps 8 in flight at
-// 2 CTAs / SM (64 registers) so twice as many CTAs run at once. Measured on the H200 (3ee9909,
-// one shape for every call): 16 / 1 vs 8 / 2 gave H=64 B=8 S_q=1 27.35 -> 25.36 us, H=128 B=2
-// 25.15 -> 24.45, H=64 B=1 -2 %, but H=64 B=64 S_q=1 +9 % and B=8 S_q=4 +6 % (grids of 2-8 waves).
+// 2 CTAs / SM (64 registers) so twice as many CTAs run at once. Neither shape wins for every grid
+// (docs/perf-log.md: combine shapes).
 struct CombineWide {
   static constexpr int kBatch = 16, kMinCtas = 1;
 };
@@ -29,7 +28,7 @@ struct CombineNarrow {
 #define SELKV_DECODE_TIMELINE 0
 #endif
 #if SELKV_DECODE_TIMELINE
-// Launch timeline (probe builds only, see sm90/probe.cuh): absolute globaltimer ns of the first
+// Launch timeline (SELKV_DECODE_TIMELINE=1 builds only, see sm90/timeline.cuh): absolute globaltimer ns of the first
 // CTA entry, the first return from griddepcontrol.wait and the last CTA end, printed by the last
 // CTA for the first launches of the process.
 __device__ unsigned long long g_ctl[3] = {~0ull, ~0ull, 0ull};
@@ -59,8 +58,8 @@ __device__ __forceinline__ void ctl_finish(const DecodeKernelParams& p) {
 
 // One CTA per (split row, 4 heads): column i merges entry i of the plan's split-row table (the
 // scheduler wrote it from split_row_of_part, in part order), so no CTA is launched just to find
-// that it has nothing to merge (the parts x H / 4 grid of before spent 11-21 us per call on those,
-// ncu, session 6). Every load a CTA needs is issued at once: the partial lse of all splits (one
+// that it has nothing to merge (docs/perf-log.md: combine grid). Every load a CTA needs is issued
+// at once: the partial lse of all splits (one
 // float4 = 4 heads per split) into shared memory, and the partial rows kCombineBatch splits at a
 // time, so a row split n ways costs ~ceil(n / kCombineBatch) L2 round trips instead of ~n. The merge arithmetic and its order (max,
 // then w_i = exp(lse_i - max), sum and accumulation in split order) are fixed: deterministic.

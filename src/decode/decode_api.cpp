@@ -114,8 +114,8 @@ Status make_decode_metadata(const DecodeShape& shape, void* buffer, size_t buffe
     // odd SM count leaves one SM out), else a second wave doubles the time.
     int resident = 0;
     const cudaError_t e = shape.num_heads == 128
-                              ? decode::sm90::max_resident_sparse_decode_sm90<128>(&resident)
-                              : decode::sm90::max_resident_sparse_decode_sm90<64>(&resident);
+                              ? decode::sm90::max_resident_sparse_decode_sm90<128>(parts, &resident)
+                              : decode::sm90::max_resident_sparse_decode_sm90<64>(parts, &resident);
     if (e == cudaSuccess && resident >= 1 && resident < parts) parts = resident;
     (void)cudaGetLastError();
   }

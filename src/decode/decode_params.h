@@ -21,17 +21,9 @@ inline constexpr int kHeadsPerCta = 64;      // query heads per CTA (one wgmma M
 // Scheduler: do not split finer than this many 64-token blocks per part (the default of
 // DecodeShape::min_blocks_per_part). Each part costs a Q load, a partial write and a combine read,
 // and more parts cost more than their shorter main loops save once the grid is ~half full.
-// H = 128 (2-CTA clusters): 4, and 2 for calls under 256 blocks. B = 2 S_q = 2 (T = 128), us for
-// 1 / 2 / 3 / 4 / 6 / 8 blocks: 32.1 / 31.4 / 28.5 / 25.7 / 30.7 / 33.3 with the 8-row combine;
-// with the 16-row one-wave combine (0fc61a9): 1 / 2 / 4 blocks 24.83 / 24.12 / 25.10, while B = 64
-// / 74 / 256 are flat or worse at 2 (173.6 / 219.2 / 319.9 vs 173.6 / 218.5 / 319.8). H = 64: T / 128
-// clamped to [2, 4] for T blocks in the call (at most: the fixed top-k count), so calls up to
-// ~256 blocks keep 2-block parts (all SMs busy) and larger ones get 4. Measured on the H200 at
-// 7aa8e68 (combine split-row table), us for 1 / 2 / 4 / 8 blocks: B = 8 S_q = 1 (T = 256): 27.8 /
-// 27.8 / 29.2 / 40.9; B = 8 S_q = 2 (T = 512): 33.4 / 33.2 / 32.6 / 42.0; B = 1 S_q = 4 (T = 128):
-// 27.4 / 22.4 / 22.5 / 39.3; B = 8 S_q = 4: flat within 2 %; re-checked at 0fc61a9 with the new
-// combine: 2 blocks stays best or level (B = 8 S_q = 1 1 / 2 blocks: 26.22 / 25.38). (Before the
-// table, at 8695b2b, T = 256 was best at 4 blocks: 33.7 / 33.1 / 29.1 / 40.8, so T / 64.)
+// H = 128 (2-CTA clusters): 4, and 2 for calls under 256 blocks. H = 64: T / 128 clamped to
+// [2, 4] for T blocks in the call (at most: the fixed top-k count), so calls up to ~256 blocks keep
+// 2-block parts (all SMs busy) and larger ones get 4 (docs/perf-log.md: decode split granularity).
 SELKV_DEC_HD constexpr int min_blocks_per_part(int num_heads, int64_t total_blocks) {
   if (num_heads == 128) return total_blocks < 256 ? 2 : 4;
   const int64_t m = total_blocks / 128;
@@ -42,21 +34,17 @@ SELKV_DEC_HD constexpr int min_blocks_per_part(int num_heads, int64_t total_bloc
 // combine kernels, chosen per call from the plan's shape). fp16 with a power-of-two scale per
 // (slot, head, d_v half), written by the bf16 out path's whole-sector 16-byte stores, halves the
 // partial round trip; the scale (the half-row max lands in [2^13, 2^14)) keeps any data scale in
-// range, and fp16 rounds 8x finer than bf16 (bf16 partials were as fast but put split rows at
-// DESIGN §5's 5e-6 cosine limit, session 9). Against fp32 (H200, session 10, 29cd705 / 3765865):
-// H=128 B=2 S_q=2 24.3 -> 21.5 us, H=64 B=8 S_q=1 / 2 / 4 25.3 / 31.8 / 46.8 -> 22.6 / 29.4 / 45.2,
-// large calls within +-1 %; but calls of one batch row (2-4 MB of fp32 partials) lose: H=64 B=1
-// S_q=1 / 2 / 4 19.7 / 20.4 / 21.9 -> 20.8 / 20.3 / 21.2 warm and 19.7 / 20.4 / 21.9 -> 22.4 / 22.3 /
-// 23.6 with a cold instruction cache (SELKV_BENCH_FLUSH=icache, a serving engine's usual state).
-// So fp32 up to 8192 block-heads (T blocks x H: B=1 at K=2048, H=64 and S_q <= 4), else fp16.
+// range, and fp16 rounds 8x finer than bf16 (bf16 partials reached DESIGN §5's cosine limit).
+// Faster on split calls of several rows, slower on single-row calls with a cold instruction cache,
+// so fp32 up to 8192 block-heads (T blocks x H: B=1 at K=2048, H=64 and S_q <= 4), else fp16
+// (docs/perf-log.md: decode partial format).
 SELKV_DEC_HD constexpr bool f16_partials_by_default(int num_heads, int64_t total_blocks) {
   return total_blocks * num_heads > 8192;
 }
 
 // A schedule that splits rows pays for partials (written by the decode kernel, read by the
-// combine): ~28 us with fp32 partials at H=128 B=64 S_q=2 and H=64 B=64 S_q=4 (ncu, session 6),
-// where one block takes ~3 us per CTA. Cutting parts at row starts is taken when it lengthens the longest part by at most
-// this many blocks.
+// combine), several blocks' worth of time per CTA. Cutting parts at row starts is taken when it
+// lengthens the longest part by at most this many blocks (docs/perf-log.md: decode split cost).
 inline constexpr int32_t kSplitCostBlocks = 8;
 
 // Most parts a plan may have (the capacity of the metadata's part table; SM90 parts are <= SMs).
@@ -73,7 +61,7 @@ inline constexpr int32_t kMaxDecodeParts = 1024;
 //   [kMdPartEntry + 8 q .. + 7], q < NP: part q's start as PartStart {g0, g1, r, P[r], P[r + 1],
 //     P[r + 2], len(r), len(r + 1)} (r = its first row, len = clamped top-k length; indices past
 //     rows clamp to rows / give 0): a dynamic decode CTA reads its first two rows' bounds and
-//     lengths in one 32-byte sector, with no load that waits on another (docs/perf-log.md, session 7)
+//     lengths in one 32-byte sector, with no load that waits on another (docs/perf-log.md: part entries)
 //   [kMdPrefix + r], r <= rows: P = prefix sums of blocks per row (P[0] = 0)
 //   [md_lengths_offset(rows) + b], b < batch: the clamped top-k length of batch entry b (K for
 //     fixed top-k): the plan's snapshot of topk_length. The scheduler reads topk_length once into
@@ -290,7 +278,7 @@ SELKV_DEC_HD SplitRow nth_split_row(const Schedule& s, int32_t i) {
 // so (S_q dividing the part count) the S_q query positions of one batch entry are worked on at the
 // same time by different CTAs, which then share that entry's cache pages in L2; batch-major rows
 // put them one after another in the same CTA, ~100 us apart. FlashMLA gets the same effect from
-// s_q as a grid dimension. Measured: docs/perf-log.md, session 6.
+// s_q as a grid dimension (docs/perf-log.md: s-major rows).
 struct RowCoord {
   int32_t b, s;
 };
@@ -302,8 +290,7 @@ SELKV_DEC_HD RowCoord row_coord(int32_t row, int32_t batch) {
 // Field order follows first use: a kernel parameter is read through the constant cache, where a
 // cold line stalls the warp (it is not scoreboarded). At entry every CTA computes its part from the
 // first 16 bytes; the producer's first index load then needs the next two lines, the consumers'
-// Q load the third. (The old declaration order cost three serial constant misses before any
-// work: ncu, session 8.)
+// Q load the third (docs/perf-log.md: decode parameter order).
 struct DecodeKernelParams {
   int32_t num_rows;             // batch * seq_q, numbered s * batch + b (row_coord)
   int32_t topk;

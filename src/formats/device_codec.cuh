@@ -121,6 +121,5 @@ __device__ __forceinline__ uint2 ld_nc_na_u2(const void* p) {
   return v;
 }
 __device__ __forceinline__ void st_u4(void* p, const uint4& v) { *reinterpret_cast<uint4*>(p) = v; }
-__device__ __forceinline__ void st_u2(void* p, const uint2& v) { *reinterpret_cast<uint2*>(p) = v; }
 
 }  // namespace selkv::dev

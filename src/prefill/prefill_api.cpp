@@ -2,8 +2,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <limits>
 
 #include "common/arch.h"
@@ -19,30 +17,6 @@
 namespace selkv {
 namespace {
 bool aligned(const void* p, uintptr_t a) { return (reinterpret_cast<uintptr_t>(p) & (a - 1)) == 0; }
-
-// SELKV_PREFILL_L2_HINTS (A/B measurements; values are identical in every mode): 2 (default) Q
-// loads and out stores evict-first, kv gathers evict-last (measured -6 % at H=128 against 1 on the
-// H200); 1 as 2 with the kv gathers evict-normal; 0 every access evict-normal. kv gathers carry the
-// 256-byte L2 prefetch in every mode.
-int l2_hints() {
-  static const int mode = [] {
-    const char* e = std::getenv("SELKV_PREFILL_L2_HINTS");
-    if (e != nullptr && std::strcmp(e, "0") == 0) return 0;
-    if (e != nullptr && std::strcmp(e, "1") == 0) return 1;
-    return 2;
-  }();
-  return mode;
-}
-
-// SELKV_PREFILL_GRID=tiles launches one CTA per tile (the v3 launch shape) instead of one
-// persistent CTA per SM (A/B measurement; values are identical either way).
-bool grid_per_tile() {
-  static const bool on = [] {
-    const char* e = std::getenv("SELKV_PREFILL_GRID");
-    return e != nullptr && std::strcmp(e, "tiles") == 0;
-  }();
-  return on;
-}
 }  // namespace
 
 void set_contiguous_strides(SparsePrefillParams* p) {
@@ -175,14 +149,13 @@ Status sparse_mla_prefill(const SparsePrefillParams& p, cudaStream_t stream) {
   k.max_logits_token_stride = p.max_logits_token_stride;
   k.lse = p.lse;
   k.lse_token_stride = p.lse_token_stride;
-  k.l2_hints = l2_hints();
   k.num_tiles = p.num_tokens * k.head_groups;
 
   // Persistent: one CTA per SM (the kernel's shared-memory plan allows one), each looping over
   // tiles; the SM count is cached per device, so the launch stays free of per-call queries.
   int sms = 0;
   SELKV_RETURN_IF_ERROR(detail::device_sm_count(kOp, &sms));
-  const int64_t grid = grid_per_tile() ? k.num_tiles : std::min<int64_t>(k.num_tiles, sms > 0 ? sms : 1);
+  const int64_t grid = std::min<int64_t>(k.num_tiles, sms > 0 ? sms : 1);
   const cudaError_t err = p.d_qk == 576 ? prefill::sm90::launch_sparse_prefill_sm90<576>(k, grid, stream)
                                         : prefill::sm90::launch_sparse_prefill_sm90<512>(k, grid, stream);
   return detail::cuda_status(err, kOp, "kernel launch");

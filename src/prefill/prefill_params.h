@@ -5,7 +5,6 @@
 
 namespace selkv::prefill {
 
-inline constexpr int kBlockTopk = 64;    // selected kv rows per pipeline step
 inline constexpr int kHeadsPerCta = 64;  // query heads per CTA (one wgmma M tile)
 
 struct PrefillKernelParams {
@@ -36,8 +35,10 @@ struct PrefillKernelParams {
   float* lse;  // [T, H] or null
   int64_t lse_token_stride;
 
-  // L2 cache policies (prefill_api.cpp, SELKV_PREFILL_L2_HINTS): 2 Q and out evict-first, kv
-  // gathers evict-last; 1 kv evict-normal; 0 all evict-normal. Values are identical in every mode.
+  // L2 cache policies: 2 (the library's only setting) Q and out evict-first, kv gathers
+  // evict-last; 1 kv evict-normal; 0 all evict-normal. Values are identical in every mode. Still a
+  // run-time field: folding it into the kernel would change the measured SASS (docs/perf-log.md:
+  // experiment switches removed).
   int32_t l2_hints = 2;
 };
 

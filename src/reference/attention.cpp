@@ -174,7 +174,7 @@ void sparse_decode(const SparseDecodeRefArgs& a) {
   if (rows * a.H == 0) return;
   const auto* cache = static_cast<const uint8_t*>(a.cache.data);
   const int64_t num_slots = a.cache.num_slots();
-  detail::parallel_rows(rows, [&](int64_t row) {
+  detail::parallel_rows(rows, a.threads, [&](int64_t row) {
     const int64_t b = row / a.S_q;
     const int32_t* idx = a.indices + row * a.K;
     const int limit = row_limit(a.topk_length, b, a.K);
@@ -216,7 +216,7 @@ void sparse_prefill(const SparsePrefillRefArgs& a) {
   if (!check_sparse_prefill_args(a).ok()) return;
   if (int64_t(a.T) * a.H == 0) return;
   const int D = a.d_qk;
-  detail::parallel_rows(a.T, [&](int64_t t) {
+  detail::parallel_rows(a.T, a.threads, [&](int64_t t) {
     const int32_t* idx = a.indices + t * a.K;
     const int limit = row_limit(a.topk_length, t, a.K);
     std::vector<double> keys;

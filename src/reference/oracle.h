@@ -39,7 +39,6 @@ Status dequant_selected(const DequantSelectedParams& p);
 // record: every head; NaN in one head of q: that head) gives out = NaN and lse = NaN.
 // attn_sink (optional, [H]): out *= 1 / (1 + exp(attn_sink[h] - lse)); lse is returned unchanged.
 // Each index entry is one softmax term (a slot listed twice counts twice). lse may be null.
-// Rows run on $SELKV_REF_THREADS threads (default: all cores); results do not depend on it.
 struct SparseDecodeRefArgs {
   const uint16_t* q = nullptr;   // bf16 [B, S_q, H, 576]
   int B = 0, S_q = 0, H = 0;
@@ -51,6 +50,7 @@ struct SparseDecodeRefArgs {
   const float* attn_sink = nullptr;      // [H] or null
   float* out = nullptr;          // [B, S_q, H, 512]
   float* lse = nullptr;          // [B, S_q, H], natural log
+  int threads = 0;               // rows run on this many threads (0: all cores); results do not depend on it
 };
 void sparse_decode(const SparseDecodeRefArgs& a);
 // Argument check for sparse_decode (null pointers, sizes, cache view, format must be ds_mla_fp8).
@@ -74,6 +74,7 @@ struct SparsePrefillRefArgs {
   float* out = nullptr;          // [T, H, 512]
   float* max_logits = nullptr;   // [T, H]
   float* lse = nullptr;          // [T, H]
+  int threads = 0;               // rows run on this many threads (0: all cores); results do not depend on it
 };
 void sparse_prefill(const SparsePrefillRefArgs& a);
 // Argument check for sparse_prefill (null pointers, sizes, d_qk in {576, 512}; max_logits and

@@ -5,26 +5,23 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
-#include <cstdlib>
 #include <thread>
 #include <vector>
 
 namespace selkv::ref::detail {
 
-// Threads to use: $SELKV_REF_THREADS if set (>= 1), else the hardware concurrency.
-inline int oracle_threads() {
-  if (const char* env = std::getenv("SELKV_REF_THREADS")) {
-    const int n = std::atoi(env);
-    if (n >= 1) return n;
-  }
+// Threads to use: `requested` if >= 1, else the hardware concurrency (at most 64).
+inline int oracle_threads(int requested) {
+  if (requested >= 1) return requested;
   const unsigned hw = std::thread::hardware_concurrency();
   return hw == 0 ? 1 : int(std::min(hw, 64u));
 }
 
-// Calls fn(row) for every row in [0, rows), rows handed out dynamically.
+// Calls fn(row) for every row in [0, rows) on oracle_threads(threads) threads, rows handed out
+// dynamically.
 template <typename Fn>
-void parallel_rows(int64_t rows, Fn&& fn) {
-  const int n = int(std::min<int64_t>(oracle_threads(), rows));
+void parallel_rows(int64_t rows, int threads, Fn&& fn) {
+  const int n = int(std::min<int64_t>(oracle_threads(threads), rows));
   if (n <= 1) {
     for (int64_t r = 0; r < rows; ++r) fn(r);
     return;

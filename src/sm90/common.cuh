@@ -2,9 +2,7 @@
 //
 //   bf16x2_bits          two floats -> packed bf16x2 (RNE, exactly the oracle's rounding)
 //   f16x2_bits           two floats -> packed fp16x2 (RNE)
-//   kmajor_sw128_offset  element offset of (row, col) in a K-major bf16 tile with the 128-byte
-//                        swizzle, laid out row-group-major (CuTe tile_to_shape(Layout_K_SW128_Atom,
-//                        (rows, D), Step<_2,_1>)): 8-row groups of D/64 swizzle atoms of 8 x 64.
+//   named_bar_sync / named_bar_arrive  a kernel's named barrier (an enum id >= 1) among kThreads
 //   exp2_ftz             2^x on MUFU.EX2, denormal results flushed to 0 (the softmax exponent)
 //   cp_async_16          16-byte cp.async.cg global -> shared, zero-filled (no global read) when
 //                        !valid
@@ -17,7 +15,20 @@
 
 #include <cstdint>
 
+#include <cutlass/arch/barrier.h>
+
 namespace selkv::sm90 {
+
+// Named barrier `id` among the kThreads threads that use it (ids start at 1: 0 is __syncthreads).
+// sync waits for all of them; arrive counts this thread in and goes on.
+template <uint32_t kThreads, class Id>
+__device__ __forceinline__ void named_bar_sync(Id id) {
+  cutlass::arch::NamedBarrier::sync(kThreads, uint32_t(id));
+}
+template <uint32_t kThreads, class Id>
+__device__ __forceinline__ void named_bar_arrive(Id id) {
+  cutlass::arch::NamedBarrier::arrive(kThreads, uint32_t(id));
+}
 
 __device__ __forceinline__ uint32_t bf16x2_bits(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // cvt.rn.bf16x2.f32: exact RNE, as the oracle
@@ -27,14 +38,6 @@ __device__ __forceinline__ uint32_t bf16x2_bits(float lo, float hi) {
 __device__ __forceinline__ uint32_t f16x2_bits(float lo, float hi) {
   __half2 v = __floats2half2_rn(lo, hi);  // cvt.rn.f16x2.f32
   return *reinterpret_cast<uint32_t*>(&v);
-}
-
-// (row, col), col % 8 == 0: offset of the 16-byte chunk holding elements [col, col + 8) of row.
-// Rows r and r + 8 are kD / 64 * 512 elements apart (one row group).
-template <int kD>
-__host__ __device__ __forceinline__ constexpr int kmajor_sw128_offset(int row, int col) {
-  return (row >> 3) * ((kD / 64) * 512) + (col >> 6) * 512 + (row & 7) * 64 +
-         ((((col >> 3) & 7) ^ (row & 7)) << 3);
 }
 
 __device__ __forceinline__ void cp_async_16(uint32_t smem_addr, const void* gptr, bool valid) {

@@ -8,10 +8,6 @@
 //   k-block kb holds accumulator values [8 kb, 8 kb + 8) of an m64n(16 kb + 16) accumulator, so
 //   packing value pairs (2j, 2j + 1) into bf16x2 word j gives the A fragment directly.
 //
-//   tile_sw128_offset  element offset of (row, col) in a bf16 tile stored as consecutive 64 x 64
-//                      swizzle tiles (CuTe tile_to_shape(Layout_K_SW128_Atom, (64, D), Step<_1,_2>)):
-//                      64-column tile c / 64 is 4096 contiguous elements (8 KB), row-major inside
-//                      with the 128-byte swizzle (16-byte chunk j of row r at position j ^ (r & 7)).
 //   row_valid_mask64   validity of 64 consecutive top-k entries (DESIGN §2 rule) as a 64-bit mask.
 //   wg_mask_rowmax     masks invalid columns to -inf and returns the two row maxima of a thread.
 //   wg_online_softmax64  exp2 of S against the new row max, row sums, the old-O rescale factor.
@@ -27,10 +23,6 @@
 #include "sm90/common.cuh"
 
 namespace selkv::sm90 {
-
-__host__ __device__ __forceinline__ constexpr int tile_sw128_offset(int row, int col) {
-  return (col >> 6) * 4096 + row * 64 + ((((col >> 3) & 7) ^ (row & 7)) << 3) + (col & 7);
-}
 
 // Entries k0 + lane and k0 + 32 + lane of idx_row: valid iff k < len and 0 <= idx < n. Entries at
 // or past len are not loaded. Bit j of the result = entry k0 + j. Warp-collective.

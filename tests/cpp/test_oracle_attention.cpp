@@ -362,11 +362,11 @@ TEST(Decode, ThreadCountDoesNotChangeBits) {
   std::mt19937_64 rng(test::test_seed() + 3);
   DecodeSetup s(rng);
   std::vector<float> out0, lse0, out1, lse1;
-  setenv("SELKV_REF_THREADS", "1", 1);
-  ref::sparse_decode(s.args(out0, lse0, true));
-  setenv("SELKV_REF_THREADS", "3", 1);
-  ref::sparse_decode(s.args(out1, lse1, true));
-  unsetenv("SELKV_REF_THREADS");
+  ref::SparseDecodeRefArgs a1 = s.args(out0, lse0, true), a3 = s.args(out1, lse1, true);
+  a1.threads = 1;
+  a3.threads = 3;
+  ref::sparse_decode(a1);
+  ref::sparse_decode(a3);
   EXPECT_EQ(std::memcmp(out0.data(), out1.data(), out0.size() * 4), 0);
   EXPECT_EQ(std::memcmp(lse0.data(), lse1.data(), lse0.size() * 4), 0);
 }

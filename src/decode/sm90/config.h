@@ -26,8 +26,8 @@ inline constexpr int kNumKBufs = 2;            // double-buffered dequantized KV
 // WG2 = PV WG (O dims [256, 512) with P from smem). See the consumer section of the kernel.
 inline constexpr int kNumThreads = 384;
 inline constexpr int kNumConsumerThreads = 256;
-// 128 / 208 (session 7): at 120 / 216 the H=64 fixed producer spilled 4 bytes in its round loop
-// (one STL + two LDL per round); the softmax WG fits in 208 without a spill.
+// 128 / 208: with fewer the producer spills in its round loop; the softmax WG fits in 208 without
+// a spill (docs/perf-log.md: decode register split).
 inline constexpr int kProducerRegs = 128;   // setmaxnreg.dec
 inline constexpr int kSoftmaxWgRegs = 208;  // setmaxnreg.inc: O (128) + S (32) + P (16) + state
 inline constexpr int kPvWgRegs = 168;       // launch value (no setmaxnreg): O (128) + state
@@ -40,19 +40,16 @@ static_assert(kProducerRegs + kSoftmaxWgRegs + kPvWgRegs == 3 * 168, "setmaxnreg
 // Named barriers (id 0 is __syncthreads).
 enum class NamedBar : uint32_t {
   kPReady = 1, kPFree = 2, kRowSum = 3, kQReady = 4, kProducerHalfDone = 5,
-  kQReadyWg1 = 6,  // SELKV_DECODE_EARLY_Q: the softmax WG's own Q barrier (128 threads)
 };
 
 // All bf16 tiles are K-major with the 128-byte swizzle. K/Q tiles are laid out row-group-major
 // (Step<_2,_1>): element (t, d) sits at (t/8)*4608 + (d/64)*512 + (t%8)*64 + d%64 (pre-swizzle),
-// so rows [32, 64) are the same layout at +18432 elements (the second consumer's tokens) and
-// dims [256, 512) are the same layout at +2048 elements (the second consumer's V half). Both
+// so rows [32, 64) are the same layout at +18432 elements (the H = 128 peer CTA's half of a block)
+// and dims [256, 512) are the same layout at +2048 elements (the PV WG's V half). Both
 // offsets are multiples of 1024 bytes, the swizzle period, so a plain pointer offset is exact.
 using SwAtom = GMMA::Layout_K_SW128_Atom<bf16_t>;  // 8 x 64
 using SmemLayoutQ = decltype(tile_to_shape(SwAtom{}, Shape<Int<kBlockM>, Int<kDimQK>>{}, Step<_2, _1>{}));
 using SmemLayoutK = decltype(tile_to_shape(SwAtom{}, Shape<Int<kBlockN>, Int<kDimQK>>{}, Step<_2, _1>{}));
-using SmemLayoutKHalf =
-    decltype(tile_to_shape(SwAtom{}, Shape<Int<kTokensPerConsumer>, Int<kDimQK>>{}, Step<_2, _1>{}));
 // V half viewed as the (N = dv, K = token) operand of O += P V: MN-major (dv contiguous).
 using SmemLayoutVHalf = decltype(composition(
     SmemLayoutK{}, make_layout(Shape<Int<kDimVPerConsumer>, Int<kBlockN>>{}, Stride<Int<kBlockN>, _1>{})));
@@ -82,42 +79,6 @@ using TiledMmaPVrs = decltype(make_tiled_mma(
 using TiledMmaPV = decltype(make_tiled_mma(
     SM90_64x256x16_F32BF16BF16_SS<GMMA::Major::K, GMMA::Major::MN>{}, Layout<Shape<_1, _1, _1>>{}));
 
-// ---- block ping-pong consumers (A/B switch; docs/decode-design.md §4 item 2) -----------------
-// SELKV_DECODE_PINGPONG=1 (UNMEASURED alternative; default 0 = the measured v7/v8 split): WG1 (A)
-// and WG2 (B) take the even / odd block of each pair of a row's blocks, each computing S for all
-// 64 tokens of its block and O for its d_v half from both blocks (own P from registers, RS; the
-// other's P from smem, SS). consumer_pingpong.cuh.
-#ifndef SELKV_DECODE_PINGPONG
-#define SELKV_DECODE_PINGPONG 0
-#endif
-inline constexpr bool kPingPong = SELKV_DECODE_PINGPONG != 0;
-// Both consumers hold O (128) + S (32) + P (16) + state: 192 serializes the wgmmas (C7512) and
-// spills; the producer gives up 16 of its 120 (SELKV_DECODE_PP_PRODUCER_REGS to try others).
-#ifndef SELKV_DECODE_PP_PRODUCER_REGS
-#define SELKV_DECODE_PP_PRODUCER_REGS 104
-#endif
-#ifndef SELKV_DECODE_PP_A_REGS
-#define SELKV_DECODE_PP_A_REGS 200
-#endif
-inline constexpr int kPingPongProducerRegs = SELKV_DECODE_PP_PRODUCER_REGS;
-inline constexpr int kPingPongARegs = SELKV_DECODE_PP_A_REGS;  // consumer A (WG1)
-inline constexpr int kPingPongBRegs = 3 * 168 - kPingPongProducerRegs - kPingPongARegs;  // consumer B (WG2)
-static_assert(kPingPongARegs % 8 == 0 && kPingPongBRegs % 8 == 0 && kPingPongBRegs <= 256,
-              "setmaxnreg budget (ping-pong)");
-// The P a consumer publishes for the other overlays the RoPE columns [512, 576) of its block's own
-// K tile, read only by that consumer's S (complete by then) and refilled only after both consumers
-// released the tile: (head m, token k) at K-tile position (t = m, d = 512 + k), so the P tile is
-// the K tile's first column block (SmemLayoutPInK) at + kRopeColOffset.
-inline constexpr int kRopeColOffset = (kDimNope / 64) * 512;  // 4096 elements = 8 KB, 1 KB aligned
-using SmemLayoutPInK = decltype(composition(
-    SmemLayoutK{}, make_layout(Shape<Int<kBlockM>, Int<kBlockN>>{}, Stride<_1, Int<kBlockN>>{})));
-SELKV_DEC_HD constexpr int p_in_k_offset(int m, int k) {
-  return k_tile_offset(m, kDimNope + (k & ~7)) + (k & 7);
-}
-// Ping-pong named barriers among the 256 consumer threads (ids of NamedBar the ping-pong does not
-// use, plus 6 and 7; NamedBar::kRowSum / kQReady keep their roles).
-enum class PpBar : uint32_t { kMaxA = 1, kMaxB = 2, kP0 = 6, kP1 = 7 };
-
 struct alignas(1024) SharedStorage {
   alignas(1024) bf16_t q[cosize_v<SmemLayoutQ>];             // 72 KB
   alignas(1024) bf16_t k[kNumKBufs][cosize_v<SmemLayoutK>];  // 2 x 72 KB
@@ -129,10 +90,6 @@ struct alignas(1024) SharedStorage {
   alignas(8) uint64_t bar_full[kNumKBufs];   // producer -> consumers, 128 arrivals
   alignas(8) uint64_t bar_empty[kNumKBufs];  // consumer warps -> producer(s): 8 (H=64) / 16 (H=128, both CTAs)
   alignas(8) uint64_t bar_remote[kNumKBufs]; // H=128: the peer CTA's half of the tile (st.async tx bytes)
-#if SELKV_DECODE_PINGPONG
-  alignas(16) float m_x[kBlockM];     // ping-pong: running row max handed A -> B -> A per pair
-  alignas(16) float l_x[2][kBlockM];  // ping-pong: row sums per consumer at row end
-#endif
 };
 static_assert(sizeof(SharedStorage) <= 227 * 1024, "shared memory plan exceeds 227 KB");
 static_assert(cosize_v<SmemLayoutK> == kBlockN * kDimQK);

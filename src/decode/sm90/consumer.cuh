@@ -8,51 +8,11 @@
 #include "decode/sm90/config.h"
 #include "decode/sm90/part_iter.cuh"
 #include "decode/sm90/primitives.cuh"
-#include "decode/sm90/probe.cuh"
+#include "decode/sm90/timeline.cuh"
 #include "sm90/common.cuh"
 #include "sm90/wg_softmax.cuh"
 
-// Index-line L2 prefetch by the PV WG at kernel start (A/B switch, default 0 = the measured kernel;
-// 1 = UNMEASURED): the producer's index loads are DRAM misses (one new 128-byte line per 32-token
-// round) and ncu puts most of its long-scoreboard stalls on them. The PV WG is idle until the first
-// P arrives, so it walks the part's rows once and prefetches every index line the producer will
-// read. To measure next (docs/decode-design.md §4 item 1).
-#ifndef SELKV_DECODE_INDEX_PREFETCH
-#define SELKV_DECODE_INDEX_PREFETCH 0
-#endif
-
-// Next row's Q issued early (A/B switch, default 0 = the measured kernel; 1 = UNMEASURED): the
-// softmax WG alone loads Q, and issues the next row's tile right after the last S of a row (Q has
-// no other reader), so the copy overlaps that block's softmax, P V and the epilogue instead of
-// stalling the next row (docs/decode-design.md §4 item 4). The PV WG then never waits on Q: the
-// row-start barrier's other roles move to kPFree (every block, the PV WG arriving for a row's
-// last block only after it has read the row statistics).
-#ifndef SELKV_DECODE_EARLY_Q
-#define SELKV_DECODE_EARLY_Q 0
-#endif
-
 namespace selkv::decode::sm90 {
-
-inline constexpr bool kIndexPrefetch = SELKV_DECODE_INDEX_PREFETCH != 0;
-inline constexpr bool kEarlyQ = SELKV_DECODE_EARLY_Q != 0;
-
-// Prefetch into L2 the index lines of every (row, block) of the part (blocks clamped to K / 64,
-// as the producer clamps them): 256 bytes per block, one 128-byte line per thread and step.
-template <class Iter>
-__device__ __forceinline__ void prefetch_part_indices(const DecodeKernelParams& p, Iter it, int tid_wg) {
-  const int32_t max_blocks = p.topk / kBlockN;
-  RowWork w;
-  while (it.next(w)) {
-    const auto [b, s] = row_coord(w.row, p.batch);
-    const int32_t* idx_row = p.indices + b * p.indices_batch_stride + s * p.indices_seq_stride;
-    const int32_t end = w.blk_end < max_blocks ? w.blk_end : max_blocks;
-    const int32_t lines = 2 * (end - w.blk_begin);  // 64 indices = 2 lines per block
-    for (int32_t l = tid_wg; l < lines; l += 128) {
-      const int32_t* a = idx_row + int64_t(w.blk_begin) * kBlockN + 32 * l;
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
-    }
-  }
-}
 
 // ---- consumer warpgroups --------------------------------------------------------------------
 // v4 split (FlashMLA's public SM90 design, written our own way): WG1 ("softmax WG") computes
@@ -66,6 +26,10 @@ __device__ __forceinline__ void prefetch_part_indices(const DecodeKernelParams& 
 //   row = 16 w + l / 4 + 8 * ((i >> 1) & 1), col = 8 * (i >> 2) + 2 * (l % 4) + (i & 1).
 // The A-operand register fragment of m64n256k16 (RS) for k-block kb holds, in the same order,
 // accumulator values [8 kb, 8 kb + 8) of S, so P goes to registers with a flat copy.
+
+// Named barriers among the 256 threads of the two consumer warpgroups.
+__device__ __forceinline__ void consumers_sync(NamedBar b) { selkv::sm90::named_bar_sync<kNumConsumerThreads>(b); }
+__device__ __forceinline__ void consumers_arrive(NamedBar b) { selkv::sm90::named_bar_arrive<kNumConsumerThreads>(b); }
 
 // Shared per-row state of the epilogue (both consumer warpgroups of one row).
 struct RowStats {
@@ -114,9 +78,8 @@ __device__ __forceinline__ void store_row(const DecodeKernelParams& p, const Row
       }
     } else {
       // fp32 partial: 8-byte stores of the accumulator pairs. The fp32 epilogue is bound by the
-      // write bandwidth of all CTAs finishing at once (16 MB in ~4 us at H=64 B=8 S_q=1); a
-      // head-pair workspace layout with 16-byte stores measured slower (H=64 B=1 22.1 vs 21.8 us,
-      // B=64 S_q=1 81.1 vs 79.6; a288085 vs 19a530b, session 7).
+      // write bandwidth of all CTAs finishing at once; a head-pair layout with 16-byte stores was
+      // slower (docs/perf-log.md: decode fp32 partial stores).
       float* acc0 = p.accum_out + (int64_t(w.slot) * kNumHeads + h0) * kDimV + cw * kDimVPerConsumer + 2 * q4;
       float* acc1 = p.accum_out + (int64_t(w.slot) * kNumHeads + h1) * kDimV + cw * kDimVPerConsumer + 2 * q4;
       CUTE_UNROLL
@@ -138,8 +101,7 @@ __device__ __forceinline__ void store_row(const DecodeKernelParams& p, const Row
     }
     // bf16: a 4 x 4 word transpose over the quad gives lane q all four words of chunk 4c + q, so a
     // warp instruction writes 64 contiguous bytes of each of its 8 rows (whole sectors) instead of
-    // 16 (half sectors, each written twice): a row's epilogue took ~6 us for 64 KB per CTA at H=64
-    // B=64 S_q=2, 2 us after (timeline, session 7).
+    // 16 (half sectors, each written twice; docs/perf-log.md: decode epilogue).
     // (With fp16 partials a split row's partial goes the same way into its slot, [H, 512]
     // contiguous.)
     const bool to_slot = kF16Partials && w.split;
@@ -171,34 +133,28 @@ __device__ __forceinline__ void store_row(const DecodeKernelParams& p, const Row
   }
 }
 
-// Q [64 heads x 576] of row `w` -> smem by the kThreads consumer threads whose index (from 0) is
-// `tid`: 64 * 72 / kThreads cp.async of 16 bytes each, not waited, all in flight at once (one DRAM
-// latency per row, no registers).
-template <int kThreads>
-__device__ __forceinline__ void issue_q_tile(const DecodeKernelParams& p, SharedStorage& ss, const RowWork& w, int tid) {
+// Q [64 heads x 576] of row `w` -> smem by both consumer warpgroups (256 threads, 18 cp.async of 16
+// bytes each, all in flight at once: one DRAM latency per row, no registers), waited. The caller
+// guarantees every wgmma of the previous row has completed (the row-end barrier).
+__device__ __forceinline__ void load_q_tile(const DecodeKernelParams& p, SharedStorage& ss, const RowWork& w) {
+  const int tid = int(threadIdx.x) - 128;
   const int head_base = int(blockIdx.x) * kBlockM;
   const auto [b, s] = row_coord(w.row, p.batch);
   const uint16_t* qrow = p.q + b * p.q_batch_stride + s * p.q_seq_stride;
   const uint32_t sq = smem_u32(ss.q);
   constexpr int kChunksPerHead = kDimQK / 8;  // 72 x 16 bytes
-  constexpr int kIters = kBlockM * kChunksPerHead / kThreads;
-  static_assert(kBlockM * kChunksPerHead % kThreads == 0);
+  constexpr int kIters = kBlockM * kChunksPerHead / kNumConsumerThreads;
+  static_assert(kBlockM * kChunksPerHead % kNumConsumerThreads == 0);
 #pragma unroll 1  // asynchronous copies: a rolled loop still has them all in flight, in few registers
   for (int u = 0; u < kIters; ++u) {
-    const int c = u * kThreads + tid;
+    const int c = u * kNumConsumerThreads + tid;
     const int h = c / kChunksPerHead, cc = c - (c / kChunksPerHead) * kChunksPerHead;
     selkv::sm90::cp_async_16(sq + 2u * uint32_t(k_tile_offset(h, cc * 8)),
                              qrow + int64_t(head_base + h) * p.q_head_stride + cc * 8, true);
   }
-}
-
-// Q of row `w` by both consumer warpgroups (256 threads, 18 copies each), waited. The caller
-// guarantees every wgmma of the previous row has completed (the row-end barrier).
-__device__ __forceinline__ void load_q_tile(const DecodeKernelParams& p, SharedStorage& ss, const RowWork& w) {
-  issue_q_tile<kNumConsumerThreads>(p, ss, w, int(threadIdx.x) - 128);
   selkv::sm90::cp_async_wait_all();
   cutlass::arch::fence_view_async_shared();  // cp.async writes are generic proxy; wgmma reads async
-  cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(NamedBar::kQReady));
+  consumers_sync(NamedBar::kQReady);
 }
 
 // S = Q K^T for the 64 tokens of the K tile `ktile` (wgmma m64n64k16 SS over all 576 dims),
@@ -217,15 +173,6 @@ __device__ __forceinline__ void issue_s_gemm(TiledMma& mma, const ThrMma& thr, c
     mma.accumulate_ = GMMA::ScaleOut::One;
   }
   warpgroup_commit_batch();
-}
-
-// Early-Q variant (kEarlyQ): the softmax WG's 128 threads issue row `w`'s Q tile alone
-// (issue_q_tile<128>, 36 copies each) ...
-// ... and before the row's first S: every thread's copies landed and are visible to wgmma.
-__device__ __forceinline__ void wait_q_tile_wg1() {
-  selkv::sm90::cp_async_wait_all();
-  cutlass::arch::fence_view_async_shared();
-  cutlass::arch::NamedBarrier::sync(128, uint32_t(NamedBar::kQReadyWg1));
 }
 
 // O += P V_half for one block, committed, not waited: `v_half` is the V half's first element in
@@ -294,39 +241,22 @@ __device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, Shar
   int buf = 0;
   uint32_t phase = 0;
   RowWork w;
-  SELKV_PROBE(unsigned long long pc[8] = {0, 0, 0, 0, 0, 0, 0, 0}; const unsigned long long ct0 = probe_clk();)
   SELKV_TL(bool tl_first = true;)
-  bool part_start = true;
   while (it.next(w)) {
-    RowWork nw;
-    bool has_next = false;
-    if constexpr (kEarlyQ) {
-      Iter peek = it;
-      has_next = peek.next(nw);  // the part's next row (its Q is issued after this row's last S)
-      if (part_start) issue_q_tile<128>(p, ss, w, tid_wg);
-      wait_q_tile_wg1();
-    } else {
-      load_q_tile(p, ss, w);
-    }
+    load_q_tile(p, ss, w);
     SELKV_TL(if (tid_wg == 0 && tl_first) tl_stamp(3);)
     clear(tOrO);
     float m0 = kNegInf, m1 = kNegInf, l0 = 0.f, l1 = 0.f;
 
     for (int32_t blk = w.blk_begin; blk < w.blk_end; ++blk) {
-      SELKV_PROBE(const unsigned long long c0 = probe_clk();)
       wait_kv_tile<kNumHeads>(ss, buf, phase);
-      SELKV_PROBE(const unsigned long long c1 = probe_clk(); pc[0] += c1 - c0;)
 
       // S = Q K^T over 576 dims for the block's 64 tokens.
       Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});
       issue_s_gemm(mma_qk, thr_qk, tSrQ, ss.k[buf], tSrS);
       warpgroup_wait<0>();
       warpgroup_fence_operand(tSrS);
-      if constexpr (kEarlyQ) {
-        if (blk + 1 == w.blk_end && has_next) issue_q_tile<128>(p, ss, nw, tid_wg);  // this row's S are done
-      }
       SELKV_TL(if (tid_wg == 0 && tl_first) { tl_stamp(4); tl_first = false; })
-      SELKV_PROBE(const unsigned long long c2 = probe_clk(); pc[1] += c2 - c1;)
 
       // Mask invalid tokens (bit t of the block's mask = token t), row maxima over the quad.
       float mx0, mx1;
@@ -342,15 +272,11 @@ __device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, Shar
         const uint32_t v = bf16x2_bits(tSrS(i), tSrS(i + 1));
         *reinterpret_cast<uint32_t*>(&tOrP(i)) = v;
       }
-      SELKV_PROBE(const unsigned long long c3 = probe_clk(); pc[2] += c3 - c2;)
 
       // Publish P and the rescale factors to WG2 (after it has finished with the previous ones).
-      // (early Q: also at a row's first block, as no row-start barrier orders the two WGs then)
-      if (kEarlyQ ? !part_start : blk != w.blk_begin)
-        cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(NamedBar::kPFree));
-      part_start = false;
-      // P tile by stmatrix: 4 instructions per thread instead of 16 four-byte stores (ncu, session 6:
-      // 1.84 M shared-store instructions at H=64 B=64 S_q=4 against FlashMLA's 1.25 M). The u32 at
+      if (blk != w.blk_begin) consumers_sync(NamedBar::kPFree);
+      // P tile by stmatrix: 4 instructions per thread instead of 16 four-byte stores (docs/perf-log.md:
+      // decode P tile). The u32 at
       // tOrP(i) is (row half (i >> 1) & 1, column block i >> 2); store k writes column blocks 2k and
       // 2k + 1 as matrices m = (half m & 1, block 2k + (m >> 1)), i.e. tOrP(8k + 2m).
       {
@@ -367,22 +293,19 @@ __device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, Shar
         ss.row_scale[r1] = sc1;
       }
       cutlass::arch::fence_view_async_shared();  // P tile: generic stores -> WG2's wgmma
-      cutlass::arch::NamedBarrier::arrive(kNumConsumerThreads, uint32_t(NamedBar::kPReady));
+      consumers_arrive(NamedBar::kPReady);
       // Once the running maxima settle the factors are exactly 1: skip the 128 multiplies
       // (warp-uniform test; multiplying by 1 would give the same bits).
       if (__any_sync(0xffffffffu, sc0 != 1.f || sc1 != 1.f)) {
         CUTE_UNROLL
         for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= ((i >> 1) & 1) ? sc1 : sc0;
       }
-      SELKV_PROBE(const unsigned long long c4 = probe_clk(); pc[3] += c4 - c3;)
 
       // O_0 += P V_0 (V = first 512 dims of the same KV tile, read MN-major).
       pv_gemm_wait(mma_pv, thr_pv, tOrP, ss.k[buf], tOrO);
-      SELKV_PROBE(const unsigned long long c5 = probe_clk(); pc[4] += c5 - c4;)
 
       release_kv_tile<kNumHeads>(ss, buf, lane);
       if (++buf == kNumKBufs) { buf = 0; phase ^= 1u; }
-      SELKV_PROBE(pc[5] += probe_clk() - c5; pc[6] += 1;)
     }
 
     // Row end: total row sums and maxima -> smem for WG2; the barrier also orders every wgmma of
@@ -395,19 +318,13 @@ __device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, Shar
       ss.row_max[r0] = m0;
       ss.row_max[r1] = m1;
     }
-    cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(NamedBar::kRowSum));
+    consumers_sync(NamedBar::kRowSum);
     // WG2 reads row_sum / row_max right after kRowSum; WG1 rewrites them only after the next
-    // row's kQReady barrier (early Q: its first kPFree), which WG2 reaches after that read.
+    // row's kQReady barrier, which WG2 reaches after that read.
     SELKV_TL(if (tid_wg == 0) tl_stamp(6);)  // overwritten per row: the last row's remains
     store_row<kNumHeads, kF16Partials>(p, w, 0, lane, r0, r1, RowStats{m0, m1, l0, l1}, tOrO);
   }
   SELKV_TL(if (tid_wg == 0) { tl_stamp(5); tl_finish(p); })
-#if SELKV_DECODE_PROBE
-  if (tid_wg == 0 && blockIdx.x == 0 && probe_should_print<kNumHeads>(p, 1)) {
-    printf("PROBE H%d softmaxWG part=%d blocks=%llu total=%llu wait_full=%llu S=%llu softmax=%llu publishP=%llu PV=%llu release=%llu\n",
-           kNumHeads, int(blockIdx.y), pc[6], probe_clk() - ct0, pc[0], pc[1], pc[2], pc[3], pc[4], pc[5]);
-  }
-#endif
 }
 
 // WG2: O_1 = O_1 * scale + P V_1.
@@ -427,25 +344,14 @@ __device__ __forceinline__ void run_pv_wg(const DecodeKernelParams& p, SharedSto
   int buf = 0;
   uint32_t phase = 0;
   RowWork w;
-  SELKV_PROBE(unsigned long long pc[4] = {0, 0, 0, 0}; const unsigned long long ct0 = probe_clk();)
-  if constexpr (kIndexPrefetch) prefetch_part_indices(p, it, tid_wg);
   while (it.next(w)) {
-    bool has_next = false;
-    if constexpr (kEarlyQ) {
-      Iter peek = it;
-      RowWork nw;
-      has_next = peek.next(nw);
-    } else {
-      load_q_tile(p, ss, w);
-    }
+    load_q_tile(p, ss, w);
     clear(tOrO);
     for (int32_t blk = w.blk_begin; blk < w.blk_end; ++blk) {
-      SELKV_PROBE(const unsigned long long c0 = probe_clk();)
-      cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(NamedBar::kPReady));
+      consumers_sync(NamedBar::kPReady);
       // WG1 waited for this tile before publishing P; waiting here too is free and keeps the
       // async-proxy visibility chain explicit (producer fence -> mbarrier -> this thread).
       wait_kv_tile<kNumHeads>(ss, buf, phase);
-      SELKV_PROBE(const unsigned long long c1 = probe_clk(); pc[0] += c1 - c0;)
       const float sc0 = ss.row_scale[r0], sc1 = ss.row_scale[r1];
       if (__any_sync(0xffffffffu, sc0 != 1.f || sc1 != 1.f)) {
         CUTE_UNROLL
@@ -453,24 +359,15 @@ __device__ __forceinline__ void run_pv_wg(const DecodeKernelParams& p, SharedSto
       }
 
       pv_gemm_wait(mma_pv, thr_pv, tOrP, ss.k[buf] + kVHalfDimOffset, tOrO);
-      SELKV_PROBE(pc[1] += probe_clk() - c1; pc[2] += 1;)
 
       release_kv_tile<kNumHeads>(ss, buf, lane);
-      if (blk + 1 != w.blk_end) cutlass::arch::NamedBarrier::arrive(kNumConsumerThreads, uint32_t(NamedBar::kPFree));
+      if (blk + 1 != w.blk_end) consumers_arrive(NamedBar::kPFree);
       if (++buf == kNumKBufs) { buf = 0; phase ^= 1u; }
     }
-    cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(NamedBar::kRowSum));
+    consumers_sync(NamedBar::kRowSum);
     const RowStats st{ss.row_max[r0], ss.row_max[r1], ss.row_sum[r0], ss.row_sum[r1]};
-    // Early Q: the P tile, row_scale and the row statistics are free for the next row only now.
-    if (kEarlyQ && has_next) cutlass::arch::NamedBarrier::arrive(kNumConsumerThreads, uint32_t(NamedBar::kPFree));
     store_row<kNumHeads, kF16Partials>(p, w, 1, lane, r0, r1, st, tOrO);
   }
-#if SELKV_DECODE_PROBE
-  if (tid_wg == 0 && blockIdx.x == 0 && probe_should_print<kNumHeads>(p, 2)) {
-    printf("PROBE H%d pvWG part=%d blocks=%llu total=%llu wait_P=%llu PV=%llu\n", kNumHeads, int(blockIdx.y), pc[2],
-           probe_clk() - ct0, pc[0], pc[1]);
-  }
-#endif
 }
 
 }  // namespace selkv::decode::sm90

@@ -20,9 +20,10 @@ extern template cudaError_t launch_sparse_decode_sm90<128, false, true>(const De
 extern template cudaError_t launch_sparse_decode_sm90<128, true, false>(const DecodeKernelParams&, cudaStream_t);
 extern template cudaError_t launch_sparse_decode_sm90<128, true, true>(const DecodeKernelParams&, cudaStream_t);
 
+// Clusters (H = 128) / CTAs (H = 64) resident at once for a grid of `parts` parts.
 template <int kNumHeads>
-cudaError_t max_resident_sparse_decode_sm90(int* count);
-extern template cudaError_t max_resident_sparse_decode_sm90<64>(int*);
-extern template cudaError_t max_resident_sparse_decode_sm90<128>(int*);
+cudaError_t max_resident_sparse_decode_sm90(int parts, int* count);
+extern template cudaError_t max_resident_sparse_decode_sm90<64>(int, int*);
+extern template cudaError_t max_resident_sparse_decode_sm90<128>(int, int*);
 
 }  // namespace selkv::decode::sm90

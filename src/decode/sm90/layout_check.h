@@ -1,5 +1,5 @@
-// Host self-check of the hand-written smem offsets (k_tile_offset, p_tile_offset, the consumer
-// half offsets) against the CuTe layouts the wgmma descriptors are built from. CPU only.
+// Host self-check of the hand-written smem offsets (k_tile_offset, p_tile_offset, the K-half and
+// V-half offsets) against the CuTe layouts the wgmma descriptors are built from. CPU only.
 #pragma once
 
 #include <string>

@@ -21,8 +21,8 @@ struct RowWork {
 // Dynamic top-k: the walk keeps a two-row window (row r = blocks [rb, re), row r + 1 = [re, re2))
 // from the part's metadata entry and loads the end of row r + 2 when it steps to row r + 1, a
 // whole row before it is needed: no row switch waits on a metadata load. Fixed top-k: the bounds
-// are arithmetic (FixedSchedule) and the walk is the plain one: sharing the window cost the fixed
-// kernels +48 instructions and +1.5 % at H = 64 (session 7).
+// are arithmetic (FixedSchedule) and the walk is the plain one: sharing the window made the fixed
+// kernels larger and slower (docs/perf-log.md: decode part walk).
 template <class Schedule>
 struct PartIter {
   static constexpr bool kDynamic = std::is_same_v<Schedule, DynamicSchedule>;

@@ -70,8 +70,8 @@ __device__ __forceinline__ void bulk_copy_to_peer(uint32_t remote_dst, uint32_t 
 // of the previous round's conversion, or all before it), which costs either the loads' lead time
 // or two rounds of records in registers (spills at the producer's 120 registers). Volatile asm
 // with a memory clobber fixes the order in the PTX as well. Same bytes, same arithmetic.
-// FlashMLA's L1 evict-last + L2 256B hint on these loads measured +1..4 % at H=128 (session 6,
-// bench/results/2026-12-01_f2a3129_h200_ab_decode_rec_l1_softmax64.csv): not used.
+// FlashMLA's L1 evict-last + L2 256B hint on these loads was slower here: not used
+// (docs/perf-log.md: decode record load hints).
 __device__ __forceinline__ uint4 ld_16_pred(const void* gptr, int32_t valid) {
   uint4 v;
   asm volatile(
@@ -87,8 +87,8 @@ __device__ __forceinline__ uint4 ld_16_pred(const void* gptr, int32_t valid) {
 
 // 4-byte read-only load, predicated: -1 when `valid` is 0 (nothing is loaded). One register is
 // both the default and the load target, so a caller that keeps the value in a loop-carried
-// variable gets no register copy of the in-flight load (a copy waits for the load to land: the
-// v8 producer: 15 % of its stall samples on such a MOV behind an index load, ncu at 6693a0a).
+// variable gets no register copy of the in-flight load (a copy waits for the load to land;
+// docs/perf-log.md: decode index ring).
 __device__ __forceinline__ int32_t ld_s32_pred_or_neg1(const int32_t* gptr, int32_t valid) {
   int32_t v;
   asm volatile(

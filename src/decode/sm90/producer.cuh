@@ -7,11 +7,7 @@
 #include "decode/sm90/config.h"
 #include "decode/sm90/part_iter.cuh"
 #include "decode/sm90/primitives.cuh"
-#include "decode/sm90/probe.cuh"
-
-#ifndef SELKV_DECODE_WARP_FORWARD
-#define SELKV_DECODE_WARP_FORWARD 0
-#endif
+#include "decode/sm90/timeline.cuh"
 
 namespace selkv::decode::sm90 {
 
@@ -36,10 +32,10 @@ struct RoundRaw {
 // Walks (row, block) of the part in block order; identical in every CTA of a cluster. With
 // dynamic top-k it holds the clamped top-k lengths of rows row and row + 1, loading the next one
 // when it steps to a new row, a whole row before it is needed: the index stage of a new row never
-// waits on a length load (it had cost a dependent DRAM round trip per row after the L2 flush;
-// docs/perf-log.md, session 7). The lengths come from the plan's snapshot (never topk_length
-// itself), and a row's block count follows from its length exactly as the scheduler derived the
-// prefix sums the consumers walk (max(ceil(len / 64), 1)).
+// waits on a length load (a dependent DRAM round trip per row otherwise; docs/perf-log.md: part
+// entries). The lengths come from the plan's snapshot (never topk_length itself), and a row's
+// block count follows from its length exactly as the scheduler derived the prefix sums the
+// consumers walk (max(ceil(len / 64), 1)).
 template <bool kDynamic, class Schedule>
 struct BlockCursor {
   Schedule sched;
@@ -101,7 +97,7 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
   const int row_base = warp * kKRowGroupStride + l7 * 64;
   const int c0 = ((2 * q) ^ l7) << 3, c1 = ((2 * q + 1) ^ l7) << 3;
   const int r0 = (kDimNope / 64) * 512 + ((q ^ l7) << 3), r1 = (kDimNope / 64) * 512 + (((q + 4) ^ l7) << 3);
-  constexpr int kHalfOff = (32 / 8) * kKRowGroupStride;  // tokens [32, 64)
+  constexpr int kHalfOff = kKHalfTokenOffset;  // tokens [32, 64)
   uint32_t peer_smem = 0;
   if constexpr (kCluster == 2) peer_smem = map_smem_to_rank(smem_u32(&ss), rank ^ 1u);
 
@@ -175,18 +171,14 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
   // and issue the loads of round n + 1 into `nx` (record `nrec`, validity nx.valid, set by the
   // caller) interleaved with it: NoPE chunk d of round n + 1 is loaded right after chunk d of
   // round n has been converted, into the registers that just died, so only about one round of
-  // raw records is live at a time (v2 issued all 11 loads of round n + 1 before converting round
-  // n: two rounds, ~90 registers, live at once -> spills at 120 registers). Every load still
-  // has a full round of lead before its use. The arithmetic is unchanged.
-  SELKV_PROBE(unsigned long long pr_empty = 0;)
+  // raw records is live at a time (issuing all 11 loads of round n + 1 first kept two rounds live
+  // and spilled). Every load still has a full round of lead before its use.
   auto convert = [&](int32_t n, const RoundRaw& r, int32_t idx2v, RoundRaw& nx, const uint8_t* nrec) {
     const int32_t blkn = n / kRounds, rin = n - (n / kRounds) * kRounds;
     const int buf = blkn & 1;
     const uint32_t phase = uint32_t(blkn >> 1) & 1u;
     if (rin == 0) {
-      SELKV_PROBE(const unsigned long long pe0 = probe_clk();)
       cutlass::arch::ClusterBarrier::wait(&ss.bar_empty[buf], phase ^ 1u);
-      SELKV_PROBE(pr_empty += probe_clk() - pe0;)
       // The wait asm has no memory clobber: keep every smem store of this round below it.
       asm volatile("" ::: "memory");
       if constexpr (kCluster == 2) {
@@ -240,24 +232,12 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
       cutlass::arch::ClusterBarrier::arrive(&ss.bar_full[buf]);
       SELKV_TL(if (threadIdx.x == 0 && n == kRounds - 1) tl_stamp(1);)
       if constexpr (kCluster == 2) {
-#if SELKV_DECODE_WARP_FORWARD
-        // A/B switch (default 0, UNMEASURED; H=128 fixed spills 2 bytes in the round loop with it):
-        // each warp ships its own 8 tokens (one 9 KB row group of the tile) as soon as its lanes
-        // have fenced their stores, instead of one 36 KB copy after all four warps: the copy
-        // overlaps the slower warps' conversion.
-        __syncwarp();
-        if (lane == 0) {
-          const uint32_t off = uint32_t(half * kHalfOff + warp * kKRowGroupStride) * uint32_t(sizeof(bf16_t));
-          bulk_copy_to_peer(peer_k + off, smem_u32(sk) + off, uint32_t(kKRowGroupStride * sizeof(bf16_t)), peer_bar);
-        }
-#else
         // Every producer thread's half-tile stores are fenced: one thread ships the half.
-        cutlass::arch::NamedBarrier::sync(128, uint32_t(NamedBar::kProducerHalfDone));
+        selkv::sm90::named_bar_sync<128>(NamedBar::kProducerHalfDone);
         if (threadIdx.x == 0) {
           const uint32_t off = uint32_t(half * kHalfOff) * uint32_t(sizeof(bf16_t));
           bulk_copy_to_peer(peer_k + off, smem_u32(sk) + off, uint32_t(kHalfOff * sizeof(bf16_t)), peer_bar);
         }
-#endif
       }
     }
   };
@@ -280,10 +260,9 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
     }
   };
 
-  SELKV_PROBE(const unsigned long long pt0 = probe_clk();)
   // Index ring of two slots (slot of round m = m & 1), rotated by the main loop's 2-step unroll,
   // so a loop-carried index never moves between registers (a move of a value still in flight
-  // waits for it; 6693a0a lost ~15 % of the producer's stall samples on one per step). At the
+  // waits for it; docs/perf-log.md: decode index ring). At the
   // start of step n, slot (n + 1) & 1 holds round n + 1's indices (their records are loaded in
   // step n) and slot n & 1 round n + 2's (prefetched into L2 in step n); step n then loads round
   // n + 3's into slot (n + 1) & 1. Prologue: rounds 0, 1 and 2, records of round 0.
@@ -294,7 +273,7 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
   load_index(s1, s1p);  // round 1
   issue_loads(s0, x0);
   // Round 1's records to L2 now, alongside round 0's, not in step 0 after round 0 landed: the first
-  // block of an H = 64 part needs both rounds (H=64 B=8 S_q=1 27.5 -> 27.0 us, session 8).
+  // block of an H = 64 part needs both rounds (docs/perf-log.md: decode prologue prefetch).
   prefetch_record(s1);
   v2_0 = valid2(s0p);
   load_index(s0, s0p);  // round 2
@@ -317,13 +296,6 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
     if (n + 1 < total_rounds) step(n + 1, x1, v2_1, x0, v2_0, s0, s0p, s1);
   }
   SELKV_TL(if (threadIdx.x == 0) tl_stamp(2);)
-#if SELKV_DECODE_PROBE
-  if (threadIdx.x == 0 && blockIdx.x == 0 && probe_should_print<kNumHeads>(p, 0)) {
-    const unsigned long long tot = probe_clk() - pt0;
-    printf("PROBE H%d producer part=%d rounds=%d total=%llu empty_wait=%llu per_round_busy=%llu\n", kNumHeads, int(blockIdx.y),
-           int(total_rounds), tot, pr_empty, (tot - pr_empty) / (total_rounds > 0 ? total_rounds : 1));
-  }
-#endif
 }
 
 }  // namespace selkv::decode::sm90

@@ -16,9 +16,6 @@
 #include "decode/sm90/config.h"
 #include "decode/sm90/consumer.cuh"
 #include "decode/sm90/invalid_plan.cuh"
-#if SELKV_DECODE_PINGPONG
-#include "decode/sm90/consumer_pingpong.cuh"
-#endif
 #include "decode/sm90/part_iter.cuh"
 #include "decode/sm90/producer.cuh"
 
@@ -46,7 +43,7 @@ sparse_decode_sm90_kernel(const __grid_constant__ DecodeKernelParams p) {
   // grid (H / 64, parts); H = 128 runs as clusters of the two head groups of one part (cluster
   // rank == blockIdx.x). An empty part exits in both CTAs of its cluster, before any cluster sync.
   if (!it.init(int32_t(blockIdx.y))) {  // uniform
-    SELKV_TL(if (threadIdx.x == 0) { if (tl_cta() < 2 * 132) g_tl[tl_cta()][0] = 0; tl_finish(p); })
+    SELKV_TL(if (threadIdx.x == 0) tl_empty_exit(p);)
     return;
   }
   constexpr int kCluster = kNumHeads == 128 ? 2 : 1;
@@ -74,29 +71,18 @@ sparse_decode_sm90_kernel(const __grid_constant__ DecodeKernelParams p) {
 
   const int wg = int(threadIdx.x) / 128;
   // Branch order sets the code layout (ptxas places the else path first): the producer's code right
-  // after the prologue, then the softmax WG's, then the PV WG's. With the producer's code last
-  // (52 KB past the entry), a call whose instruction caches do not hold the kernel (any other
-  // kernel ran since its previous call, as in a serving engine) got its first KV block 4-6.5 us
-  // later and took 2.5-4.6 us longer (H=64 B=8 S_q=1 31.2 -> 27.6 us; docs/perf-log.md, session 8).
+  // after the prologue, then the softmax WG's, then the PV WG's. With the producer's code last, a
+  // call with cold instruction caches (as in a serving engine) started its first KV block later
+  // (docs/perf-log.md: decode code layout).
   if (wg != 0) {
-#if SELKV_DECODE_PINGPONG
-    if (wg == 2) {
-      cutlass::arch::warpgroup_reg_alloc<kPingPongBRegs>();
-      run_pingpong_consumer<kNumHeads, 1, kF16Partials>(p, ss, it);
-    } else {
-      cutlass::arch::warpgroup_reg_alloc<kPingPongARegs>();
-      run_pingpong_consumer<kNumHeads, 0, kF16Partials>(p, ss, it);
-    }
-#else
     if (wg == 2) {
       run_pv_wg<kNumHeads, kF16Partials>(p, ss, it);  // stays at the launch budget (kPvWgRegs)
     } else {
       cutlass::arch::warpgroup_reg_alloc<kSoftmaxWgRegs>();
       run_softmax_wg<kNumHeads, kF16Partials>(p, ss, it);
     }
-#endif
   } else {
-    cutlass::arch::warpgroup_reg_dealloc<kPingPong ? kPingPongProducerRegs : kProducerRegs>();
+    cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
     run_producer<kNumHeads, kDynamic>(p, ss, it, rank);
   }
   if constexpr (kCluster == 2) {
@@ -134,17 +120,18 @@ cudaError_t launch_sparse_decode_sm90(const DecodeKernelParams& p, cudaStream_t 
   return cudaGetLastError();
 }
 
-// How many clusters (H = 128) / CTAs (H = 64) of the decode kernel can be resident at once: the
-// part count must not exceed it (a second wave would double the time).
+// How many clusters (H = 128) / CTAs (H = 64) of the decode kernel can be resident at once on the
+// current device, for a grid of `parts` parts: the part count must not exceed it (a second wave
+// would double the time).
 template <int kNumHeads>
-cudaError_t max_resident_sparse_decode_sm90(int* count) {
+cudaError_t max_resident_sparse_decode_sm90(int parts, int* count) {
   // (the fixed fp16 instantiation stands for all: same smem, registers and cluster shape)
   auto kernel = &sparse_decode_sm90_kernel<kNumHeads, false, true>;
   constexpr int kSmem = int(sizeof(SharedStorage));
   cudaError_t err = selkv::detail::set_max_dynamic_smem_once<&sparse_decode_sm90_kernel<kNumHeads, false, true>>(kSmem);
   if (err != cudaSuccess) return err;
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(kNumHeads / kBlockM, 132, 1);
+  cfg.gridDim = dim3(kNumHeads / kBlockM, parts > 0 ? parts : 1, 1);
   cfg.blockDim = dim3(kNumThreads, 1, 1);
   cfg.dynamicSmemBytes = kSmem;
   cudaLaunchAttribute attr[1];

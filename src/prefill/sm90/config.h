@@ -34,7 +34,6 @@ template <int kD>
 struct Config {
   static_assert(kD == 576 || kD == 512, "D_qk must be 576 or 512");
   static constexpr int kTiles = kD / 64;          // 9 or 8
-  static constexpr int kTilesR = kTiles - kTilesL;  // 5 or 4
   static constexpr bool kP0InRope = kD == 576;    // P of block 0 overlays slot 0's RoPE tile
   using SwAtom = GMMA::Layout_K_SW128_Atom<bf16_t>;
   using SmemLayoutQK = decltype(tile_to_shape(SwAtom{}, Shape<Int<64>, Int<kD>>{}, Step<_1, _2>{}));

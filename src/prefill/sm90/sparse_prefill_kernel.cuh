@@ -30,18 +30,6 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
-// SELKV_PREFILL_TMA_Q (A/B switch, default 0; 1 compiles, never run): one producer thread loads a
-// tile's Q with 9 (D=576) / 8 TMA box copies of 64 heads x 64 columns (SWIZZLE_128B writes exactly
-// the tile_sw128 layout) completing tx bytes on bar_q, instead of 36 cp.async per producer thread.
-// The tensor map is encoded on the host at each launch (no device sync; graph capture bakes it).
-#ifndef SELKV_PREFILL_TMA_Q
-#define SELKV_PREFILL_TMA_Q 0
-#endif
-#if SELKV_PREFILL_TMA_Q
-#include <cuda.h>
-#include <cudaTypedefs.h>
-#endif
-
 #include <cutlass/arch/reg_reconfig.h>
 
 #include "common/arch.h"
@@ -63,20 +51,15 @@ __device__ __forceinline__ int32_t prefill_row_len(const PrefillKernelParams& p,
 __device__ __forceinline__ void bar_wait(uint64_t* b, uint32_t parity) {
   cutlass::arch::ClusterBarrier::wait(b, parity);
 }
-__device__ __forceinline__ void nb_sync(Bar b) {
-  cutlass::arch::NamedBarrier::sync(256, uint32_t(b));
-}
-__device__ __forceinline__ void nb_arrive(Bar b) {
-  cutlass::arch::NamedBarrier::arrive(256, uint32_t(b));
-}
+__device__ __forceinline__ void nb_sync(Bar b) { selkv::sm90::named_bar_sync<256>(b); }
+__device__ __forceinline__ void nb_arrive(Bar b) { selkv::sm90::named_bar_arrive<256>(b); }
 
 // ---- producer -------------------------------------------------------------------------------
 // Thread (g = tid / 8, e = tid % 8) copies 16-byte chunk e of every 64-column tile of rows
 // g + 16 j (j < 4): 8 threads cover one 128-byte tile row, a warp 4 rows (coalesced 128 B
 // segments). Rows g + 16 j share the swizzle phase g & 7.
 template <int kD>
-__device__ __forceinline__ void run_producer(const PrefillKernelParams& p, typename Config<kD>::SharedStorage& ss,
-                                             const void* q_map) {
+__device__ __forceinline__ void run_producer(const PrefillKernelParams& p, typename Config<kD>::SharedStorage& ss) {
   using C = Config<kD>;
   const int tid = int(threadIdx.x);
   const int g = tid >> 3, e = tid & 7;
@@ -100,24 +83,6 @@ __device__ __forceinline__ void run_producer(const PrefillKernelParams& p, typen
 
     // Q [64 heads x D], once both consumers are done with the previous tile's Q.
     bar_wait(&ss.q_empty, (nq & 1u) ^ 1u);
-#if SELKV_PREFILL_TMA_Q
-    if (tid == 0) {
-      const uint32_t bar = cute::cast_smem_ptr_to_uint(&ss.bar_q);
-      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar),
-                   "r"(uint32_t(64 * kD * 2))
-                   : "memory");
-      const int32_t head0 = hg * 64, tok = int32_t(t);
-      CUTE_UNROLL
-      for (int tl = 0; tl < C::kTiles; ++tl)
-        asm volatile(
-            "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
-            " [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(sq + 2u * uint32_t(tl * kTileElems)),
-            "l"(q_map), "r"(tl * 64), "r"(head0), "r"(tok), "r"(bar), "l"(q_pol)
-            : "memory");
-    }
-    ++nq;
-#else
-    (void)q_map;
     {
       const uint16_t* qb = p.q + t * p.q_token_stride + int64_t(hg) * 64 * p.q_head_stride + e * 8;
       CUTE_UNROLL
@@ -131,7 +96,6 @@ __device__ __forceinline__ void run_producer(const PrefillKernelParams& p, typen
       cutlass::arch::cpasync_barrier_arrive_noinc(&ss.bar_q);
       ++nq;
     }
-#endif
 
     const int32_t* idx_row = p.indices + t * p.indices_token_stride;
     const int32_t npairs = (nblk + 1) / 2;
@@ -247,8 +211,8 @@ __device__ __forceinline__ void run_consumer(const PrefillKernelParams& p, typen
   // S for this consumer's block of a pair: halves in arrival order (A: L then R, B: R then L).
   auto issue_s_half = [&](int half, uint32_t parity, bool first) {
     bar_wait(&ss.full[kC][half], parity);
-    // cp.async (generic proxy) -> wgmma (async proxy). Required by the memory model; dropping it
-    // measured no faster (2dfddb8, H200).
+    // cp.async (generic proxy) -> wgmma (async proxy). Required by the memory model, and it costs
+    // nothing measurable (docs/perf-log.md: prefill proxy fence).
     cutlass::arch::fence_view_async_shared();
     warpgroup_fence_operand(tSrS);
     warpgroup_arrive();
@@ -490,11 +454,7 @@ __device__ __forceinline__ void run_consumer(const PrefillKernelParams& p, typen
 // ---- kernel ---------------------------------------------------------------------------------
 template <int kD>
 __global__ void __launch_bounds__(kNumThreads, 1)
-#if SELKV_PREFILL_TMA_Q
-sparse_prefill_sm90_kernel(const __grid_constant__ PrefillKernelParams p, const __grid_constant__ CUtensorMap q_map) {
-#else
 sparse_prefill_sm90_kernel(const __grid_constant__ PrefillKernelParams p) {
-#endif
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using C = Config<kD>;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -502,7 +462,7 @@ sparse_prefill_sm90_kernel(const __grid_constant__ PrefillKernelParams p) {
   auto& ss = *reinterpret_cast<typename C::SharedStorage*>(smem_raw);
 
   if (threadIdx.x == 0) {
-    cutlass::arch::ClusterBarrier::init(&ss.bar_q, SELKV_PREFILL_TMA_Q ? 1 : 128);
+    cutlass::arch::ClusterBarrier::init(&ss.bar_q, 128);
     cutlass::arch::ClusterBarrier::init(&ss.q_empty, 256);
     CUTE_UNROLL
     for (int b = 0; b < 2; ++b)
@@ -518,11 +478,7 @@ sparse_prefill_sm90_kernel(const __grid_constant__ PrefillKernelParams p) {
   const int wg = int(threadIdx.x) / 128;
   if (wg == 0) {
     cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
-#if SELKV_PREFILL_TMA_Q
-    run_producer<kD>(p, ss, &q_map);
-#else
-    run_producer<kD>(p, ss, nullptr);
-#endif
+    run_producer<kD>(p, ss);
   } else if (wg == 1) {
     cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
     run_consumer<kD, 0>(p, ss);
@@ -535,46 +491,13 @@ sparse_prefill_sm90_kernel(const __grid_constant__ PrefillKernelParams p) {
 #endif
 }
 
-#if SELKV_PREFILL_TMA_Q
-// q [T, H, D] bf16 as a 3-D tensor (D, H, T) with a 64 x 64 x 1 box and the 128-byte swizzle.
-// The host validation guarantees what TMA needs: q 16-byte aligned, strides multiples of 8
-// elements, T <= 2^30.
-template <int kD>
-cudaError_t encode_q_map(const PrefillKernelParams& p, CUtensorMap* map) {
-  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess)
-      fn = nullptr;
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
-  if (encode == nullptr) return cudaErrorNotSupported;
-  const cuuint64_t dims[3] = {cuuint64_t(kD), cuuint64_t(p.num_heads), cuuint64_t(p.num_tokens)};
-  const cuuint64_t strides[2] = {cuuint64_t(p.q_head_stride) * 2, cuuint64_t(p.q_token_stride) * 2};
-  const cuuint32_t box[3] = {64, 64, 1};
-  const cuuint32_t estride[3] = {1, 1, 1};
-  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<uint16_t*>(p.q), dims, strides, box,
-                            estride, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
-}
-#endif
-
 template <int kD>
 cudaError_t launch_sparse_prefill_sm90(const PrefillKernelParams& p, int64_t grid, cudaStream_t stream) {
   auto kernel = &sparse_prefill_sm90_kernel<kD>;
   constexpr int kSmem = int(sizeof(typename Config<kD>::SharedStorage));
   cudaError_t err = selkv::detail::set_max_dynamic_smem_once<&sparse_prefill_sm90_kernel<kD>>(kSmem);
   if (err != cudaSuccess) return err;
-#if SELKV_PREFILL_TMA_Q
-  CUtensorMap q_map;
-  err = encode_q_map<kD>(p, &q_map);
-  if (err != cudaSuccess) return err;
-  kernel<<<dim3(unsigned(grid)), kNumThreads, kSmem, stream>>>(p, q_map);
-#else
   kernel<<<dim3(unsigned(grid)), kNumThreads, kSmem, stream>>>(p);
-#endif
   return cudaGetLastError();
 }
 

@@ -1,5 +1,5 @@
-// Cycle probe of the SM90 decode kernel (SELKV_DECODE_PROBE=1 builds only; expands to nothing
-// otherwise). Evidence for docs/perf-log.md.
+// Launch timeline of the SM90 decode kernel, a measurement build (SELKV_DECODE_TIMELINE=1; the
+// macros expand to nothing otherwise). Evidence for docs/perf-log.md; usage in docs/gpu-runs.md.
 #pragma once
 
 #include <cstdio>
@@ -8,35 +8,11 @@
 
 namespace selkv::decode::sm90 {
 
-// Cycle probe (SELKV_DECODE_PROBE=1 builds only; never in the library default): thread 0 of the
-// producer and of each consumer warpgroup accumulates clock64 deltas per phase and prints them
-// for the first few CTAs that finish. Evidence for docs/perf-log.md.
-#ifndef SELKV_DECODE_PROBE
-#define SELKV_DECODE_PROBE 0
-#endif
-#if SELKV_DECODE_PROBE
-__device__ int g_decode_probe_prints[2][3];  // [H / 64 - 1][producer, consumer 0, consumer 1]
-// Print for large grids only (>= 64 rows: run one case per process), 3 CTAs per role.
-template <int kNumHeads>
-__device__ __forceinline__ bool probe_should_print(const DecodeKernelParams& p, int role) {
-  return p.num_rows >= 64 &&
-         atomicAdd(&g_decode_probe_prints[kNumHeads / 64 - 1][role], 1) < 3;
-}
-__device__ __forceinline__ unsigned long long probe_clk() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%clock64;" : "=l"(t)::"memory");
-  return t;
-}
-#define SELKV_PROBE(...) __VA_ARGS__
-#else
-#define SELKV_PROBE(...)
-#endif
-
-// Launch timeline (SELKV_DECODE_TIMELINE=1 builds only): globaltimer stamps per CTA, no printf on
-// the critical path; the last CTA to finish prints min / median / max of every stamp relative to
+// Globaltimer stamps per CTA, no printf on the critical path; the last CTA to finish prints min / median / max of every stamp relative to
 // the first CTA's entry, for the first launches of the process (run one case per process). Stamps:
 // 0 entry, 1 producer's first publish, 2 producer end, 3 softmax WG's first Q ready, 4 its first S
-// done, 5 its end, 6 the start of its last row's epilogue (store_row). The combine kernel adds entry / after griddepcontrol.wait / end (combine.cu).
+// done, 5 its end, 6 the start of its last row's epilogue (store_row). The combine kernel adds entry /
+// after griddepcontrol.wait / end (combine.cu).
 #ifndef SELKV_DECODE_TIMELINE
 #define SELKV_DECODE_TIMELINE 0
 #endif
@@ -47,7 +23,8 @@ __device__ __forceinline__ unsigned long long probe_clk() {
 #endif
 #if SELKV_DECODE_TIMELINE
 inline constexpr int kTlStamps = 7;
-__device__ unsigned long long g_tl[2 * 132][kTlStamps];
+inline constexpr int kTlMaxCtas = 512;  // CTAs stamped per launch (the grid is at most one per SM)
+__device__ unsigned long long g_tl[kTlMaxCtas][kTlStamps];
 __device__ unsigned int g_tl_done;
 __device__ unsigned int g_tl_prints;
 __device__ unsigned long long g_tl_t0;  // first entry of the last printed launch (for the combine)
@@ -58,7 +35,7 @@ __device__ __forceinline__ unsigned long long tl_now() {
 }
 __device__ __forceinline__ int tl_cta() { return int(blockIdx.y * gridDim.x + blockIdx.x); }
 __device__ __forceinline__ void tl_stamp(int k) {
-  if (tl_cta() < 2 * 132) g_tl[tl_cta()][k] = tl_now();
+  if (tl_cta() < kTlMaxCtas) g_tl[tl_cta()][k] = tl_now();
 }
 // Called once per CTA when it is done (empty CTAs too); the last one prints and resets.
 __device__ __forceinline__ void tl_finish(const DecodeKernelParams& p) {
@@ -66,7 +43,7 @@ __device__ __forceinline__ void tl_finish(const DecodeKernelParams& p) {
   const unsigned total = gridDim.x * gridDim.y;
   if (atomicAdd(&g_tl_done, 1u) != total - 1) return;
   g_tl_done = 0;
-  const int n = int(total < 2 * 132 ? total : 2 * 132);
+  const int n = int(total < kTlMaxCtas ? total : kTlMaxCtas);
   const unsigned launch = atomicAdd(&g_tl_prints, 1u);
   if (launch < SELKV_DECODE_TIMELINE_SKIP || launch >= SELKV_DECODE_TIMELINE_SKIP + 6) {
     for (int c = 0; c < n; ++c) g_tl[c][0] = 0;
@@ -80,16 +57,21 @@ __device__ __forceinline__ void tl_finish(const DecodeKernelParams& p) {
   const char* names[kTlStamps] = {"entry", "producer_first_publish", "producer_end", "q_ready", "first_S", "end",
                                   "last_epilogue_start"};
   for (int k = 0; k < kTlStamps; ++k) {
-    unsigned long long v[2 * 132];
+    unsigned long long v[kTlMaxCtas];
     int m = 0;
     for (int c = 0; c < n; ++c)
       if (g_tl[c][0] != 0 && g_tl[c][k] >= t0) v[m++] = g_tl[c][k] - t0;
-    for (int i = 1; i < m; ++i)  // insertion sort: probe builds only
+    for (int i = 1; i < m; ++i)  // insertion sort: timeline builds only
       for (int j = i; j > 0 && v[j - 1] > v[j]; --j) { const unsigned long long x = v[j]; v[j] = v[j - 1]; v[j - 1] = x; }
     if (m > 0)
       printf("TIMELINE   %-24s %8.2f %8.2f %8.2f  (%d CTAs)\n", names[k], v[0] * 1e-3, v[m / 2] * 1e-3, v[m - 1] * 1e-3, m);
   }
   for (int c = 0; c < n; ++c) g_tl[c][0] = 0;
+}
+// An empty part's CTA: no stamps of its own (its entry stamp is cleared), then tl_finish.
+__device__ __forceinline__ void tl_empty_exit(const DecodeKernelParams& p) {
+  if (tl_cta() < kTlMaxCtas) g_tl[tl_cta()][0] = 0;
+  tl_finish(p);
 }
 #define SELKV_TL(...) __VA_ARGS__
 #else
