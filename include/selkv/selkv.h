@@ -9,3 +9,4 @@
 #include "selkv/dequant.h"
 #include "selkv/prefill.h"
 #include "selkv/composed.h"
+#include "selkv/merge.h"
