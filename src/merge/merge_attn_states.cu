@@ -16,17 +16,22 @@ namespace {
 constexpr const char* kOp = "selkv::merge_attn_states";
 constexpr int64_t kMaxMergeCtas = int64_t(1) << 20;
 
-// Registers bound the loads a lane keeps in flight: about 16 vectors per step.
+// Columns per lane per step by shard bucket: about 8 vectors (128 B) in flight per lane at 3-4
+// CTAs of 256 threads per SM (16 vectors at 2 CTAs for N > 8); the CTA counts are the most
+// ptxas fits without spilling.
+int chunks_for(int n) { return n <= 2 ? 4 : n <= 4 ? 2 : 1; }
+
 template <typename T>
 void launch_bucket(const merge::MergeKernelParams& k, dim3 grid, cudaStream_t stream) {
+  constexpr int kT = merge::kMergeThreads;
   if (k.n <= 2) {
-    merge::merge_attn_states_kernel<T, 2, 4><<<grid, merge::kMergeThreads, 0, stream>>>(k);
+    merge::merge_attn_states_kernel<T, 2, 4, 4><<<grid, kT, 0, stream>>>(k);
   } else if (k.n <= 4) {
-    merge::merge_attn_states_kernel<T, 4, 4><<<grid, merge::kMergeThreads, 0, stream>>>(k);
+    merge::merge_attn_states_kernel<T, 4, 2, 3><<<grid, kT, 0, stream>>>(k);
   } else if (k.n <= 8) {
-    merge::merge_attn_states_kernel<T, 8, 2><<<grid, merge::kMergeThreads, 0, stream>>>(k);
+    merge::merge_attn_states_kernel<T, 8, 1, 3><<<grid, kT, 0, stream>>>(k);
   } else {
-    merge::merge_attn_states_kernel<T, kMaxMergeShards, 1><<<grid, merge::kMergeThreads, 0, stream>>>(k);
+    merge::merge_attn_states_kernel<T, kMaxMergeShards, 1, 2><<<grid, kT, 0, stream>>>(k);
   }
 }
 
@@ -59,8 +64,10 @@ Status merge_attn_states(const MergeAttnStatesParams& p, cudaStream_t stream) {
   k.rows = uint32_t(p.num_tokens * p.num_heads);
   k.heads = FastDivmod(uint32_t(p.num_heads));
   k.vecs = int32_t(int64_t(p.head_dim) * es / 16);
+  const int kc = chunks_for(p.num_shards);
+  const int lanes_wanted = (k.vecs + kc - 1) / kc;
   int bits = 0;
-  while ((1 << bits) < k.vecs && bits < 5) ++bits;
+  while ((1 << bits) < lanes_wanted && bits < 5) ++bits;
   k.lane_bits = bits;
   k.in_t = p.outs_token_stride * es;
   k.in_h = p.outs_head_stride * es;

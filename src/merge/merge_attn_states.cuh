@@ -1,7 +1,7 @@
 // C9 merge_attn_states kernel (selkv/merge.h): memory-bound, one group of L lanes per (t, h) row.
 //
-// L = the power of two >= D / (elements per 16 B), at most 32, so a row's 16-byte vectors spread
-// over the group and a warp holds 32 / L rows. Each lane reads the row's N lses (the same
+// L = the power of two >= V / kChunks (V = the row's 16-byte vectors), at most 32, so a lane
+// usually holds all its columns in one step and a warp holds 32 / L rows. Each lane reads the row's N lses (the same
 // addresses across the group: one transaction), then, per step, the 16-byte vectors of kChunks
 // of its columns from every shard before any math, so N * kChunks loads are in flight per lane
 // (the op is bandwidth-bound; with few shards one lane takes several columns). Empty shards are
@@ -95,9 +95,10 @@ struct Vec<float> {
   }
 };
 
-// kMaxN: shard-count bucket (n <= kMaxN); kChunks: columns per lane per step.
-template <typename T, int kMaxN, int kChunks>
-__global__ void __launch_bounds__(kMergeThreads) merge_attn_states_kernel(const MergeKernelParams p) {
+// kMaxN: shard-count bucket (n <= kMaxN); kChunks: columns per lane per step; kMinCtas: CTAs
+// per SM the registers must allow (occupancy is what keeps enough bytes in flight).
+template <typename T, int kMaxN, int kChunks, int kMinCtas>
+__global__ void __launch_bounds__(kMergeThreads, kMinCtas) merge_attn_states_kernel(const MergeKernelParams p) {
   constexpr int E = Vec<T>::kElems;
   const int L = 1 << p.lane_bits;
   const int lane = threadIdx.x & (L - 1);
@@ -128,12 +129,13 @@ __global__ void __launch_bounds__(kMergeThreads) merge_attn_states_kernel(const 
     // w[i] = 0 marks an empty shard only through `live`; a finite shard's w may underflow to 0
     // and still multiply (w * NaN stays NaN, as in the oracle).
     float w[kMaxN];
-    bool live[kMaxN];
+    uint32_t live = 0;  // bit i: shard i is not empty (a mask, not an array: fewer registers)
     float wsum = 0.f;
 #pragma unroll
     for (int i = 0; i < kMaxN; ++i) {
-      live[i] = l[i] != -INFINITY;
-      w[i] = live[i] ? expf(l[i] - m) : 0.f;
+      const bool li = l[i] != -INFINITY;
+      live |= uint32_t(li) << i;
+      w[i] = li ? expf(l[i] - m) : 0.f;
       wsum += w[i];
     }
     // 0 all-empty, 1 NaN, 2 +inf copy, 3 weighted sum.
@@ -162,7 +164,7 @@ __global__ void __launch_bounds__(kMergeThreads) merge_attn_states_kernel(const 
         if (mode == 3) {
 #pragma unroll
           for (int i = 0; i < kMaxN; ++i) {
-            if (i < p.n && live[i]) {
+            if ((live >> i) & 1u) {
               float x[E];
               Vec<T>::to_float(v[i][c], x);
 #pragma unroll
