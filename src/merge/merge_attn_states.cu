@@ -16,7 +16,7 @@ namespace {
 constexpr const char* kOp = "selkv::merge_attn_states";
 constexpr int64_t kMaxMergeCtas = int64_t(1) << 20;
 
-// Columns per lane per step by shard bucket: about 8 vectors (128 B) in flight per lane at 3-4
+// Columns per lane per step by shard bucket: about 8 vectors (128 B) in flight per lane at 3
 // CTAs of 256 threads per SM (16 vectors at 2 CTAs for N > 8); the CTA counts are the most
 // ptxas fits without spilling.
 int chunks_for(int n) { return n <= 2 ? 4 : n <= 4 ? 2 : 1; }
@@ -25,7 +25,7 @@ template <typename T>
 void launch_bucket(const merge::MergeKernelParams& k, dim3 grid, cudaStream_t stream) {
   constexpr int kT = merge::kMergeThreads;
   if (k.n <= 2) {
-    merge::merge_attn_states_kernel<T, 2, 4, 4><<<grid, kT, 0, stream>>>(k);
+    merge::merge_attn_states_kernel<T, 2, 4, 3><<<grid, kT, 0, stream>>>(k);
   } else if (k.n <= 4) {
     merge::merge_attn_states_kernel<T, 4, 2, 3><<<grid, kT, 0, stream>>>(k);
   } else if (k.n <= 8) {

@@ -115,6 +115,22 @@ __global__ void __launch_bounds__(kMergeThreads, kMinCtas) merge_attn_states_ker
 #pragma unroll
     for (int i = 0; i < kMaxN; ++i) l[i] = i < p.n ? __ldg(p.lses[i] + lse_off) : -INFINITY;
 
+    // The first step's vectors are loaded before the weights need the lses, so both loads are in
+    // flight together (in-order issue would otherwise wait for the lses first).
+    uint4 v[kMaxN][kChunks];
+    auto load_step = [&](int c0) {
+#pragma unroll
+      for (int i = 0; i < kMaxN; ++i) {
+#pragma unroll
+        for (int c = 0; c < kChunks; ++c) {
+          const int col = c0 + c * L;
+          if (i < p.n && col < p.vecs)
+            v[i][c] = __ldcs(reinterpret_cast<const uint4*>(p.outs[i] + in_off + int64_t(col) * 16));
+        }
+      }
+    };
+    load_step(lane);
+
     // Row state: NaN sticky; first +inf wins (unless +inf means empty); else the finite max.
     bool any_nan = false;
     int pos_inf = -1;
@@ -144,16 +160,7 @@ __global__ void __launch_bounds__(kMergeThreads, kMinCtas) merge_attn_states_ker
 
     uint8_t* out_row = p.out + int64_t(t) * p.out_t + int64_t(h) * p.out_h;
     for (int c0 = lane; c0 < p.vecs; c0 += L * kChunks) {
-      uint4 v[kMaxN][kChunks];
-#pragma unroll
-      for (int i = 0; i < kMaxN; ++i) {
-#pragma unroll
-        for (int c = 0; c < kChunks; ++c) {
-          const int col = c0 + c * L;
-          if (i < p.n && col < p.vecs)
-            v[i][c] = __ldcs(reinterpret_cast<const uint4*>(p.outs[i] + in_off + int64_t(col) * 16));
-        }
-      }
+      if (c0 != lane) load_step(c0);
 #pragma unroll
       for (int c = 0; c < kChunks; ++c) {
         const int col = c0 + c * L;
