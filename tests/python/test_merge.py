@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 
@@ -201,6 +202,10 @@ def test_cuda_matches_cpu(selkv, cuda_device, gen, n, dtype):
         check_close(g_lse, c_lse.double(), torch.float32, f"lse flag={flag}")
 
 
+@pytest.mark.skipif(
+    os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1",
+    reason="torch.cuda.graph needs the caching allocator (disabled for memcheck runs)",
+)
 def test_cuda_graph_replay(selkv, cuda_device, gen):
     outs, lses = make_case(gen, 4, 33, 8, 512, torch.bfloat16)
     outs, lses = outs.to(cuda_device), lses.to(cuda_device)
@@ -208,15 +213,12 @@ def test_cuda_graph_replay(selkv, cuda_device, gen):
     lse = torch.empty(lses.shape[1:], device=cuda_device)
     selkv.merge_attn_states(outs, lses, out=out, lse=lse)
     eager = (out.clone(), lse.clone())
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        selkv.merge_attn_states(outs, lses, out=out, lse=lse)
     out.zero_()
     lse.zero_()
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        with torch.cuda.graph(g, stream=s):
-            selkv.merge_attn_states(outs, lses, out=out, lse=lse)
-    torch.cuda.current_stream().wait_stream(s)
+    g.replay()
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(out.view(torch.int16), eager[0].view(torch.int16))
