@@ -10,3 +10,4 @@
 #include "selkv/dequant.h"
 #include "selkv/prefill.h"
 #include "selkv/composed.h"
+#include "selkv/merge.h"

@@ -53,6 +53,38 @@ SELKV_HD uint32_t shift_rne(uint32_t value, int shift) {
   return keep + ((rem > half || (rem == half && (keep & 1u))) ? 1u : 0u);
 }
 
+// IEEE fp16 -> fp32 (exact).
+SELKV_HD float f16_to_float(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu;
+  const uint32_t man = h & 0x3ffu;
+  if (exp == 0x1f) return bits_float(sign | 0x7f800000u | (man << 13));
+  if (exp != 0) return bits_float(sign | ((exp + 112u) << 23) | (man << 13));
+  // Zero or subnormal: man * 2^-24, exact in fp32.
+  const float mag = float(man) * bits_float(0x33800000u);
+  return sign ? -mag : mag;
+}
+
+// fp32 -> fp16, round to nearest even, overflow to inf; NaN -> the canonical 0x7FFF, as the
+// device's cvt.rn.f16.f32 produces.
+SELKV_HD uint16_t float_to_f16(float f) {
+  const uint32_t u = float_bits(f);
+  const uint16_t sign = uint16_t((u >> 16) & 0x8000u);
+  const uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return 0x7fffu;
+  if (a >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // >= 65520 rounds to inf
+  const int exp = int(a >> 23) - 127;
+  if (exp >= -14) {  // normal: drop 13 mantissa bits (a carry into the exponent is right)
+    const uint32_t v = ((uint32_t(exp + 15) << 10) | ((a >> 13) & 0x3ffu));
+    const uint32_t rem = a & 0x1fffu;
+    return uint16_t(sign | (v + ((rem > 0x1000u || (rem == 0x1000u && (v & 1u))) ? 1u : 0u)));
+  }
+  if (exp < -25) return sign;  // below half the smallest subnormal
+  // Subnormal: significand with the implicit bit, shifted to units of 2^-24.
+  const uint32_t sig = (a & 0x7fffffu) | 0x800000u;
+  return uint16_t(sign | shift_rne(sig, -exp - 1));
+}
+
 // fp32 -> E4M3 byte: round to nearest even, saturate finite overflow and inf to +-448 (0x7E),
 // NaN -> 0x7F. Matches cvt.rn.satfinite.e4m3x2.f32.
 SELKV_HD uint8_t float_to_e4m3(float x) {

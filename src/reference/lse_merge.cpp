@@ -22,7 +22,7 @@ Status check_lse_merge_args(const float* outs, const float* lses, int num_shards
 }
 
 void lse_merge(const float* outs, const float* lses, int num_shards, int64_t rows, int dim,
-               float* out, float* lse) {
+               float* out, float* lse, bool pos_inf_is_empty) {
   if (!check_lse_merge_args(outs, lses, num_shards, rows, dim, out).ok()) return;
   constexpr double kInf = std::numeric_limits<double>::infinity();
   std::vector<double> acc(dim);
@@ -32,7 +32,8 @@ void lse_merge(const float* outs, const float* lses, int num_shards, int64_t row
     int first_pos_inf = -1;
     double m = -kInf;
     for (int i = 0; i < num_shards; ++i) {
-      const double l = lses[int64_t(i) * rows + r];
+      double l = lses[int64_t(i) * rows + r];
+      if (pos_inf_is_empty && l == kInf) l = -kInf;
       if (std::isnan(l)) any_nan = true;
       else if (l == kInf && first_pos_inf < 0) first_pos_inf = i;
       else if (l > m) m = l;
@@ -57,7 +58,7 @@ void lse_merge(const float* outs, const float* lses, int num_shards, int64_t row
     std::fill(acc.begin(), acc.end(), 0.0);
     for (int i = 0; i < num_shards; ++i) {
       const double l = lses[int64_t(i) * rows + r];
-      if (l == -kInf) continue;  // empty shard: its out (0) must not enter, even as 0 * NaN
+      if (l == -kInf || (pos_inf_is_empty && l == kInf)) continue;  // empty shard: its out (0) must not enter, even as 0 * NaN
       const double w = std::exp(l - m);
       wsum += w;
       const float* src = outs + (int64_t(i) * rows + r) * dim;

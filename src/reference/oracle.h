@@ -9,6 +9,7 @@
 #include "selkv/cache_ops.h"
 #include "selkv/dequant.h"
 #include "selkv/formats.h"
+#include "selkv/merge.h"
 #include "selkv/status.h"
 
 namespace selkv::ref {
@@ -85,11 +86,17 @@ Status check_sparse_prefill_args(const SparsePrefillRefArgs& a);
 // outs [num_shards, rows, dim], lses [num_shards, rows] -> out [rows, dim], lse [rows].
 // Shards with lse = -inf contribute nothing; all -inf -> out 0, lse -inf; a +inf lse wins:
 // out = the out of the first shard whose lse is +inf, lse = +inf. A NaN lse in any shard makes
-// the row NaN (out and lse). lse may be null (out only).
+// the row NaN (out and lse). lse may be null (out only). pos_inf_is_empty: a +inf lse counts as
+// -inf (FlashAttention's empty rows; see selkv/merge.h).
 void lse_merge(const float* outs, const float* lses, int num_shards, int64_t rows, int dim,
-               float* out, float* lse);
+               float* out, float* lse, bool pos_inf_is_empty = false);
 // Argument check for lse_merge; lse_merge itself writes nothing when this fails.
 Status check_lse_merge_args(const float* outs, const float* lses, int num_shards, int64_t rows,
                             int dim, const float* out);
+
+// The same merge on selkv::merge_attn_states' Params with host pointers (any dtype and strides):
+// inputs widened to fp32, lse_merge, out rounded to the dtype. The GPU op's argument rules,
+// less its alignment rules.
+Status merge_attn_states(const MergeAttnStatesParams& p);
 
 }  // namespace selkv::ref

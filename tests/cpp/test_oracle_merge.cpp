@@ -154,6 +154,30 @@ TEST(LseMerge, SpecialRows) {
   EXPECT_FLOAT_EQ(lse[4], std::log(4.f));
 }
 
+TEST(LseMerge, PosInfIsEmptyFlag) {
+  // 2 shards x 3 rows x dim 2. Row 0: +inf and finite; row 1: +inf and -inf; row 2: +inf, NaN.
+  const float nan = std::nanf("");
+  const std::vector<float> lses = {kInf, kInf, kInf, 1.f, -kInf, nan};
+  std::vector<float> outs = {nan, nan, 7.f, 8.f, 9.f, 10.f, 1.f, 2.f, 3.f, 4.f, 5.f, 6.f};
+  std::vector<float> out(6, -99.f), lse(3, -99.f);
+  ref::lse_merge(outs.data(), lses.data(), 2, 3, 2, out.data(), lse.data(), /*pos_inf_is_empty=*/true);
+  EXPECT_EQ(out[0], 1.f);  // the +inf shard (NaN out) is skipped: shard 1 alone
+  EXPECT_EQ(out[1], 2.f);
+  EXPECT_EQ(lse[0], 1.f);
+  EXPECT_EQ(out[2], 0.f);  // both empty
+  EXPECT_EQ(out[3], 0.f);
+  EXPECT_EQ(lse[1], -kInf);
+  EXPECT_TRUE(std::isnan(out[4]) && std::isnan(out[5]) && std::isnan(lse[2]));  // NaN stays
+  // Default: +inf wins.
+  ref::lse_merge(outs.data(), lses.data(), 2, 3, 2, out.data(), lse.data());
+  EXPECT_TRUE(std::isnan(out[0]));  // the first +inf shard's out, copied
+  EXPECT_EQ(lse[0], kInf);
+  EXPECT_EQ(out[2], 7.f);
+  EXPECT_EQ(out[3], 8.f);
+  EXPECT_EQ(lse[1], kInf);
+  EXPECT_TRUE(std::isnan(lse[2]));
+}
+
 TEST(LseMerge, RejectsBadParams) {
   std::vector<float> x(4);
   EXPECT_EQ(ref::check_lse_merge_args(x.data(), x.data(), 0, 1, 2, x.data()).code(),
