@@ -1,5 +1,5 @@
-// selkv/formats.h — KV record formats (DESIGN §1). The one definition of every byte offset,
-// used by host code, device code and the CPU oracle alike.
+// selkv/formats.h — KV record formats (DESIGN §1): the runtime face of selkv/format_traits.h
+// (which holds the one definition of every byte offset) and the paged-cache view.
 //
 //   ds_mla_fp8 (656 B/token, DeepSeek-V3.2):
 //     [0,512)   512 x FP8 E4M3 NoPE, element i at byte i
@@ -14,18 +14,9 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define SELKV_HD __host__ __device__ __forceinline__
-#else
-#define SELKV_HD inline
-#endif
+#include "selkv/format_traits.h"
 
 namespace selkv {
-
-enum class KvFormat : int32_t {
-  kDsMlaFp8 = 0,  // 656-byte records
-  kNopeFp8 = 1,   // 528-byte records
-};
 
 // How the writer picks the per-tile scale s (readers accept either).
 enum class ScaleMode : int32_t {
@@ -35,28 +26,35 @@ enum class ScaleMode : int32_t {
 
 namespace fmt {
 
-inline constexpr int kNopeDim = 512;        // latent (NoPE) elements per token
-inline constexpr int kRopeDim = 64;         // RoPE elements per token
-inline constexpr int kQkDim = kNopeDim + kRopeDim;  // 576
+// The ds_mla_fp8 layout under short names, for code that only handles that format (decode,
+// prefill, tests); per-format code reads KvFormatTraits.
+using DsMla = KvFormatTraits<KvFormat::kDsMlaFp8>;
+inline constexpr int kNopeDim = DsMla::kNopeDim;    // latent (NoPE) elements per token
+inline constexpr int kRopeDim = DsMla::kRopeDim;    // RoPE elements per token
+inline constexpr int kQkDim = DsMla::kDequantDim;  // 576
 inline constexpr int kVDim = 512;
-inline constexpr int kTileElems = 128;      // elements sharing one fp32 scale
-inline constexpr int kNumTiles = kNopeDim / kTileElems;  // 4
+inline constexpr int kTileElems = DsMla::kTileElems;  // elements sharing one fp32 scale
+inline constexpr int kNumTiles = DsMla::kNumTiles;    // 4
 
-inline constexpr int kNopeOffset = 0;                          // 512 x e4m3
-inline constexpr int kScaleOffset = kNopeDim;                  // 512: 4 x fp32
-inline constexpr int kRopeOffset = kScaleOffset + 4 * kNumTiles;  // 528: 64 x bf16
-inline constexpr int kDsMlaRecordBytes = kRopeOffset + 2 * kRopeDim;  // 656
-inline constexpr int kNopeRecordBytes = kRopeOffset;                  // 528
+inline constexpr int kNopeOffset = DsMla::kNopeOffset;    // 512 x e4m3
+inline constexpr int kScaleOffset = DsMla::kScaleOffset;  // 512: 4 x fp32
+inline constexpr int kRopeOffset = DsMla::kRopeOffset;    // 528: 64 x bf16
+inline constexpr int kDsMlaRecordBytes = DsMla::kRecordBytes;                            // 656
+inline constexpr int kNopeRecordBytes = KvFormatTraits<KvFormat::kNopeFp8>::kRecordBytes;  // 528
 
 inline constexpr float kE4m3Max = 448.0f;
 inline constexpr float kPow2ScaleFloor = 1e-4f;  // lower clamp of amax/448 in pow2 mode
 
 SELKV_HD constexpr int record_bytes(KvFormat f) {
-  return f == KvFormat::kDsMlaFp8 ? kDsMlaRecordBytes : kNopeRecordBytes;
+  return dispatch_format(f, [](auto t) { return decltype(t)::kRecordBytes; });
 }
-SELKV_HD constexpr bool has_rope(KvFormat f) { return f == KvFormat::kDsMlaFp8; }
+SELKV_HD constexpr bool has_rope(KvFormat f) {
+  return dispatch_format(f, [](auto t) { return decltype(t)::kHasRope; });
+}
 // Width of the bf16 row a reader produces for a record of format f: 576 or 512.
-SELKV_HD constexpr int dequant_dim(KvFormat f) { return has_rope(f) ? kQkDim : kNopeDim; }
+SELKV_HD constexpr int dequant_dim(KvFormat f) {
+  return dispatch_format(f, [](auto t) { return decltype(t)::kDequantDim; });
+}
 
 }  // namespace fmt
 

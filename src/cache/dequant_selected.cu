@@ -5,6 +5,7 @@
 
 #include "cache/dequant_selected.cuh"
 #include "common/cuda_check.h"
+#include "common/dispatch.h"
 #include "common/resident_ctas.h"
 #include "selkv/dequant.h"
 
@@ -30,13 +31,6 @@ Status launch_tasks(cache::DequantSelectedKernelParams k, cudaStream_t stream) {
   const unsigned grid = unsigned((warps + cache::kDequantWarps - 1) / cache::kDequantWarps);
   kKernel<<<grid, cache::kDequantThreads, 0, stream>>>(k);
   return Status::Ok();
-}
-
-// Full-pool kernel for the format (RoPE or not) and index-unit width (16-byte or single entries).
-template <bool kRope>
-Status launch_full_pool(bool vec, const cache::DequantSelectedKernelParams& k, cudaStream_t stream) {
-  return vec ? launch_tasks<cache::dequant_full_pool_kernel<kRope, 4>>(k, stream)
-             : launch_tasks<cache::dequant_full_pool_kernel<kRope, 1>>(k, stream);
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
@@ -68,7 +62,6 @@ Status dequant_selected_kv(const DequantSelectedParams& p, cudaStream_t stream) 
   k.num_entries = N;
   k.out_idx = p.out_indices;
   k.out_stride = p.out_indices_row_stride;
-  const bool rope = fmt::has_rope(p.cache.format);
 
   if (selected) {
     // Grid-stride over 32-row CTA steps, at most 16 CTAs per SM (4 resident).
@@ -77,11 +70,9 @@ Status dequant_selected_kv(const DequantSelectedParams& p, cudaStream_t stream) 
     const int64_t want = (rows + cache::kDequantRowsPerStep - 1) / cache::kDequantRowsPerStep;
     const int64_t cap = int64_t(sms) * kSelectedCtasPerSm;
     const unsigned grid = unsigned(want < cap ? want : cap);  // rows >= 1 here
-    if (rope) {
-      cache::dequant_selected_kernel<true><<<grid, cache::kDequantThreads, 0, stream>>>(k);
-    } else {
-      cache::dequant_selected_kernel<false><<<grid, cache::kDequantThreads, 0, stream>>>(k);
-    }
+    dispatch_format(p.cache.format, [&](auto f) {
+      cache::dequant_selected_kernel<decltype(f)><<<grid, cache::kDequantThreads, 0, stream>>>(k);
+    });
   } else {
     // 16-byte index units when every unit stays inside one row and is 16-byte aligned.
     const bool vec = p.topk % 4 == 0 && p.indices_row_stride % 4 == 0 && p.out_indices_row_stride % 4 == 0 &&
@@ -92,7 +83,12 @@ Status dequant_selected_kv(const DequantSelectedParams& p, cudaStream_t stream) 
     const int64_t row_tasks = (rows + cache::kFullPoolRows - 1) / cache::kFullPoolRows;
     const int64_t idx_tasks = (k.idx_units + units_per_task - 1) / units_per_task;
     k.tasks = row_tasks > idx_tasks ? row_tasks : idx_tasks;
-    SELKV_RETURN_IF_ERROR(rope ? launch_full_pool<true>(vec, k, stream) : launch_full_pool<false>(vec, k, stream));
+    // Index-unit width: 16-byte units or single entries.
+    SELKV_RETURN_IF_ERROR(dispatch_format(p.cache.format, [&](auto f) {
+      return detail::dispatch_bool(vec, [&](auto v4) {
+        return launch_tasks<cache::dequant_full_pool_kernel<decltype(f), decltype(v4)::value ? 4 : 1>>(k, stream);
+      });
+    }));
   }
   return detail::launch_status(kOp);
 }

@@ -90,10 +90,11 @@ __device__ __forceinline__ int64_t slot_record_offset(const DequantSelectedKerne
 }
 
 // ---- selected mode ------------------------------------------------------------------------------
-template <bool kRope>
+template <class Fmt>
 __global__ void __launch_bounds__(kDequantThreads)
 dequant_selected_kernel(const DequantSelectedKernelParams p) {
-  constexpr int kRecordBytes = kRope ? fmt::kDsMlaRecordBytes : fmt::kNopeRecordBytes;
+  static_assert(dev::kWarpSplitFits<Fmt>, "record layout of the warp split");
+  constexpr int kRecordBytes = Fmt::kRecordBytes;
   const int lane = int(threadIdx.x) & 31;
   const int warp = int(threadIdx.x) >> 5;
 
@@ -119,16 +120,16 @@ dequant_selected_kernel(const DequantSelectedKernelParams p) {
       sc[r] = make_float4(0.f, 0.f, 0.f, 0.f);
       if (tsrc[r] >= 0) {
         const uint8_t* rec = p.cache + tsrc[r];
-        clo[r] = dev::ld_stream_u2(rec + fmt::kNopeOffset + 8 * lane);
-        chi[r] = dev::ld_stream_u2(rec + fmt::kNopeOffset + 256 + 8 * lane);
-        sc[r] = __ldg(reinterpret_cast<const float4*>(rec + fmt::kScaleOffset));
+        clo[r] = dev::ld_stream_u2(rec + Fmt::kNopeOffset + 8 * lane);
+        chi[r] = dev::ld_stream_u2(rec + Fmt::kNopeOffset + 256 + 8 * lane);
+        sc[r] = __ldg(reinterpret_cast<const float4*>(rec + Fmt::kScaleOffset));
       }
     }
     uint4 rope = make_uint4(0, 0, 0, 0);
     int64_t rope_src = -1;
-    if constexpr (kRope) {
+    if constexpr (Fmt::kHasRope) {
       rope_src = __shfl_sync(0xffffffffu, src, lane >> 3);
-      if (rope_src >= 0) rope = dev::ld_stream_u4(p.cache + rope_src + fmt::kRopeOffset + 16 * (lane & 7));
+      if (rope_src >= 0) rope = dev::ld_stream_u4(p.cache + rope_src + Fmt::kRopeOffset + 16 * (lane & 7));
     }
     const int64_t j0 = step * kDequantRowsPerStep + warp * kDequantRowsPerWarp;
 #pragma unroll
@@ -140,8 +141,8 @@ dequant_selected_kernel(const DequantSelectedKernelParams p) {
       dev::st_u4(orow + 16 * lane, dev::dequant_e4m3x8(clo[r], s_lo));
       dev::st_u4(orow + 512 + 16 * lane, dev::dequant_e4m3x8(chi[r], s_hi));
     }
-    if (kRope && rope_src >= 0) {
-      dev::st_u4(p.ws + (j0 + (lane >> 3)) * p.ws_row_bytes + 2 * fmt::kNopeDim + 16 * (lane & 7), rope);
+    if (Fmt::kHasRope && rope_src >= 0) {
+      dev::st_u4(p.ws + (j0 + (lane >> 3)) * p.ws_row_bytes + 2 * Fmt::kNopeDim + 16 * (lane & 7), rope);
     }
   }
 }
@@ -155,7 +156,7 @@ struct DequantBatch {
   uint4 rope[kR / 4];      // lane l: 16 B chunk l % 8 of row 4i + l / 8
 };
 
-template <bool kRope, int kR>
+template <class Fmt, int kR>
 __device__ __forceinline__ void batch_load(const DequantSelectedKernelParams& p, int64_t src,
                                            int first, int lane, DequantBatch<kR>& b) {
 #pragma unroll
@@ -167,26 +168,26 @@ __device__ __forceinline__ void batch_load(const DequantSelectedKernelParams& p,
     b.shi[r] = 0.f;
     if (ts >= 0) {
       const uint8_t* rec = p.cache + ts;
-      b.lo[r] = dev::ld_nc_na_u2(rec + fmt::kNopeOffset + 8 * lane);
-      b.hi[r] = dev::ld_nc_na_u2(rec + fmt::kNopeOffset + 256 + 8 * lane);
+      b.lo[r] = dev::ld_nc_na_u2(rec + Fmt::kNopeOffset + 8 * lane);
+      b.hi[r] = dev::ld_nc_na_u2(rec + Fmt::kNopeOffset + 256 + 8 * lane);
       // element 8*lane is in tile lane/16, element 256+8*lane in tile 2+lane/16
-      const float* sc = reinterpret_cast<const float*>(rec + fmt::kScaleOffset) + (lane >> 4);
+      const float* sc = reinterpret_cast<const float*>(rec + Fmt::kScaleOffset) + (lane >> 4);
       b.slo[r] = __ldg(sc);
       b.shi[r] = __ldg(sc + 2);
     }
   }
-  if constexpr (kRope) {
+  if constexpr (Fmt::kHasRope) {
 #pragma unroll
     for (int i = 0; i < kR / 4; ++i) {
       const int64_t rs = __shfl_sync(0xffffffffu, src, first + 4 * i + (lane >> 3));
       b.rope[i] = make_uint4(0, 0, 0, 0);
-      if (rs >= 0) b.rope[i] = dev::ld_nc_na_u4(p.cache + rs + fmt::kRopeOffset + 16 * (lane & 7));
+      if (rs >= 0) b.rope[i] = dev::ld_nc_na_u4(p.cache + rs + Fmt::kRopeOffset + 16 * (lane & 7));
     }
   }
 }
 
 // Row r of the batch goes to workspace row row0 + r when bit r of `valid` is set.
-template <bool kRope, int kR>
+template <class Fmt, int kR>
 __device__ __forceinline__ void batch_store(const DequantSelectedKernelParams& p, int64_t row0,
                                             uint32_t valid, int lane, const DequantBatch<kR>& b) {
 #pragma unroll
@@ -196,12 +197,12 @@ __device__ __forceinline__ void batch_store(const DequantSelectedKernelParams& p
     dev::st_u4(orow + 16 * lane, dev::dequant_e4m3x8(b.lo[r], b.slo[r]));
     dev::st_u4(orow + 512 + 16 * lane, dev::dequant_e4m3x8(b.hi[r], b.shi[r]));
   }
-  if constexpr (kRope) {
+  if constexpr (Fmt::kHasRope) {
 #pragma unroll
     for (int i = 0; i < kR / 4; ++i) {
       const int r = 4 * i + (lane >> 3);
       if ((valid >> r) & 1u)
-        dev::st_u4(p.ws + (row0 + r) * p.ws_row_bytes + 2 * fmt::kNopeDim + 16 * (lane & 7), b.rope[i]);
+        dev::st_u4(p.ws + (row0 + r) * p.ws_row_bytes + 2 * Fmt::kNopeDim + 16 * (lane & 7), b.rope[i]);
     }
   }
 }
@@ -212,12 +213,13 @@ struct IndexVec {
   int32_t v[kV];
 };
 
-template <bool kRope, int kV>
+template <class Fmt, int kV>
 __global__ void __launch_bounds__(kDequantThreads)
 dequant_full_pool_kernel(const DequantSelectedKernelParams p) {
+  static_assert(dev::kWarpSplitFits<Fmt>, "record layout of the warp split");
   constexpr int kR = kFullPoolRows;
   static_assert(kV == 1 || kV == 4, "index vector width");
-  constexpr int kRecordBytes = kRope ? fmt::kDsMlaRecordBytes : fmt::kNopeRecordBytes;
+  constexpr int kRecordBytes = Fmt::kRecordBytes;
   constexpr int kU = kFullPoolUnits;  // index units per lane per task
   const int lane = int(threadIdx.x) & 31;
   const int64_t nwarps = int64_t(gridDim.x) * kDequantWarps;
@@ -253,8 +255,8 @@ dequant_full_pool_kernel(const DequantSelectedKernelParams p) {
     const uint32_t valid = __ballot_sync(0xffffffffu, src >= 0);
     if (valid != 0) {
       DequantBatch<kR> a;
-      batch_load<kRope, kR>(p, src, 0, lane, a);
-      batch_store<kRope, kR>(p, row0, valid, lane, a);
+      batch_load<Fmt, kR>(p, src, 0, lane, a);
+      batch_store<Fmt, kR>(p, row0, valid, lane, a);
     }
     // Index writes: valid ? slot : -1 (DESIGN §2: k < topk_length[t] and 0 <= slot < P).
 #pragma unroll

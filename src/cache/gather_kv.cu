@@ -12,18 +12,32 @@
 namespace selkv {
 namespace {
 
-// Resident CTAs of the gather kernel on the current device, at the worst-case smem size.
-Status gather_wave_ctas(bool rope, int64_t* ctas) {
-  constexpr const char* kOp = "selkv::gather_kv_bf16";
-  const size_t smem = cache::gather_smem_bytes(cache::kMaxGatherReqs);
-  return rope ? detail::resident_ctas<cache::gather_kv_kernel<true>>(cache::kGatherThreads, smem, kOp, ctas)
-              : detail::resident_ctas<cache::gather_kv_kernel<false>>(cache::kGatherThreads, smem, kOp, ctas);
+constexpr const char* kOp = "selkv::gather_kv_bf16";
+
+template <class Fmt>
+Status launch_gather(cache::GatherKernelParams k, const GatherKvParams& p, cudaStream_t stream) {
+  // Resident CTAs on the current device at the worst-case smem size.
+  int64_t wave = 0;
+  SELKV_RETURN_IF_ERROR(detail::resident_ctas<cache::gather_kv_kernel<Fmt>>(
+      cache::kGatherThreads, cache::gather_smem_bytes(cache::kMaxGatherReqs), kOp, &wave));
+  // Enough warps for kGatherBatch tokens each, capped at one resident wave; past that, each warp
+  // takes chunks of up to kGatherMaxChunk tokens (one per lane) per round.
+  constexpr int64_t kCtaTokens = int64_t(cache::kGatherWarps) * cache::kGatherBatch;
+  const int64_t want = (p.out_rows + kCtaTokens - 1) / kCtaTokens;
+  const int64_t ctas = want < wave ? want : wave;
+  const int64_t warps = ctas * cache::kGatherWarps;
+  int64_t chunk = (p.out_rows + warps - 1) / warps;
+  chunk = (chunk + cache::kGatherBatch - 1) / cache::kGatherBatch * cache::kGatherBatch;
+  k.chunk = int32_t(chunk < cache::kGatherMaxChunk ? chunk : cache::kGatherMaxChunk);
+  const dim3 grid(static_cast<unsigned>(ctas));
+  const size_t smem = cache::gather_smem_bytes(p.num_reqs);
+  cache::gather_kv_kernel<Fmt><<<grid, cache::kGatherThreads, smem, stream>>>(k);
+  return detail::launch_status(kOp);
 }
 
 }  // namespace
 
 Status gather_kv_bf16(const GatherKvParams& p, cudaStream_t stream) {
-  constexpr const char* kOp = "selkv::gather_kv_bf16";
   cache::Work work;
   SELKV_RETURN_IF_ERROR(cache::check_gather_kv(p, &work));
   if (work == cache::Work::kNone) return Status::Ok();
@@ -45,26 +59,7 @@ Status gather_kv_bf16(const GatherKvParams& p, cudaStream_t stream) {
   k.out_row_bytes = p.out_row_stride * 2;
   k.out_rows = p.out_rows;
 
-  const bool rope = fmt::has_rope(p.format);
-  int64_t wave = 0;
-  SELKV_RETURN_IF_ERROR(gather_wave_ctas(rope, &wave));
-  // Enough warps for kGatherBatch tokens each, capped at one resident wave; past that, each warp
-  // takes chunks of up to kGatherMaxChunk tokens (one per lane) per round.
-  constexpr int64_t kCtaTokens = int64_t(cache::kGatherWarps) * cache::kGatherBatch;
-  const int64_t want = (p.out_rows + kCtaTokens - 1) / kCtaTokens;
-  const int64_t ctas = want < wave ? want : wave;
-  const int64_t warps = ctas * cache::kGatherWarps;
-  int64_t chunk = (p.out_rows + warps - 1) / warps;
-  chunk = (chunk + cache::kGatherBatch - 1) / cache::kGatherBatch * cache::kGatherBatch;
-  k.chunk = int32_t(chunk < cache::kGatherMaxChunk ? chunk : cache::kGatherMaxChunk);
-  const dim3 grid(static_cast<unsigned>(ctas));
-  const size_t smem = cache::gather_smem_bytes(p.num_reqs);
-  if (rope) {
-    cache::gather_kv_kernel<true><<<grid, cache::kGatherThreads, smem, stream>>>(k);
-  } else {
-    cache::gather_kv_kernel<false><<<grid, cache::kGatherThreads, smem, stream>>>(k);
-  }
-  return detail::launch_status(kOp);
+  return dispatch_format(p.format, [&](auto f) { return launch_gather<decltype(f)>(k, p, stream); });
 }
 
 }  // namespace selkv

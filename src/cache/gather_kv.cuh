@@ -79,7 +79,7 @@ struct GatherBatch {
 };
 
 // Token j of the batch is lane (first + j)'s resolved token.
-template <bool kRope>
+template <class Fmt>
 __device__ __forceinline__ void gather_load(const GatherKernelParams& p, int64_t src, int first,
                                             int lane, GatherBatch& b) {
 #pragma unroll
@@ -91,23 +91,23 @@ __device__ __forceinline__ void gather_load(const GatherKernelParams& p, int64_t
     b.shi[j] = 0.f;
     if (ts >= 0) {
       const uint8_t* rec = p.cache + ts;
-      b.lo[j] = dev::ld_nc_na_u2(rec + fmt::kNopeOffset + 8 * lane);
-      b.hi[j] = dev::ld_nc_na_u2(rec + fmt::kNopeOffset + 256 + 8 * lane);
+      b.lo[j] = dev::ld_nc_na_u2(rec + Fmt::kNopeOffset + 8 * lane);
+      b.hi[j] = dev::ld_nc_na_u2(rec + Fmt::kNopeOffset + 256 + 8 * lane);
       // element 8*lane is in tile lane/16, element 256+8*lane in tile 2+lane/16
-      const float* sc = reinterpret_cast<const float*>(rec + fmt::kScaleOffset) + (lane >> 4);
+      const float* sc = reinterpret_cast<const float*>(rec + Fmt::kScaleOffset) + (lane >> 4);
       b.slo[j] = __ldg(sc);
       b.shi[j] = __ldg(sc + 2);
     }
   }
   b.rope = make_uint4(0, 0, 0, 0);
-  if constexpr (kRope) {
+  if constexpr (Fmt::kHasRope) {
     const int64_t rsrc = __shfl_sync(0xffffffffu, src, first + (lane >> 3));
-    if (rsrc >= 0) b.rope = dev::ld_nc_na_u4(p.cache + rsrc + fmt::kRopeOffset + 16 * (lane & 7));
+    if (rsrc >= 0) b.rope = dev::ld_nc_na_u4(p.cache + rsrc + Fmt::kRopeOffset + 16 * (lane & 7));
   }
 }
 
 // Output rows come from the resolving lanes again (shuffles are cheaper than holding them).
-template <bool kRope>
+template <class Fmt>
 __device__ __forceinline__ void gather_store(const GatherKernelParams& p, int64_t dst, int first,
                                              int lane, const GatherBatch& b) {
 #pragma unroll
@@ -119,14 +119,15 @@ __device__ __forceinline__ void gather_store(const GatherKernelParams& p, int64_
     dev::st_u4(orow + 512 + 16 * lane, dev::dequant_e4m3x8(b.hi[j], b.shi[j]));
   }
   const int64_t rope_dst = __shfl_sync(0xffffffffu, dst, first + (lane >> 3));
-  if (kRope && rope_dst >= 0) {
-    dev::st_u4(p.out + rope_dst * p.out_row_bytes + 2 * fmt::kNopeDim + 16 * (lane & 7), b.rope);
+  if (Fmt::kHasRope && rope_dst >= 0) {
+    dev::st_u4(p.out + rope_dst * p.out_row_bytes + 2 * Fmt::kNopeDim + 16 * (lane & 7), b.rope);
   }
 }
 
-template <bool kRope>
+template <class Fmt>
 __global__ void __launch_bounds__(kGatherThreads) gather_kv_kernel(const GatherKernelParams p) {
-  constexpr int kRecordBytes = kRope ? fmt::kDsMlaRecordBytes : fmt::kNopeRecordBytes;
+  static_assert(dev::kWarpSplitFits<Fmt>, "record layout of the warp split");
+  constexpr int kRecordBytes = Fmt::kRecordBytes;
   extern __shared__ int64_t prefix[];  // [num_reqs + 1], then starts / ws (see gather_smem_bytes)
   __shared__ int64_t warp_sums[kGatherWarps];
   const int tid = threadIdx.x;
@@ -229,15 +230,15 @@ __global__ void __launch_bounds__(kGatherThreads) gather_kv_kernel(const GatherK
     const int64_t left = total - c * chunk;
     const int valid = int(left < chunk ? left : chunk);
     GatherBatch cur;
-    gather_load<kRope>(p, src, 0, lane, cur);
+    gather_load<Fmt>(p, src, 0, lane, cur);
     int b = 0;
     for (; b + kGatherBatch < valid; b += kGatherBatch) {
       GatherBatch nxt;
-      gather_load<kRope>(p, src, b + kGatherBatch, lane, nxt);
-      gather_store<kRope>(p, dst, b, lane, cur);
+      gather_load<Fmt>(p, src, b + kGatherBatch, lane, nxt);
+      gather_store<Fmt>(p, dst, b, lane, cur);
       cur = nxt;
     }
-    gather_store<kRope>(p, dst, b, lane, cur);
+    gather_store<Fmt>(p, dst, b, lane, cur);
   }
 }
 

@@ -3,22 +3,23 @@
 #include "cache/cache_checks.h"
 #include "cache/write_kv_cache.cuh"
 #include "common/cuda_check.h"
+#include "common/dispatch.h"
 #include "common/resident_ctas.h"
 #include "selkv/cache_ops.h"
 
 namespace selkv {
 namespace {
 
-template <bool kRope, ScaleMode kMode>
+template <class Fmt, ScaleMode kMode>
 Status launch_write(const cache::WriteKvKernelParams& k, cudaStream_t stream) {
   constexpr const char* kOp = "selkv::write_kv_cache";
   int64_t wave = 0;
-  SELKV_RETURN_IF_ERROR((detail::resident_ctas<cache::write_kv_cache_kernel<kRope, kMode>>(
+  SELKV_RETURN_IF_ERROR((detail::resident_ctas<cache::write_kv_cache_kernel<Fmt, kMode>>(
       cache::kWriteWarps * 32, 0, kOp, &wave)));
   constexpr int64_t kTokensPerCta = int64_t(cache::kWriteWarps) * cache::kWriteTokensPerWarp;
   const int64_t want = (k.num_tokens + kTokensPerCta - 1) / kTokensPerCta;
   const dim3 grid(unsigned(want < wave ? want : wave));
-  cache::write_kv_cache_kernel<kRope, kMode><<<grid, cache::kWriteWarps * 32, 0, stream>>>(k);
+  cache::write_kv_cache_kernel<Fmt, kMode><<<grid, cache::kWriteWarps * 32, 0, stream>>>(k);
   return detail::launch_status(kOp);
 }
 
@@ -42,12 +43,12 @@ Status write_kv_cache(const WriteKvCacheParams& p, cudaStream_t stream) {
   k.page_size = p.page_size;
   k.page = FastDivmod(uint32_t(p.page_size));
 
-  const bool rope = fmt::has_rope(p.format);
-  const bool pow2 = p.scale_mode == ScaleMode::kPow2;
-  if (rope && pow2) return launch_write<true, ScaleMode::kPow2>(k, stream);
-  if (rope) return launch_write<true, ScaleMode::kAmax>(k, stream);
-  if (pow2) return launch_write<false, ScaleMode::kPow2>(k, stream);
-  return launch_write<false, ScaleMode::kAmax>(k, stream);
+  return dispatch_format(p.format, [&](auto f) {
+    return detail::dispatch_bool(p.scale_mode == ScaleMode::kPow2, [&](auto pow2) {
+      constexpr ScaleMode kMode = decltype(pow2)::value ? ScaleMode::kPow2 : ScaleMode::kAmax;
+      return launch_write<decltype(f), kMode>(k, stream);
+    });
+  });
 }
 
 }  // namespace selkv

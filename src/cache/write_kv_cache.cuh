@@ -45,7 +45,7 @@ struct WriteTok {
   int64_t slot;
 };
 
-template <bool kRope>
+template <class Fmt>
 __device__ __forceinline__ void write_load(const WriteKvKernelParams& p, int64_t t, int lane,
                                            WriteTok& x) {
   x.slot = __ldg(p.slot_mapping + t);
@@ -53,12 +53,12 @@ __device__ __forceinline__ void write_load(const WriteKvKernelParams& p, int64_t
   x.a = dev::ld_nc_na_u4(row);
   x.b = dev::ld_nc_na_u4(row + 16);
   x.r = make_uint4(0, 0, 0, 0);
-  if (kRope && lane < 8) x.r = dev::ld_nc_na_u4(p.rope + t * p.rope_row_bytes + 16 * lane);
+  if (Fmt::kHasRope && lane < 8) x.r = dev::ld_nc_na_u4(p.rope + t * p.rope_row_bytes + 16 * lane);
 }
 
-template <bool kRope, ScaleMode kMode>
+template <class Fmt, ScaleMode kMode>
 __device__ __forceinline__ void write_token(const WriteKvKernelParams& p, int lane, const WriteTok& x) {
-  constexpr int kRecordBytes = kRope ? fmt::kDsMlaRecordBytes : fmt::kNopeRecordBytes;
+  constexpr int kRecordBytes = Fmt::kRecordBytes;
   const int64_t slot = x.slot;
   if (slot < 0 || slot >= p.num_slots) return;  // padding / out of range: never written (uniform)
   float v[16];
@@ -110,29 +110,30 @@ __device__ __forceinline__ void write_token(const WriteKvKernelParams& p, int la
     in_page = slot - block * p.page_size;
   }
   uint8_t* rec = p.cache + block * p.block_stride_bytes + in_page * kRecordBytes;
-  dev::st_u4(rec + fmt::kNopeOffset + 16 * lane, make_uint4(q0.x, q0.y, q1.x, q1.y));
-  if (lane < 4) *reinterpret_cast<float*>(rec + fmt::kScaleOffset + 4 * lane) = sk;
-  if (kRope && lane < 8) dev::st_u4(rec + fmt::kRopeOffset + 16 * lane, x.r);
+  dev::st_u4(rec + Fmt::kNopeOffset + 16 * lane, make_uint4(q0.x, q0.y, q1.x, q1.y));
+  if (lane < 4) *reinterpret_cast<float*>(rec + Fmt::kScaleOffset + 4 * lane) = sk;
+  if (Fmt::kHasRope && lane < 8) dev::st_u4(rec + Fmt::kRopeOffset + 16 * lane, x.r);
 }
 
 // Persistent warps: global warp g = warp * gridDim.x + blockIdx.x takes tokens g, g + W, ...
 // (W = all warps; CTA-minor numbering spreads a short token range over every SM) and loads the
 // next token before converting the current one, so each warp keeps two tokens in flight.
-template <bool kRope, ScaleMode kMode>
+template <class Fmt, ScaleMode kMode>
 __global__ void __launch_bounds__(kWriteWarps * 32)
     write_kv_cache_kernel(const WriteKvKernelParams p) {
+  static_assert(dev::kWarpSplitFits<Fmt>, "record layout of the warp split");
   const int lane = threadIdx.x & 31;
   const int64_t nw = int64_t(gridDim.x) * kWriteWarps;
   int64_t t = int64_t(threadIdx.x >> 5) * gridDim.x + blockIdx.x;
   if (t >= p.num_tokens) return;  // warp-uniform
   WriteTok cur;
-  write_load<kRope>(p, t, lane, cur);
+  write_load<Fmt>(p, t, lane, cur);
   for (;;) {
     const int64_t tn = t + nw;
     WriteTok nxt;
     const bool more = tn < p.num_tokens;
-    if (more) write_load<kRope>(p, tn, lane, nxt);
-    write_token<kRope, kMode>(p, lane, cur);
+    if (more) write_load<Fmt>(p, tn, lane, nxt);
+    write_token<Fmt, kMode>(p, lane, cur);
     if (!more) break;
     cur = nxt;
     t = tn;

@@ -24,6 +24,12 @@
 
 namespace selkv::dev {
 
+// The cache kernels split one record over a warp's 32 lanes with fixed lane -> tile maps: they
+// need 512 codes in 4 tiles of 128 and the fp32 scales inside the record.
+template <class Fmt>
+inline constexpr bool kWarpSplitFits = Fmt::kNopeDim == 512 && Fmt::kTileElems == 128 &&
+                                       Fmt::kScalesInRecord && sizeof(typename Fmt::Scale) == 4;
+
 // ---- bf16 <-> fp32 ---------------------------------------------------------------------------
 // Two bf16 packed in a uint32 (element 0 in the low half) -> two exact floats.
 __device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }

@@ -155,7 +155,8 @@ Status check_sparse_decode_args(const SparseDecodeRefArgs& a) {
   SELKV_CHECK_ARG(a.cache.page_size >= 1, "cache.page_size", "must be >= 1, got ",
                   a.cache.page_size);
   SELKV_CHECK_ARG(
-      a.cache.block_stride_bytes >= int64_t(a.cache.page_size) * fmt::kDsMlaRecordBytes,
+      a.cache.block_stride_bytes >=
+          int64_t(a.cache.page_size) * KvFormatTraits<KvFormat::kDsMlaFp8>::kRecordBytes,
       "cache.block_stride_bytes", "must be >= page_size * 656");
   SELKV_CHECK_ARG(a.cache.data != nullptr || a.cache.num_blocks == 0, "cache.data",
                   "must not be null");

@@ -16,9 +16,12 @@ using bf16_t = cutlass::bfloat16_t;
 
 inline constexpr int kBlockM = kHeadsPerCta;   // 64 heads: one wgmma M tile
 inline constexpr int kBlockN = kBlockTokens;   // 64 selected tokens per KV block
-inline constexpr int kDimQK = fmt::kQkDim;     // 576
-inline constexpr int kDimV = fmt::kVDim;       // 512
-inline constexpr int kDimNope = fmt::kNopeDim; // 512
+using KvFmt = KvFormatTraits<KvFormat::kDsMlaFp8>;  // the one record format decode reads
+inline constexpr int kDimQK = KvFmt::kDequantDim;  // 576
+inline constexpr int kDimV = fmt::kVDim;           // 512
+inline constexpr int kDimNope = KvFmt::kNopeDim;   // 512
+// The producer reads a record's 4 fp32 scales as one 16-byte load.
+static_assert(KvFmt::kScalesInRecord && KvFmt::kNumTiles == 4 && sizeof(KvFmt::Scale) == 4);
 inline constexpr int kNumKBufs = 2;            // double-buffered dequantized KV
 
 // Warpgroup roles: WG0 = producer (index math, masking, FP8 -> bf16 dequant into smem),

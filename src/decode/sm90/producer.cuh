@@ -145,7 +145,7 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
     if (valid) {
       uint32_t blk_id, in_page;
       p.page.divmod(uint32_t(idx), blk_id, in_page);  // valid: 0 <= idx < 2^31
-      rec += int64_t(blk_id) * p.block_stride_bytes + int64_t(in_page) * fmt::kDsMlaRecordBytes;
+      rec += int64_t(blk_id) * p.block_stride_bytes + int64_t(in_page) * KvFmt::kRecordBytes;
     }
     return rec;
   };
@@ -154,17 +154,17 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
     return ld_16_pred(rec + byte_off, valid);
   };
   auto load_scales = [&](const uint8_t* rec, int32_t valid) -> float4 {
-    const uint4 v = ld_16_pred(rec + fmt::kScaleOffset, valid);
+    const uint4 v = ld_16_pred(rec + KvFmt::kScaleOffset, valid);
     return make_float4(__uint_as_float(v.x), __uint_as_float(v.y), __uint_as_float(v.z), __uint_as_float(v.w));
   };
   // All loads of one round at once (prologue: round 0).
   auto issue_loads = [&](int32_t idx, RoundRaw& r) {
     const uint8_t* rec = record_of(idx, r.valid);
     CUTE_UNROLL
-    for (int d = 0; d < 8; ++d) r.nope[d] = load16(rec, r.valid, fmt::kNopeOffset + 64 * d + 16 * q);
+    for (int d = 0; d < 8; ++d) r.nope[d] = load16(rec, r.valid, KvFmt::kNopeOffset + 64 * d + 16 * q);
     r.sc = load_scales(rec, r.valid);
-    r.rope[0] = load16(rec, r.valid, fmt::kRopeOffset + 16 * q);
-    r.rope[1] = load16(rec, r.valid, fmt::kRopeOffset + 16 * (q + 4));
+    r.rope[0] = load16(rec, r.valid, KvFmt::kRopeOffset + 16 * q);
+    r.rope[1] = load16(rec, r.valid, KvFmt::kRopeOffset + 16 * (q + 4));
   };
 
   // Convert stage: dequantize round n from `r` into the K tile (both CTAs' tiles for H = 128),
@@ -210,12 +210,12 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
       const int o0 = base + d * 512 + c0, o1 = base + d * 512 + c1;
       store_local(o0, lo);
       store_local(o1, hi);
-      nx.nope[d] = load16(nrec, nx.valid, fmt::kNopeOffset + 64 * d + 16 * q);
+      nx.nope[d] = load16(nrec, nx.valid, KvFmt::kNopeOffset + 64 * d + 16 * q);
     }
     store_local(base + r0, r.rope[0]);
     store_local(base + r1, r.rope[1]);
-    nx.rope[0] = load16(nrec, nx.valid, fmt::kRopeOffset + 16 * q);
-    nx.rope[1] = load16(nrec, nx.valid, fmt::kRopeOffset + 16 * (q + 4));
+    nx.rope[0] = load16(nrec, nx.valid, KvFmt::kRopeOffset + 16 * q);
+    nx.rope[1] = load16(nrec, nx.valid, KvFmt::kRopeOffset + 16 * (q + 4));
     // Validity bits of the block (bit t = token t): lanes 0-7 (q == 0) hold this CTA's tokens of
     // the warp, lanes 8-15 (q == 1) the peer half's (H = 128); one byte per 8 tokens.
     {
@@ -253,7 +253,7 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
     const uint8_t* rec = record_of(idx, valid);
     if (valid) {
       const uintptr_t line0 = reinterpret_cast<uintptr_t>(rec) & ~uintptr_t(127);
-      const uintptr_t last = (reinterpret_cast<uintptr_t>(rec) + fmt::kDsMlaRecordBytes - 1) & ~uintptr_t(127);
+      const uintptr_t last = (reinterpret_cast<uintptr_t>(rec) + KvFmt::kRecordBytes - 1) & ~uintptr_t(127);
       const uintptr_t a = line0 + 128u * uintptr_t(q), b = line0 + 128u * uintptr_t(q + 4);
       asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
       if (b <= last) asm volatile("prefetch.global.L2 [%0];" ::"l"(b));
