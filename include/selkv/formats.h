@@ -51,6 +51,13 @@ SELKV_HD constexpr int record_bytes(KvFormat f) {
 SELKV_HD constexpr bool has_rope(KvFormat f) {
   return dispatch_format(f, [](auto t) { return decltype(t)::kHasRope; });
 }
+// Latent (quantized) and RoPE elements per token of format f; rope_dim is 0 without RoPE.
+SELKV_HD constexpr int nope_dim(KvFormat f) {
+  return dispatch_format(f, [](auto t) { return decltype(t)::kNopeDim; });
+}
+SELKV_HD constexpr int rope_dim(KvFormat f) {
+  return dispatch_format(f, [](auto t) { return decltype(t)::kRopeDim; });
+}
 // Width of the bf16 row a reader produces for a record of format f: 576 or 512.
 SELKV_HD constexpr int dequant_dim(KvFormat f) {
   return dispatch_format(f, [](auto t) { return decltype(t)::kDequantDim; });

@@ -58,16 +58,16 @@ Status check_write_kv_cache(const WriteKvCacheParams& p, Work* work) {
                   p.num_tokens);
   SELKV_CHECK_ARG(p.latent != nullptr, "latent", "must not be null");
   SELKV_CHECK_ARG(aligned(p.latent, 16), "latent", "must be 16-byte aligned");
-  SELKV_CHECK_ARG(p.latent_row_stride >= fmt::kNopeDim, "latent_row_stride", "must be >= ",
-                  fmt::kNopeDim, ", got ", p.latent_row_stride);
+  SELKV_CHECK_ARG(p.latent_row_stride >= fmt::nope_dim(p.format), "latent_row_stride", "must be >= ",
+                  fmt::nope_dim(p.format), ", got ", p.latent_row_stride);
   SELKV_CHECK_ARG(p.latent_row_stride % 8 == 0, "latent_row_stride",
                   "must be a multiple of 8 elements (16-byte aligned rows), got ",
                   p.latent_row_stride);
   if (fmt::has_rope(p.format)) {
     SELKV_CHECK_ARG(p.rope != nullptr, "rope", "required for ds_mla_fp8");
     SELKV_CHECK_ARG(aligned(p.rope, 16), "rope", "must be 16-byte aligned");
-    SELKV_CHECK_ARG(p.rope_row_stride >= fmt::kRopeDim, "rope_row_stride", "must be >= ",
-                    fmt::kRopeDim, ", got ", p.rope_row_stride);
+    SELKV_CHECK_ARG(p.rope_row_stride >= fmt::rope_dim(p.format), "rope_row_stride", "must be >= ",
+                    fmt::rope_dim(p.format), ", got ", p.rope_row_stride);
     SELKV_CHECK_ARG(p.rope_row_stride % 8 == 0, "rope_row_stride",
                     "must be a multiple of 8 elements (16-byte aligned rows), got ",
                     p.rope_row_stride);

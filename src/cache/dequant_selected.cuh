@@ -82,11 +82,11 @@ __device__ __forceinline__ int32_t entry_slot(const DequantSelectedKernelParams&
   return (s >= 0 && int64_t(s) < p.num_slots) ? s : -1;
 }
 
-__device__ __forceinline__ int64_t slot_record_offset(const DequantSelectedKernelParams& p,
-                                                      int32_t slot, int record_bytes) {
+template <class Fmt>
+__device__ __forceinline__ int64_t slot_record_offset(const DequantSelectedKernelParams& p, int32_t slot) {
   uint32_t blk, off;
   p.page.divmod(uint32_t(slot), blk, off);  // slot in [0, 2^31)
-  return int64_t(blk) * p.block_stride_bytes + int64_t(off) * record_bytes;
+  return int64_t(blk) * p.block_stride_bytes + Fmt::record_offset(off);
 }
 
 // ---- selected mode ------------------------------------------------------------------------------
@@ -94,7 +94,6 @@ template <class Fmt>
 __global__ void __launch_bounds__(kDequantThreads)
 dequant_selected_kernel(const DequantSelectedKernelParams p) {
   static_assert(dev::kWarpSplitFits<Fmt>, "record layout of the warp split");
-  constexpr int kRecordBytes = Fmt::kRecordBytes;
   const int lane = int(threadIdx.x) & 31;
   const int warp = int(threadIdx.x) >> 5;
 
@@ -107,7 +106,7 @@ dequant_selected_kernel(const DequantSelectedKernelParams p) {
       entry_tk(p, j, &t, &k);
       const int32_t s = entry_slot(p, t, k);
       p.out_idx[t * p.out_stride + k] = s >= 0 ? int32_t(j) : -1;
-      if (s >= 0) src = slot_record_offset(p, s, kRecordBytes);
+      if (s >= 0) src = slot_record_offset<Fmt>(p, s);
     }
     int64_t tsrc[kDequantRowsPerWarp];
     uint2 clo[kDequantRowsPerWarp], chi[kDequantRowsPerWarp];
@@ -219,7 +218,6 @@ dequant_full_pool_kernel(const DequantSelectedKernelParams p) {
   static_assert(dev::kWarpSplitFits<Fmt>, "record layout of the warp split");
   constexpr int kR = kFullPoolRows;
   static_assert(kV == 1 || kV == 4, "index vector width");
-  constexpr int kRecordBytes = Fmt::kRecordBytes;
   constexpr int kU = kFullPoolUnits;  // index units per lane per task
   const int lane = int(threadIdx.x) & 31;
   const int64_t nwarps = int64_t(gridDim.x) * kDequantWarps;
@@ -251,7 +249,7 @@ dequant_full_pool_kernel(const DequantSelectedKernelParams p) {
     // Rows [kR * task, kR * task + kR): lane r < kR resolves row kR * task + r.
     const int64_t row0 = task * kR;
     int64_t src = -1;
-    if (lane < kR && row0 + lane < p.rows) src = slot_record_offset(p, int32_t(row0 + lane), kRecordBytes);
+    if (lane < kR && row0 + lane < p.rows) src = slot_record_offset<Fmt>(p, int32_t(row0 + lane));
     const uint32_t valid = __ballot_sync(0xffffffffu, src >= 0);
     if (valid != 0) {
       DequantBatch<kR> a;

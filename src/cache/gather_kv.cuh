@@ -127,7 +127,6 @@ __device__ __forceinline__ void gather_store(const GatherKernelParams& p, int64_
 template <class Fmt>
 __global__ void __launch_bounds__(kGatherThreads) gather_kv_kernel(const GatherKernelParams p) {
   static_assert(dev::kWarpSplitFits<Fmt>, "record layout of the warp split");
-  constexpr int kRecordBytes = Fmt::kRecordBytes;
   extern __shared__ int64_t prefix[];  // [num_reqs + 1], then starts / ws (see gather_smem_bytes)
   __shared__ int64_t warp_sums[kGatherWarps];
   const int tid = threadIdx.x;
@@ -223,7 +222,7 @@ __global__ void __launch_bounds__(kGatherThreads) gather_kv_kernel(const GatherK
         }
         if (blk < p.max_blocks) {
           const int64_t bid = __ldg(p.block_table + int64_t(r) * p.bt_stride + blk);
-          if (bid >= 0 && bid < p.num_blocks) src = bid * p.block_stride_bytes + off * kRecordBytes;
+          if (bid >= 0 && bid < p.num_blocks) src = bid * p.block_stride_bytes + off * Fmt::kRecordBytes;
         }
       }
     }

@@ -29,10 +29,10 @@ inline Status check_write_overlaps(const char* kOp, const WriteKvCacheParams& p)
   const int64_t T = p.num_tokens;
   const detail::Extent cache = cache_extent(p.cache, p.num_blocks, p.page_size, p.block_stride_bytes, p.format);
   SELKV_RETURN_IF_ERROR(detail::check_disjoint(
-      kOp, "cache", cache, "latent", extent_of(p.latent, 2, {Dim{T, p.latent_row_stride}, Dim{fmt::kNopeDim, 1}})));
+      kOp, "cache", cache, "latent", extent_of(p.latent, 2, {Dim{T, p.latent_row_stride}, Dim{fmt::nope_dim(p.format), 1}})));
   if (fmt::has_rope(p.format)) {
     SELKV_RETURN_IF_ERROR(detail::check_disjoint(
-        kOp, "cache", cache, "rope", extent_of(p.rope, 2, {Dim{T, p.rope_row_stride}, Dim{fmt::kRopeDim, 1}})));
+        kOp, "cache", cache, "rope", extent_of(p.rope, 2, {Dim{T, p.rope_row_stride}, Dim{fmt::rope_dim(p.format), 1}})));
   }
   return detail::check_disjoint(kOp, "cache", cache, "slot_mapping", extent_of(p.slot_mapping, 8, {Dim{T, 1}}));
 }

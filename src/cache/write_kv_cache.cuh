@@ -58,7 +58,6 @@ __device__ __forceinline__ void write_load(const WriteKvKernelParams& p, int64_t
 
 template <class Fmt, ScaleMode kMode>
 __device__ __forceinline__ void write_token(const WriteKvKernelParams& p, int lane, const WriteTok& x) {
-  constexpr int kRecordBytes = Fmt::kRecordBytes;
   const int64_t slot = x.slot;
   if (slot < 0 || slot >= p.num_slots) return;  // padding / out of range: never written (uniform)
   float v[16];
@@ -109,7 +108,7 @@ __device__ __forceinline__ void write_token(const WriteKvKernelParams& p, int la
     block = slot / p.page_size;
     in_page = slot - block * p.page_size;
   }
-  uint8_t* rec = p.cache + block * p.block_stride_bytes + in_page * kRecordBytes;
+  uint8_t* rec = p.cache + block * p.block_stride_bytes + Fmt::record_offset(in_page);
   dev::st_u4(rec + Fmt::kNopeOffset + 16 * lane, make_uint4(q0.x, q0.y, q1.x, q1.y));
   if (lane < 4) *reinterpret_cast<float*>(rec + Fmt::kScaleOffset + 4 * lane) = sk;
   if (Fmt::kHasRope && lane < 8) dev::st_u4(rec + Fmt::kRopeOffset + 16 * lane, x.r);

@@ -31,12 +31,12 @@ Status write_kv_cache(const WriteKvCacheParams& p) {
                   p.block_stride_bytes);
   if (p.num_tokens == 0) return Status::Ok();
   SELKV_CHECK_ARG(p.latent != nullptr, "latent", "must not be null");
-  SELKV_CHECK_ARG(p.latent_row_stride >= fmt::kNopeDim, "latent_row_stride", "must be >= ",
-                  fmt::kNopeDim, ", got ", p.latent_row_stride);
+  SELKV_CHECK_ARG(p.latent_row_stride >= fmt::nope_dim(p.format), "latent_row_stride", "must be >= ",
+                  fmt::nope_dim(p.format), ", got ", p.latent_row_stride);
   if (fmt::has_rope(p.format)) {
     SELKV_CHECK_ARG(p.rope != nullptr, "rope", "required for ds_mla_fp8");
-    SELKV_CHECK_ARG(p.rope_row_stride >= fmt::kRopeDim, "rope_row_stride", "must be >= ",
-                    fmt::kRopeDim, ", got ", p.rope_row_stride);
+    SELKV_CHECK_ARG(p.rope_row_stride >= fmt::rope_dim(p.format), "rope_row_stride", "must be >= ",
+                    fmt::rope_dim(p.format), ", got ", p.rope_row_stride);
   } else {
     SELKV_CHECK_ARG(p.rope == nullptr, "rope", "must be null for nope_fp8 (no RoPE in the record)");
   }
