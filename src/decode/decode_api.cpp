@@ -3,11 +3,11 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
-#include <type_traits>
 
 #include "common/arch.h"
 #include "common/check.h"
 #include "common/cuda_check.h"
+#include "common/dispatch.h"
 #include "common/overlap.h"
 #include "common/sm_scale.h"
 #include "decode/combine.h"
@@ -334,16 +334,15 @@ Status sparse_mla_decode(const SparseDecodeParams& p, const DecodeMetadata& md, 
 
   const bool dyn = p.topk_length != nullptr;
   const bool f16 = decode_uses_f16_partials(md.shape);  // shape only: the same for every call of the plan
-  using decode::sm90::launch_sparse_decode_sm90;
-  auto launch = [&](auto heads, auto dynamic) {
-    constexpr int kH = decltype(heads)::value;
-    constexpr bool kDyn = decltype(dynamic)::value;
-    return f16 ? launch_sparse_decode_sm90<kH, kDyn, true>(k, stream) : launch_sparse_decode_sm90<kH, kDyn, false>(k, stream);
-  };
-  using H64 = std::integral_constant<int, 64>;
-  using H128 = std::integral_constant<int, 128>;
-  const cudaError_t err = p.num_heads == 64 ? (dyn ? launch(H64{}, std::true_type{}) : launch(H64{}, std::false_type{}))
-                                            : (dyn ? launch(H128{}, std::true_type{}) : launch(H128{}, std::false_type{}));
+  // The one place that lists the instantiated head counts (instantiations/*.cu).
+  const cudaError_t err = detail::dispatch_value<64, 128>(p.num_heads, [&](auto heads) {
+    return detail::dispatch_bool(dyn, [&](auto dynamic) {
+      return detail::dispatch_bool(f16, [&](auto f16c) {
+        return decode::sm90::launch_sparse_decode_sm90<decltype(heads)::value, decltype(dynamic)::value,
+                                                         decltype(f16c)::value>(k, stream);
+      });
+    });
+  });
   SELKV_CUDA_RETURN(err, kOp);
   // A fixed schedule of whole rows per part writes every row's out directly: no combine. Else
   // at most one row is split per boundary between parts, and at most every row.

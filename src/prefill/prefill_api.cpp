@@ -10,6 +10,7 @@
 #include "common/sm_scale.h"
 #include "common/resident_ctas.h"
 #include "common/cuda_check.h"
+#include "common/dispatch.h"
 #include "prefill/prefill_params.h"
 #include "prefill/sm90/launch.h"
 #include "selkv/prefill.h"
@@ -156,8 +157,8 @@ Status sparse_mla_prefill(const SparsePrefillParams& p, cudaStream_t stream) {
   int sms = 0;
   SELKV_RETURN_IF_ERROR(detail::device_sm_count(kOp, &sms));
   const int64_t grid = std::min<int64_t>(k.num_tiles, sms > 0 ? sms : 1);
-  const cudaError_t err = p.d_qk == 576 ? prefill::sm90::launch_sparse_prefill_sm90<576>(k, grid, stream)
-                                        : prefill::sm90::launch_sparse_prefill_sm90<512>(k, grid, stream);
+  const cudaError_t err = detail::dispatch_value<576, 512>(
+      p.d_qk, [&](auto d) { return prefill::sm90::launch_sparse_prefill_sm90<decltype(d)::value>(k, grid, stream); });
   return detail::cuda_status(err, kOp, "kernel launch");
 }
 

@@ -24,6 +24,18 @@ inline constexpr int kDimNope = KvFmt::kNopeDim;   // 512
 static_assert(KvFmt::kScalesInRecord && KvFmt::kNumTiles == 4 && sizeof(KvFmt::Scale) == 4);
 inline constexpr int kNumKBufs = 2;            // double-buffered dequantized KV
 
+// Everything the kernel derives from the head count H (one instantiation set per H): H / 64 head
+// groups run as one cluster whose CTAs split each 64-token block's dequant between them.
+template <int kNumHeads>
+struct DecodeTraits {
+  static_assert(kNumHeads % kBlockM == 0, "whole 64-head groups");
+  static constexpr int kHeads = kNumHeads;
+  static constexpr int kCluster = kNumHeads / kBlockM;  // CTAs per cluster (grid.x)
+  static_assert(kCluster == 1 || kCluster == 2, "the producer splits a block between at most 2 CTAs");
+  static constexpr int kRoundsPerBlock = 2 / kCluster;  // 32-token rounds a CTA dequantizes per block
+  static constexpr int kEmptyArrivals = 8 * kCluster;   // consumer warps of the cluster freeing a K buffer
+};
+
 // Warpgroup roles: WG0 = producer (index math, masking, FP8 -> bf16 dequant into smem),
 // WG1 = softmax WG (S for all 64 tokens, online softmax, P, O dims [0, 256) with P in registers),
 // WG2 = PV WG (O dims [256, 512) with P from smem). See the consumer section of the kernel.

@@ -83,8 +83,8 @@ struct BlockCursor {
 template <int kNumHeads, bool kDynamic, class Schedule>
 __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, SharedStorage& ss,
                                              const PartIter<Schedule>& it, uint32_t rank) {
-  constexpr int kCluster = kNumHeads == 128 ? 2 : 1;
-  constexpr int kRounds = 2 / kCluster;  // rounds of 32 tokens per block in this CTA
+  constexpr int kCluster = DecodeTraits<kNumHeads>::kCluster;
+  constexpr int kRounds = DecodeTraits<kNumHeads>::kRoundsPerBlock;
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   const int q = lane >> 3, l7 = lane & 7;
   const int tl = warp * 8 + l7;  // token of the round (0..31)
@@ -145,7 +145,7 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
     if (valid) {
       uint32_t blk_id, in_page;
       p.page.divmod(uint32_t(idx), blk_id, in_page);  // valid: 0 <= idx < 2^31
-      rec += int64_t(blk_id) * p.block_stride_bytes + int64_t(in_page) * KvFmt::kRecordBytes;
+      rec += int64_t(blk_id) * p.block_stride_bytes + KvFmt::record_offset(in_page);
     }
     return rec;
   };

@@ -46,7 +46,8 @@ sparse_decode_sm90_kernel(const __grid_constant__ DecodeKernelParams p) {
     SELKV_TL(if (threadIdx.x == 0) tl_empty_exit(p);)
     return;
   }
-  constexpr int kCluster = kNumHeads == 128 ? 2 : 1;
+  using Traits = DecodeTraits<kNumHeads>;
+  constexpr int kCluster = Traits::kCluster;
   const uint32_t rank = kCluster == 2 ? uint32_t(blockIdx.x) : 0u;
 
   if (threadIdx.x == 0) {
@@ -54,7 +55,7 @@ sparse_decode_sm90_kernel(const __grid_constant__ DecodeKernelParams p) {
     for (int i = 0; i < kNumKBufs; ++i) {
       cutlass::arch::ClusterBarrier::init(&ss.bar_full[i], 128);
       cutlass::arch::ClusterBarrier::init(&ss.bar_remote[i], 1);  // expect_tx + the peer's bytes
-      cutlass::arch::ClusterBarrier::init(&ss.bar_empty[i], 8 * kCluster);  // consumer warps
+      cutlass::arch::ClusterBarrier::init(&ss.bar_empty[i], Traits::kEmptyArrivals);
     }
     cutlass::arch::fence_barrier_init();
   }
@@ -104,17 +105,17 @@ cudaError_t launch_sparse_decode_sm90(const DecodeKernelParams& p, cudaStream_t 
       selkv::detail::set_max_dynamic_smem_once<&sparse_decode_sm90_kernel<kNumHeads, kDynamic, kF16Partials>>(kSmem);
   if (err != cudaSuccess) return err;
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(kNumHeads / kBlockM, p.num_sm_parts, 1);
+  cfg.gridDim = dim3(DecodeTraits<kNumHeads>::kCluster, p.num_sm_parts, 1);
   cfg.blockDim = dim3(kNumThreads, 1, 1);
   cfg.dynamicSmemBytes = kSmem;
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = kNumHeads / kBlockM;  // H = 128: 2-CTA cluster
+  attr[0].val.clusterDim.x = DecodeTraits<kNumHeads>::kCluster;
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = kNumHeads == 128 ? 1 : 0;
+  cfg.numAttrs = DecodeTraits<kNumHeads>::kCluster > 1 ? 1 : 0;
   err = cudaLaunchKernelEx(&cfg, kernel, p);
   if (err != cudaSuccess) return err;
   return cudaGetLastError();
