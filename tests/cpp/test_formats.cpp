@@ -8,6 +8,7 @@
 #include <random>
 #include <vector>
 
+#include "common/dispatch.h"
 #include "formats/codec.h"
 #include "reference/oracle.h"
 #include "test_util.h"
@@ -333,6 +334,44 @@ TEST(GoldenRecordsLayout, ScalesAndRope) {
       EXPECT_EQ(s, codec::tile_scale(amax, ScaleMode::kPow2)) << t << " tile " << k;
     }
   }
+}
+
+// ---- format traits and dispatch -----------------------------------------------------------------
+
+// DESIGN §1's byte map, spelled out independently of the traits.
+TEST(FormatTraits, MatchDesignLayout) {
+  using Ds = KvFormatTraits<KvFormat::kDsMlaFp8>;
+  using Nope = KvFormatTraits<KvFormat::kNopeFp8>;
+  static_assert(Ds::kNopeOffset == 0 && Ds::kScaleOffset == 512 && Ds::kRopeOffset == 528 &&
+                Ds::kRecordBytes == 656 && Ds::kDequantDim == 576 && Ds::kHasRope && Ds::kRopeDim == 64);
+  static_assert(Nope::kNopeOffset == 0 && Nope::kScaleOffset == 512 && Nope::kRopeOffset == 0 &&
+                Nope::kRecordBytes == 528 && Nope::kDequantDim == 512 && !Nope::kHasRope && Nope::kRopeDim == 0);
+  static_assert(Ds::kNumTiles * Ds::kTileElems == Ds::kNopeDim && Nope::kNumTiles == 4);
+  static_assert(Ds::record_offset(3) == 3 * 656 && Nope::record_offset(3) == 3 * 528);
+  // The runtime helpers are the traits, one format at a time.
+  for (const KvFormat f : {KvFormat::kDsMlaFp8, KvFormat::kNopeFp8}) {
+    dispatch_format(f, [&](auto t) {
+      using T = decltype(t);
+      EXPECT_EQ(T::kFormat, f);
+      EXPECT_EQ(fmt::record_bytes(f), T::kRecordBytes);
+      EXPECT_EQ(fmt::has_rope(f), T::kHasRope);
+      EXPECT_EQ(fmt::dequant_dim(f), T::kDequantDim);
+      EXPECT_EQ(fmt::nope_dim(f), T::kNopeDim);
+      EXPECT_EQ(fmt::rope_dim(f), T::kRopeDim);
+    });
+  }
+}
+
+TEST(Dispatch, PicksTheMatchingConstant) {
+  auto id = [](auto c) { return int(decltype(c)::value); };
+  EXPECT_EQ(detail::dispatch_bool(true, id), 1);
+  EXPECT_EQ(detail::dispatch_bool(false, id), 0);
+  EXPECT_EQ((detail::dispatch_value<64, 128>(64, id)), 64);
+  EXPECT_EQ((detail::dispatch_value<64, 128>(128, id)), 128);
+  EXPECT_EQ((detail::dispatch_value<576, 512>(576, id)), 576);
+  EXPECT_EQ((detail::dispatch_value<576, 512>(512, id)), 512);
+  EXPECT_EQ((detail::dispatch_value<1, 2, 3>(2, id)), 2);
+  EXPECT_EQ((detail::dispatch_value<1, 2, 3>(7, id)), 3);  // unchecked values take the last one
 }
 
 }  // namespace
