@@ -1,4 +1,4 @@
-"""KV record formats (byte-exact, little endian); mirrors ``include/selkv/formats.h``.
+"""KV record formats (byte-exact, little endian); mirrors ``include/selkv/format_traits.h``.
 
 ``ds_mla_fp8`` (656 bytes/token, DeepSeek-V3.2)::
 

@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "selkv/formats.h"  // SELKV_HD
+#include "selkv/format_traits.h"  // SELKV_HD
 
 namespace selkv {
 
