@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <utility>
 
 #include "common/arch.h"
 #include "common/check.h"
@@ -53,6 +54,13 @@ Status check_shape(const char* kOp, const DecodeShape& s) {
   SELKV_CHECK_ARG(known_partials(s.partials), "partials", "must be kAuto, kFp32 or kFp16, got ",
                   int(s.partials));
   return Status::Ok();
+}
+
+// The head counts with decode instantiations (src/decode/sm90/instantiations/*.cu); check_shape
+// admits only these.
+template <class Fn>
+decltype(auto) dispatch_heads(int num_heads, Fn&& fn) {
+  return detail::dispatch_value<64, 128>(num_heads, std::forward<Fn>(fn));
 }
 
 }  // namespace
@@ -113,9 +121,9 @@ Status make_decode_metadata(const DecodeShape& shape, void* buffer, size_t buffe
     // H = 128 runs as 2-CTA clusters: no more parts than clusters that fit at once (a GPC with an
     // odd SM count leaves one SM out), else a second wave doubles the time.
     int resident = 0;
-    const cudaError_t e = shape.num_heads == 128
-                              ? decode::sm90::max_resident_sparse_decode_sm90<128>(parts, &resident)
-                              : decode::sm90::max_resident_sparse_decode_sm90<64>(parts, &resident);
+    const cudaError_t e = dispatch_heads(shape.num_heads, [&](auto heads) {
+      return decode::sm90::max_resident_sparse_decode_sm90<decltype(heads)::value>(parts, &resident);
+    });
     if (e == cudaSuccess && resident >= 1 && resident < parts) parts = resident;
     (void)cudaGetLastError();
   }
@@ -334,8 +342,7 @@ Status sparse_mla_decode(const SparseDecodeParams& p, const DecodeMetadata& md, 
 
   const bool dyn = p.topk_length != nullptr;
   const bool f16 = decode_uses_f16_partials(md.shape);  // shape only: the same for every call of the plan
-  // The one place that lists the instantiated head counts (instantiations/*.cu).
-  const cudaError_t err = detail::dispatch_value<64, 128>(p.num_heads, [&](auto heads) {
+  const cudaError_t err = dispatch_heads(p.num_heads, [&](auto heads) {
     return detail::dispatch_bool(dyn, [&](auto dynamic) {
       return detail::dispatch_bool(f16, [&](auto f16c) {
         return decode::sm90::launch_sparse_decode_sm90<decltype(heads)::value, decltype(dynamic)::value,

@@ -132,12 +132,12 @@ cudaError_t max_resident_sparse_decode_sm90(int parts, int* count) {
   cudaError_t err = selkv::detail::set_max_dynamic_smem_once<&sparse_decode_sm90_kernel<kNumHeads, false, true>>(kSmem);
   if (err != cudaSuccess) return err;
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(kNumHeads / kBlockM, parts > 0 ? parts : 1, 1);
+  cfg.gridDim = dim3(DecodeTraits<kNumHeads>::kCluster, parts > 0 ? parts : 1, 1);
   cfg.blockDim = dim3(kNumThreads, 1, 1);
   cfg.dynamicSmemBytes = kSmem;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = kNumHeads / kBlockM;
+  attr[0].val.clusterDim.x = DecodeTraits<kNumHeads>::kCluster;
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
