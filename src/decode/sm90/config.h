@@ -16,13 +16,14 @@ using bf16_t = cutlass::bfloat16_t;
 
 inline constexpr int kBlockM = kHeadsPerCta;   // 64 heads: one wgmma M tile
 inline constexpr int kBlockN = kBlockTokens;   // 64 selected tokens per KV block
+inline constexpr int kNumKBufs = 2;            // double-buffered dequantized KV
+
 using KvFmt = KvFormatTraits<KvFormat::kDsMlaFp8>;  // the one record format decode reads
+// The producer reads a record's 4 fp32 scales as one 16-byte load.
+static_assert(KvFmt::kScalesInRecord && KvFmt::kNumTiles == 4 && sizeof(KvFmt::Scale) == 4);
 inline constexpr int kDimQK = KvFmt::kDequantDim;  // 576
 inline constexpr int kDimV = fmt::kVDim;           // 512
 inline constexpr int kDimNope = KvFmt::kNopeDim;   // 512
-// The producer reads a record's 4 fp32 scales as one 16-byte load.
-static_assert(KvFmt::kScalesInRecord && KvFmt::kNumTiles == 4 && sizeof(KvFmt::Scale) == 4);
-inline constexpr int kNumKBufs = 2;            // double-buffered dequantized KV
 
 // Everything the kernel derives from the head count H (one instantiation set per H): H / 64 head
 // groups run as one cluster whose CTAs split each 64-token block's dequant between them.
