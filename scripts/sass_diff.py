@@ -8,7 +8,9 @@
 For every CUDA object of the selkv target present in both builds, the kernels' instruction text
 (addresses and encodings dropped) is compared. Kernels are paired by name, and kernels whose
 mangled name changed (a template parameter renamed or retyped) by identical instruction text, so
-a renaming refactor still reads as identical. Exit status 1 if any object differs.
+a renaming refactor still reads as identical (kernels in anonymous namespaces show up as renamed
+when the two trees sit at different paths: the namespace's name hashes the source path). Exit
+status 1 if any object differs.
 """
 
 from __future__ import annotations
