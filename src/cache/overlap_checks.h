@@ -59,12 +59,11 @@ inline Status check_convert_overlaps(const char* kOp, const ConvertIndicesParams
   } else {
     SELKV_RETURN_IF_ERROR(detail::check_disjoint(kOp, "out_slots", out, "req_local_indices", in));
   }
-  SELKV_RETURN_IF_ERROR(detail::check_disjoint(kOp, "out_slots", out, "req_id_per_token", req));
-  SELKV_RETURN_IF_ERROR(detail::check_disjoint(kOp, "out_slots", out, "block_table", table));
-  SELKV_RETURN_IF_ERROR(detail::check_disjoint(kOp, "valid_counts", counts, "out_slots", out));
-  SELKV_RETURN_IF_ERROR(detail::check_disjoint(kOp, "valid_counts", counts, "req_local_indices", in));
-  SELKV_RETURN_IF_ERROR(detail::check_disjoint(kOp, "valid_counts", counts, "req_id_per_token", req));
-  return detail::check_disjoint(kOp, "valid_counts", counts, "block_table", table);
+  SELKV_RETURN_IF_ERROR(
+      detail::check_disjoint_from(kOp, "out_slots", out, {{"req_id_per_token", req}, {"block_table", table}}));
+  return detail::check_disjoint_from(kOp, "valid_counts", counts,
+                                     {{"out_slots", out}, {"req_local_indices", in}, {"req_id_per_token", req},
+                                      {"block_table", table}});
 }
 
 // C3 (num_reqs > 0, out_rows > 0): out against the cache, block_table, seq_starts, seq_lens and
@@ -74,16 +73,14 @@ inline Status check_gather_overlaps(const char* kOp, const GatherKvParams& p) {
   using detail::extent_of;
   const detail::Extent out = extent_of(p.out, 2, {Dim{p.out_rows, p.out_row_stride}, Dim{fmt::dequant_dim(p.format), 1}});
   const int64_t R = p.num_reqs;
-  SELKV_RETURN_IF_ERROR(detail::check_disjoint(
-      kOp, "out", out, "cache", cache_extent(p.cache, p.num_blocks, p.page_size, p.block_stride_bytes, p.format)));
-  if (p.max_blocks_per_req > 0) {
-    SELKV_RETURN_IF_ERROR(detail::check_disjoint(
-        kOp, "out", out, "block_table",
-        extent_of(p.block_table, 4, {Dim{R, p.block_table_row_stride}, Dim{p.max_blocks_per_req, 1}})));
-  }
-  SELKV_RETURN_IF_ERROR(detail::check_disjoint(kOp, "out", out, "seq_starts", extent_of(p.seq_starts, 4, {Dim{R, 1}})));
-  SELKV_RETURN_IF_ERROR(detail::check_disjoint(kOp, "out", out, "seq_lens", extent_of(p.seq_lens, 4, {Dim{R, 1}})));
-  return detail::check_disjoint(kOp, "out", out, "ws_starts", extent_of(p.ws_starts, 4, {Dim{R, 1}}));
+  // (extent_of gives an empty extent for a size <= 0: a table of no columns is not read)
+  return detail::check_disjoint_from(
+      kOp, "out", out,
+      {{"cache", cache_extent(p.cache, p.num_blocks, p.page_size, p.block_stride_bytes, p.format)},
+       {"block_table", extent_of(p.block_table, 4, {Dim{R, p.block_table_row_stride}, Dim{p.max_blocks_per_req, 1}})},
+       {"seq_starts", extent_of(p.seq_starts, 4, {Dim{R, 1}})},
+       {"seq_lens", extent_of(p.seq_lens, 4, {Dim{R, 1}})},
+       {"ws_starts", extent_of(p.ws_starts, 4, {Dim{R, 1}})}});
 }
 
 // C4 (N = T * K > 0 or need > 0 workspace rows): the workspace rows used and out_indices against
@@ -101,12 +98,10 @@ inline Status check_dequant_overlaps(const char* kOp, const DequantSelectedParam
   const Extent ws =
       need > 0 ? extent_of(p.workspace, 2, {Dim{need, p.workspace_row_stride}, Dim{fmt::dequant_dim(c.format), 1}})
                : Extent{};
-  SELKV_RETURN_IF_ERROR(detail::check_disjoint(kOp, "workspace", ws, "cache", cache));
-  SELKV_RETURN_IF_ERROR(detail::check_disjoint(kOp, "workspace", ws, "indices", idx));
-  SELKV_RETURN_IF_ERROR(detail::check_disjoint(kOp, "workspace", ws, "topk_length", len));
-  SELKV_RETURN_IF_ERROR(detail::check_disjoint(kOp, "workspace", ws, "out_indices", out_idx));
-  SELKV_RETURN_IF_ERROR(detail::check_disjoint(kOp, "out_indices", out_idx, "cache", cache));
-  SELKV_RETURN_IF_ERROR(detail::check_disjoint(kOp, "out_indices", out_idx, "topk_length", len));
+  SELKV_RETURN_IF_ERROR(detail::check_disjoint_from(
+      kOp, "workspace", ws, {{"cache", cache}, {"indices", idx}, {"topk_length", len}, {"out_indices", out_idx}}));
+  SELKV_RETURN_IF_ERROR(
+      detail::check_disjoint_from(kOp, "out_indices", out_idx, {{"cache", cache}, {"topk_length", len}}));
   if (static_cast<const void*>(p.out_indices) == static_cast<const void*>(p.indices)) return Status::Ok();
   return detail::check_disjoint(kOp, "out_indices", out_idx, "indices", idx);
 }

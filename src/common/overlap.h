@@ -81,6 +81,19 @@ inline Status check_disjoint(const char* op, const char* out, const Extent& out_
                    " (an output must not share memory with another output or an input)");
 }
 
+// A view with the name errors use for it.
+struct NamedExtent {
+  const char* name;
+  Extent extent;
+};
+
+// check_disjoint of `out` against each of `others` in order (the first overlap is reported).
+inline Status check_disjoint_from(const char* op, const char* out, const Extent& out_extent,
+                                  std::initializer_list<NamedExtent> others) {
+  for (const NamedExtent& o : others) SELKV_RETURN_IF_ERROR(check_disjoint(op, out, out_extent, o.name, o.extent));
+  return Status::Ok();
+}
+
 // kInvalidArgument naming `out` when two of its elements alias (e.g. a stride-0 / expanded dim).
 inline Status check_no_self_overlap(const char* op, const char* out, std::initializer_list<Dim> dims) {
   if (!self_overlaps(dims)) return Status::Ok();

@@ -189,12 +189,10 @@ DecodeExtents decode_extents(const SparseDecodeParams& p, const DecodeMetadata& 
 // `name` (an output or the workspace) against every input and the metadata.
 Status check_disjoint_from_inputs(const char* kOp, const char* name, const detail::Extent& x,
                                   const DecodeExtents& e) {
-  SELKV_RETURN_IF_ERROR(detail::check_disjoint(kOp, name, x, "q", e.q));
-  SELKV_RETURN_IF_ERROR(detail::check_disjoint(kOp, name, x, "cache", e.cache));
-  SELKV_RETURN_IF_ERROR(detail::check_disjoint(kOp, name, x, "indices", e.indices));
-  SELKV_RETURN_IF_ERROR(detail::check_disjoint(kOp, name, x, "topk_length", e.topk_length));
-  SELKV_RETURN_IF_ERROR(detail::check_disjoint(kOp, name, x, "attn_sink", e.attn_sink));
-  return detail::check_disjoint(kOp, name, x, "metadata", e.metadata);
+  return detail::check_disjoint_from(kOp, name, x,
+                                     {{"q", e.q}, {"cache", e.cache}, {"indices", e.indices},
+                                      {"topk_length", e.topk_length}, {"attn_sink", e.attn_sink},
+                                      {"metadata", e.metadata}});
 }
 
 }  // namespace
@@ -299,8 +297,7 @@ Status sparse_mla_decode(const SparseDecodeParams& p, const DecodeMetadata& md, 
     const DecodeExtents e = decode_extents(p, md);
     const detail::Extent ws = detail::byte_range(workspace, int64_t(decode_workspace_size(md)));
     SELKV_RETURN_IF_ERROR(check_disjoint_from_inputs(kOp, "workspace", ws, e));
-    SELKV_RETURN_IF_ERROR(detail::check_disjoint(kOp, "workspace", ws, "out", e.out));
-    SELKV_RETURN_IF_ERROR(detail::check_disjoint(kOp, "workspace", ws, "lse", e.lse));
+    SELKV_RETURN_IF_ERROR(detail::check_disjoint_from(kOp, "workspace", ws, {{"out", e.out}, {"lse", e.lse}}));
   }
 
   SELKV_RETURN_IF_ERROR(detail::require_sm90(kOp));

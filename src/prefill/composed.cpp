@@ -51,22 +51,17 @@ Status check_workspace_disjoint(const char* kOp, const detail::Extent& ws, const
   using detail::extent_of;
   const int64_t T = a.num_tokens, H = a.num_heads;
   if (T == 0) return Status::Ok();  // nothing runs
-  SELKV_RETURN_IF_ERROR(detail::check_disjoint(
-      kOp, "workspace", ws, "attn.q", extent_of(a.q, 2, {Dim{T, a.q_token_stride}, Dim{H, a.q_head_stride}, Dim{a.d_qk, 1}})));
-  SELKV_RETURN_IF_ERROR(
-      detail::check_disjoint(kOp, "workspace", ws, "attn.attn_sink", extent_of(a.attn_sink, 4, {Dim{H, 1}})));
-  if (a.topk > 0) {
-    SELKV_RETURN_IF_ERROR(detail::check_disjoint(
-        kOp, "workspace", ws, "attn.indices", extent_of(a.indices, 4, {Dim{T, a.indices_token_stride}, Dim{a.topk, 1}})));
-    SELKV_RETURN_IF_ERROR(
-        detail::check_disjoint(kOp, "workspace", ws, "attn.topk_length", extent_of(a.topk_length, 4, {Dim{T, 1}})));
-  }
-  SELKV_RETURN_IF_ERROR(detail::check_disjoint(
-      kOp, "workspace", ws, "attn.out", extent_of(a.out, 2, {Dim{T, a.out_token_stride}, Dim{H, a.out_head_stride}, Dim{512, 1}})));
-  SELKV_RETURN_IF_ERROR(detail::check_disjoint(
-      kOp, "workspace", ws, "attn.max_logits", extent_of(a.max_logits, 4, {Dim{T, a.max_logits_token_stride}, Dim{H, 1}})));
-  return detail::check_disjoint(kOp, "workspace", ws, "attn.lse",
-                                extent_of(a.lse, 4, {Dim{T, a.lse_token_stride}, Dim{H, 1}}));
+  const bool reads_indices = a.topk > 0;
+  return detail::check_disjoint_from(
+      kOp, "workspace", ws,
+      {{"attn.q", extent_of(a.q, 2, {Dim{T, a.q_token_stride}, Dim{H, a.q_head_stride}, Dim{a.d_qk, 1}})},
+       {"attn.attn_sink", extent_of(a.attn_sink, 4, {Dim{H, 1}})},
+       {"attn.indices", reads_indices ? extent_of(a.indices, 4, {Dim{T, a.indices_token_stride}, Dim{a.topk, 1}})
+                                      : detail::Extent{}},
+       {"attn.topk_length", reads_indices ? extent_of(a.topk_length, 4, {Dim{T, 1}}) : detail::Extent{}},
+       {"attn.out", extent_of(a.out, 2, {Dim{T, a.out_token_stride}, Dim{H, a.out_head_stride}, Dim{512, 1}})},
+       {"attn.max_logits", extent_of(a.max_logits, 4, {Dim{T, a.max_logits_token_stride}, Dim{H, 1}})},
+       {"attn.lse", extent_of(a.lse, 4, {Dim{T, a.lse_token_stride}, Dim{H, 1}})}});
 }
 
 // ---- (a) ------------------------------------------------------------------------------------------
