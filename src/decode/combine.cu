@@ -80,11 +80,7 @@ decode_combine_kernel(const DecodeKernelParams p) {
   SplitRow sr;
   const int32_t entry = int32_t(blockIdx.x);
   int32_t header[kMdHeaderInts];
-  {
-    const int4 a = *reinterpret_cast<const int4*>(p.metadata), b = *reinterpret_cast<const int4*>(p.metadata + 4);
-    header[0] = a.x, header[1] = a.y, header[2] = a.z, header[3] = a.w;
-    header[4] = b.x, header[5] = b.y, header[6] = b.z, header[7] = b.w;
-  }
+  md_load_header(p.metadata, header);
   if (md_header_ok(header, p.num_rows, p.topk, p.min_blocks_per_part, p.num_sm_parts)) {
     if (entry < header[kMdSplitCount]) {
       const int4 e = *reinterpret_cast<const int4*>(p.metadata + kMdSplitRows + 4 * entry);

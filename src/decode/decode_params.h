@@ -82,11 +82,23 @@ SELKV_DEC_HD constexpr int64_t md_lengths_offset(int32_t rows) { return int64_t(
 // Int32 values of a metadata buffer for `rows` rows of `batch` batch entries.
 SELKV_DEC_HD constexpr int64_t md_ints(int32_t rows, int32_t batch) { return md_lengths_offset(rows) + batch; }
 
+// A top-k length as the plan keeps it: clamped to [0, K].
+SELKV_DEC_HD int32_t clamp_topk_length(int32_t len, int32_t topk) { return len < 0 ? 0 : (len > topk ? topk : len); }
+
 // The header [0, 8) as written by the scheduler.
 SELKV_DEC_HD void md_write_header(int32_t* md, int32_t total, int32_t np, int32_t rows, int32_t min_blocks,
                                   bool row_starts, int32_t split_rows, int32_t topk) {
   md[0] = total, md[1] = np, md[2] = rows, md[3] = kMdMagic;
   md[4] = min_blocks, md[5] = row_starts ? 1 : 0, md[6] = split_rows, md[7] = topk;
+}
+// The header words [0, 8): two 16-byte loads on the device.
+SELKV_DEC_HD void md_load_header(const int32_t* md, int32_t (&h)[kMdHeaderInts]) {
+#if defined(__CUDA_ARCH__)
+  const int4 a = *reinterpret_cast<const int4*>(md), b = *reinterpret_cast<const int4*>(md + 4);
+  h[0] = a.x, h[1] = a.y, h[2] = a.z, h[3] = a.w, h[4] = b.x, h[5] = b.y, h[6] = b.z, h[7] = b.w;
+#else
+  for (int i = 0; i < kMdHeaderInts; ++i) h[i] = md[i];
+#endif
 }
 // Whether header words h[0, 8) describe a plan for this call's shape: magic, rows, K, the
 // granularity, and a part count and total the kernels' loops may use (every row >= 1 block).
@@ -187,12 +199,7 @@ struct DynamicSchedule {
                                int32_t num_sm_parts)
       : md(md_), rows(rows_) {
     int32_t h[kMdHeaderInts];
-#if defined(__CUDA_ARCH__)
-    const int4 a = *reinterpret_cast<const int4*>(md_), b = *reinterpret_cast<const int4*>(md_ + 4);
-    h[0] = a.x, h[1] = a.y, h[2] = a.z, h[3] = a.w, h[4] = b.x, h[5] = b.y, h[6] = b.z, h[7] = b.w;
-#else
-    for (int i = 0; i < kMdHeaderInts; ++i) h[i] = md_[i];
-#endif
+    md_load_header(md_, h);
     const bool ok = md_header_ok(h, rows_, topk, min_blocks, num_sm_parts < kMaxDecodeParts ? num_sm_parts : kMaxDecodeParts);
     total = ok ? h[0] : 0;
     np = ok ? h[1] : 0;

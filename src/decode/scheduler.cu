@@ -21,12 +21,7 @@ decode_scheduler_kernel(int32_t batch, int32_t seq_q, int32_t topk, const int32_
   // decode kernel) uses the snapshot, so the plan is consistent whatever happens to topk_length.
   int32_t* lens = md + md_lengths_offset(rows);
   for (int32_t b = int32_t(threadIdx.x); b < batch; b += kSchedThreads) {
-    int32_t len = topk;
-    if (topk_length != nullptr) {
-      len = topk_length[b];
-      len = len < 0 ? 0 : (len > topk ? topk : len);
-    }
-    lens[b] = len;
+    lens[b] = topk_length != nullptr ? clamp_topk_length(topk_length[b], topk) : topk;
   }
   __syncthreads();  // the snapshot visible to the whole CTA
   int32_t carry = 0;  // the same in every thread (the scan's total)

@@ -17,7 +17,6 @@
 #include <ATen/core/Tensor.h>
 #include <torch/library.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <iterator>
@@ -157,7 +156,7 @@ std::vector<int64_t> get_decode_metadata(int64_t batch, int64_t seq_q, int64_t n
         int32_t* lens = metadata.mutable_data_ptr<int32_t>() +
                         decode::md_lengths_offset(shape.batch * shape.seq_q);
         for (int32_t b = 0; b < shape.batch; ++b)
-          lens[b] = std::clamp(shape.topk_length[b], int32_t(0), shape.topk);
+          lens[b] = decode::clamp_topk_length(shape.topk_length[b], shape.topk);
       }
     }
     md.data = static_cast<int32_t*>(mutable_data_or_null(metadata));

@@ -68,7 +68,7 @@ struct BlockCursor {
         // clamped again so that even a corrupt plan cannot widen a mask past K.
         const int32_t nr = row + 1 < p.num_rows ? row + 1 : p.num_rows - 1;
         const int32_t raw = __ldg(p.metadata + md_lengths_offset(p.num_rows) + row_coord(nr, p.batch).b);
-        next_len = raw < 0 ? 0 : (raw > p.topk ? p.topk : raw);
+        next_len = clamp_topk_length(raw, p.topk);
       }
     } else {
       while (g < g1 && g >= row_end) {  // closed-form bounds: every row has K / 64 blocks
