@@ -431,6 +431,14 @@ inline void prefill_oracle(const PrefillProblem& pr, PrefillOut* r, std::vector<
   ref::sparse_prefill(a);
 }
 
+// The prefill tolerances of `got` against the oracle on the same problem.
+inline void expect_prefill_matches_oracle(const PrefillProblem& pr, const PrefillOut& got, const std::string& what) {
+  PrefillOut ref;
+  std::vector<float> ref_out;
+  prefill_oracle(pr, &ref, &ref_out);
+  expect_prefill_close(got.out, got.ml, got.lse, ref_out, ref.ml, ref.lse, pr.H, what);
+}
+
 // Padding in elements (q / out / kv pads multiples of 8, ml / lse / indices pads multiples of 4).
 struct PrefillLayout {
   int64_t q_head = 0, q_token = 0, out_head = 0, out_token = 0, ml_token = 0, lse_token = 0,
