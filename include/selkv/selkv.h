@@ -7,6 +7,7 @@
 #include "selkv/formats.h"
 #include "selkv/cache_ops.h"
 #include "selkv/decode.h"
+#include "selkv/packed.h"
 #include "selkv/dequant.h"
 #include "selkv/prefill.h"
 #include "selkv/composed.h"
