@@ -28,6 +28,7 @@
 #include "reference/oracle.h"
 #include "selkv/cache_ops.h"
 #include "selkv/decode.h"
+#include "selkv/packed.h"
 
 namespace selkv::bench {
 namespace {
@@ -50,7 +51,15 @@ DecodePartials default_partials() {
   return DecodePartials::kAuto;
 }
 
+// Which decode runs (C5 native, or C6: the packed decode over a buffer packed once outside the
+// timed region, or pack + packed decode timed together, the unhidden cost).
+enum class DecodePath { kNative, kPacked, kPackThenDecode };
+const char* path_name(DecodePath p) {
+  return p == DecodePath::kNative ? "native" : p == DecodePath::kPacked ? "packed" : "pack+packed";
+}
+
 struct DecodeSpec {
+  DecodePath path = DecodePath::kNative;
   int32_t B = 64, S = 2, H = 128, K = 2048;
   int64_t s_kv = 32768;
   int32_t page = 64;
@@ -141,6 +150,7 @@ class DecodeWorkload final : public Workload, public Anchored {
     std::string v = s_.dynamic ? "dynamic topk_length" : "fixed";
     if (s_.eff_k > 0 && s_.eff_k < s_.K) v += s_.dynamic ? " INT_MAX suffix" : " -1 suffix";
     if (s_.min_blocks > 0) v += " min_blocks=" + std::to_string(s_.min_blocks);
+    if (s_.path != DecodePath::kNative) v += std::string(" ") + path_name(s_.path);
     return v;
   }
   double flops() const override { return 2.0 * s_.H * double(valid_total_) * (fmt::kQkDim + fmt::kVDim); }
@@ -151,7 +161,19 @@ class DecodeWorkload final : public Workload, public Anchored {
   }
   AnchorInfo anchor() const override { return s_.anchor; }
 
-  void run(cudaStream_t stream) override { throw_if_error(sparse_mla_decode(params_, md_, ws_.get(), ws_.bytes(), stream)); }
+  void run(cudaStream_t stream) override {
+    switch (s_.path) {
+      case DecodePath::kNative:
+        throw_if_error(sparse_mla_decode(params_, md_, ws_.get(), ws_.bytes(), stream));
+        break;
+      case DecodePath::kPackThenDecode:
+        throw_if_error(pack_selected_kv(pack_, stream));
+        [[fallthrough]];
+      case DecodePath::kPacked:
+        throw_if_error(sparse_mla_decode_packed(packed_, md_, ws_.get(), ws_.bytes(), stream));
+        break;
+    }
+  }
 
   CheckResult check(cudaStream_t stream) override {
     out_.fill_async(0x7f, stream);  // poison
@@ -352,13 +374,43 @@ class DecodeWorkload final : public Workload, public Anchored {
     shape.partials = s_.partials;
     throw_if_error(make_decode_metadata(shape, md_buf_.get(), md_buf_.bytes(), &md_, st));
     ws_ = DeviceBuffer(std::max<size_t>(decode_workspace_size(md_), 16));
+
+    if (s_.path != DecodePath::kNative) {
+      const size_t pbytes = packed_kv_workspace_size(B, S, K);
+      packed_kv_ = DeviceBuffer(pbytes);
+      pack_.cache = params_.cache;
+      pack_.indices = params_.indices;
+      pack_.indices_batch_stride = params_.indices_batch_stride;
+      pack_.indices_seq_stride = params_.indices_seq_stride;
+      pack_.batch = B;
+      pack_.seq_q = S;
+      pack_.topk = K;
+      pack_.topk_length = params_.topk_length;
+      pack_.packed_kv = packed_kv_.get();
+      pack_.packed_kv_bytes = pbytes;
+      throw_if_error(pack_selected_kv(pack_, st));  // the packed path's buffer (repacked each call for kPackThenDecode)
+      packed_.q = params_.q;
+      packed_.batch = B;
+      packed_.seq_q = S;
+      packed_.num_heads = H;
+      packed_.packed_kv = packed_kv_.get();
+      packed_.packed_kv_bytes = pbytes;
+      packed_.topk = K;
+      packed_.topk_length = params_.topk_length;
+      packed_.sm_scale = params_.sm_scale;
+      packed_.out = params_.out;
+      packed_.lse = params_.lse;
+      set_contiguous_strides(&packed_);
+    }
   }
 
   DecodeSpec s_;
   int64_t valid_total_ = 0;
   std::vector<int32_t> indices_, topk_len_;
-  DeviceBuffer cache_, indices_dev_, topk_len_dev_, q_, out_, lse_, md_buf_, ws_;
+  DeviceBuffer cache_, indices_dev_, topk_len_dev_, q_, out_, lse_, md_buf_, ws_, packed_kv_;
   SparseDecodeParams params_;
+  PackSelectedKvParams pack_;
+  PackedDecodeParams packed_;
   DecodeMetadata md_;
 };
 
@@ -486,10 +538,23 @@ SELKV_BENCH_REGISTER(register_decode) {
     return std::make_unique<DecodeWorkload>(spec_from(p, false));
   };
   op.cpu = cpu_demo;
+  OpSpec packed = op;  // C6: the same workload and parameters, the packed decode timed
   op_registry().push_back(std::move(op));
+  packed.key = "decode_packed";
+  packed.api = "selkv::sparse_mla_decode_packed";
+  packed.summary = "C6 packed decode: the selected records packed once (pack_selected_kv), then "
+                   "sparse_mla_decode_packed (default B=64 S_q=2 H=128 K=2048)";
+  packed.order = 41;
+  packed.make = [](const Params& p) -> std::unique_ptr<Workload> {
+    DecodeSpec s = spec_from(p, false);
+    s.path = DecodePath::kPacked;
+    return std::make_unique<DecodeWorkload>(s);
+  };
+  op_registry().push_back(std::move(packed));
 
   auto add = [](DecodeSpec s, bool quick, double anchor_us, const std::string& key = "",
-                const std::string& rel_key = "", double rel_max = 0, double target_us = 0) {
+                const std::string& rel_key = "", double rel_max = 0, double target_us = 0,
+                const std::string& op_key = "decode") {
     s.anchor.anchor_us = anchor_us;
     s.anchor.anchor_name = "FlashMLA";
     s.anchor.key = key;
@@ -498,10 +563,11 @@ SELKV_BENCH_REGISTER(register_decode) {
     s.anchor.target_us = target_us;
     if (int64_t(s.K) * s.rows() > (int64_t(1) << 21)) s.check_rows = 2;  // keep the oracle fast
     BenchCase c;
-    c.op = "decode";
+    c.op = op_key;
     char anchor[48] = "";
     if (anchor_us > 0) std::snprintf(anchor, sizeof anchor, " (FlashMLA %.1f us)", anchor_us);
-    c.label = s.shape_str() + (s.dynamic ? " dynamic" : " fixed") + anchor;
+    c.label = s.shape_str() + (s.dynamic ? " dynamic" : " fixed") +
+              (s.path != DecodePath::kNative ? std::string(" ") + path_name(s.path) : "") + anchor;
     c.quick = quick;
     c.make = [s](uint64_t seed) -> std::unique_ptr<Workload> {
       DecodeSpec t = s;
@@ -558,6 +624,31 @@ SELKV_BENCH_REGISTER(register_decode) {
       s.s_kv = 8192;
       add(s, bs[j] != 8, anchors000[i][j]);
     }
+  // Seed 000's packed grid (C6): K=2048, B in {1,2,4,7,8}, S_q in {1,2,3,4,8,16}, H in {64,128},
+  // request-disjoint KV (each request's blocks are its own), s_kv=8192 (every row's 2048 entries
+  // valid). Per shape: native, packed (buffer packed outside the timed region; target <= 1/1.10 of
+  // native) and pack + packed (the unhidden cost, reported). Under op "decode_packed".
+  {
+    const int pb[] = {1, 2, 4, 7, 8}, psq[] = {1, 2, 3, 4, 8, 16};
+    for (int H : {64, 128})
+      for (int B : pb)
+        for (int S : psq) {
+          const std::string key = "pk_h" + std::to_string(H) + "_b" + std::to_string(B) + "_s" + std::to_string(S);
+          for (DecodePath path : {DecodePath::kNative, DecodePath::kPacked, DecodePath::kPackThenDecode}) {
+            DecodeSpec s;
+            s.path = path;
+            s.B = B;
+            s.S = S;
+            s.H = H;
+            s.K = 2048;
+            s.s_kv = 8192;
+            s.check_rows = 2;
+            const bool native = path == DecodePath::kNative;
+            add(s, true, 0, native ? key : "", path == DecodePath::kPacked ? key : "",
+                path == DecodePath::kPacked ? 1.0 / 1.10 : 0, 0, "decode_packed");
+          }
+        }
+  }
   // Large top-k: S_q=2, H=128, K=16384, B=128, s_kv=32768 (~2 GB cache; full grid only).
   {
     DecodeSpec s;

@@ -16,6 +16,8 @@
 #include "decode/scheduler.h"
 #include "decode/sm90/launch.h"
 #include "selkv/decode.h"
+#include "selkv/packed.h"
+#include "packed/packed_layout.h"
 
 namespace selkv {
 namespace {
@@ -162,22 +164,22 @@ void set_contiguous_strides(SparseDecodeParams* p) {
 
 namespace {
 
-// The byte extents of the decode's tensors, for the overlap rules (DESIGN §2).
+// The byte extents of a decode's tensors, for the overlap rules (DESIGN §2). The KV source is
+// the cache and the indices (native) or the packed KV buffer (packed, src1 empty).
 struct DecodeExtents {
-  detail::Extent q, cache, indices, topk_length, attn_sink, metadata, out, lse;
+  detail::Extent q, src0, src1, topk_length, attn_sink, metadata, out, lse;
+  const char* src0_name = "cache";
+  const char* src1_name = "indices";
 };
 
-DecodeExtents decode_extents(const SparseDecodeParams& p, const DecodeMetadata& md) {
+// The extents both paths share (P: SparseDecodeParams or PackedDecodeParams).
+template <class P>
+DecodeExtents common_extents(const P& p, const DecodeMetadata& md) {
   using detail::Dim;
   using detail::extent_of;
   const int64_t B = p.batch, S = p.seq_q, H = p.num_heads;
   DecodeExtents e;
   e.q = extent_of(p.q, 2, {Dim{B, p.q_batch_stride}, Dim{S, p.q_seq_stride}, Dim{H, p.q_head_stride}, Dim{fmt::kQkDim, 1}});
-  const PagedKvCache& c = p.cache;
-  e.cache = c.num_blocks > 0 ? detail::byte_range(c.data, (c.num_blocks - 1) * c.block_stride_bytes +
-                                                              int64_t(c.page_size) * fmt::record_bytes(c.format))
-                             : detail::Extent{};
-  e.indices = extent_of(p.indices, 4, {Dim{B, p.indices_batch_stride}, Dim{S, p.indices_seq_stride}, Dim{p.topk, 1}});
   e.topk_length = extent_of(p.topk_length, 4, {Dim{B, 1}});
   e.attn_sink = extent_of(p.attn_sink, 4, {Dim{H, 1}});
   e.metadata = detail::byte_range(md.data, int64_t(std::min<size_t>(md.bytes, size_t(INT64_MAX))));
@@ -186,38 +188,37 @@ DecodeExtents decode_extents(const SparseDecodeParams& p, const DecodeMetadata& 
   return e;
 }
 
+DecodeExtents decode_extents(const SparseDecodeParams& p, const DecodeMetadata& md) {
+  using detail::Dim;
+  DecodeExtents e = common_extents(p, md);
+  const PagedKvCache& c = p.cache;
+  e.src0 = c.num_blocks > 0 ? detail::byte_range(c.data, (c.num_blocks - 1) * c.block_stride_bytes +
+                                                             int64_t(c.page_size) * fmt::record_bytes(c.format))
+                            : detail::Extent{};
+  e.src1 = detail::extent_of(p.indices, 4, {Dim{p.batch, p.indices_batch_stride}, Dim{p.seq_q, p.indices_seq_stride}, Dim{p.topk, 1}});
+  return e;
+}
+
+DecodeExtents decode_extents(const PackedDecodeParams& p, const DecodeMetadata& md) {
+  DecodeExtents e = common_extents(p, md);
+  e.src0 = detail::byte_range(p.packed_kv, int64_t(packed_kv_workspace_size(p.batch, p.seq_q, p.topk)));
+  e.src0_name = "packed_kv";
+  e.src1_name = "packed_kv";
+  return e;
+}
+
 // `name` (an output or the workspace) against every input and the metadata.
 Status check_disjoint_from_inputs(const char* kOp, const char* name, const detail::Extent& x,
                                   const DecodeExtents& e) {
   return detail::check_disjoint_from(kOp, name, x,
-                                     {{"q", e.q}, {"cache", e.cache}, {"indices", e.indices},
+                                     {{"q", e.q}, {e.src0_name, e.src0}, {e.src1_name, e.src1},
                                       {"topk_length", e.topk_length}, {"attn_sink", e.attn_sink},
                                       {"metadata", e.metadata}});
 }
 
-}  // namespace
-
-Status check_sparse_mla_decode(const SparseDecodeParams& p, const DecodeMetadata& md,
-                               size_t workspace_bytes) {
-  constexpr const char* kOp = "selkv::sparse_mla_decode";
-  DecodeShape shape{p.batch, p.seq_q, p.num_heads, p.topk, p.topk_length, 0};
-  SELKV_RETURN_IF_ERROR(check_shape(kOp, shape));
-  SELKV_RETURN_IF_ERROR(detail::check_sm_scale(kOp, p.sm_scale));
-  // cache
-  const PagedKvCache& c = p.cache;
-  SELKV_CHECK_ARG(c.format == KvFormat::kDsMlaFp8, "cache", "format must be ds_mla_fp8 (656-byte records)");
-  SELKV_CHECK_ARG(c.data != nullptr, "cache", "data must not be null");
-  SELKV_CHECK_ARG(aligned16(c.data), "cache", "data must be 16-byte aligned");
-  SELKV_CHECK_ARG(c.num_blocks >= 1, "cache", "num_blocks must be >= 1, got ", c.num_blocks);
-  SELKV_CHECK_ARG(c.page_size >= 1, "cache", "page_size must be >= 1, got ", c.page_size);
-  SELKV_CHECK_ARG(c.block_stride_bytes >= int64_t(c.page_size) * fmt::kDsMlaRecordBytes, "cache",
-                  "block_stride_bytes must be >= page_size * 656 = ",
-                  int64_t(c.page_size) * fmt::kDsMlaRecordBytes, ", got ", c.block_stride_bytes);
-  SELKV_CHECK_ARG(c.block_stride_bytes % 16 == 0, "cache",
-                  "block_stride_bytes must be a multiple of 16, got ", c.block_stride_bytes);
-  SELKV_CHECK_ARG(c.num_blocks <= std::numeric_limits<int64_t>::max() / c.block_stride_bytes, "cache",
-                  "num_blocks * block_stride_bytes overflows int64");
-  // metadata
+// The plan against the call, and the split workspace's size.
+template <class P>
+Status check_plan(const char* kOp, const P& p, const DecodeMetadata& md, size_t workspace_bytes) {
   SELKV_CHECK_ARG(md.valid, "metadata", "was not made by make_decode_metadata (or its creation failed)");
   const DecodeShape& m = md.shape;
   SELKV_CHECK_ARG(m.batch == p.batch && m.seq_q == p.seq_q && m.num_heads == p.num_heads &&
@@ -230,8 +231,7 @@ Status check_sparse_mla_decode(const SparseDecodeParams& p, const DecodeMetadata
                   ") than passed (", p.topk_length == nullptr ? "none" : "a pointer", ")");
   SELKV_CHECK_ARG(known_partials(m.partials), "metadata", "partials must be kAuto, kFp32 or kFp16, got ",
                   int(m.partials));
-  const bool empty = int64_t(p.batch) * p.seq_q == 0;
-  if (empty) {
+  if (int64_t(p.batch) * p.seq_q == 0) {
     // No rows: nothing is read or written, so no pointer is needed (a plan of 0 or more parts).
     SELKV_CHECK_ARG(md.num_sm_parts >= 0 && md.num_sm_parts <= decode::kMaxDecodeParts, "metadata",
                     "not made by make_decode_metadata");
@@ -241,13 +241,15 @@ Status check_sparse_mla_decode(const SparseDecodeParams& p, const DecodeMetadata
                         md.min_blocks_per_part >= 1 && md.min_blocks_per_part <= kMaxCallBlocks,
                     "metadata", "buffer too small for this shape, or not made by make_decode_metadata");
   }
-  // workspace
   const size_t need = decode_workspace_size(md);
   if (workspace_bytes < need)
     return Status(StatusCode::kWorkspaceTooSmall,
                   detail::concat(kOp, ": workspace: needs ", need, " bytes, got ", workspace_bytes));
-  if (empty) return Status::Ok();
-  // q
+  return Status::Ok();
+}
+
+template <class P>
+Status check_q(const char* kOp, const P& p) {
   SELKV_CHECK_ARG(p.q != nullptr, "q", "must not be null");
   SELKV_CHECK_ARG(aligned16(p.q), "q", "must be 16-byte aligned");
   SELKV_CHECK_ARG(p.q_batch_stride >= 0 && p.q_seq_stride >= 0 && p.q_head_stride >= 0, "q",
@@ -255,11 +257,12 @@ Status check_sparse_mla_decode(const SparseDecodeParams& p, const DecodeMetadata
   SELKV_CHECK_ARG(p.q_batch_stride % 8 == 0 && p.q_seq_stride % 8 == 0 && p.q_head_stride % 8 == 0,
                   "q", "strides must be multiples of 8 elements (16-byte aligned rows), got (",
                   p.q_batch_stride, ", ", p.q_seq_stride, ", ", p.q_head_stride, ")");
-  // indices, topk_length, attn_sink (4-byte loads)
-  SELKV_CHECK_ARG(p.indices != nullptr, "indices", "must not be null");
-  SELKV_CHECK_ARG(aligned4(p.indices), "indices", "must be 4-byte aligned");
-  SELKV_CHECK_ARG(p.indices_batch_stride >= 0 && p.indices_seq_stride >= 0, "indices",
-                  "strides must be >= 0 (last dim contiguous)");
+  return Status::Ok();
+}
+
+// topk_length, attn_sink, out and lse, and the overlap rules.
+template <class P>
+Status check_aux_and_outputs(const char* kOp, const P& p, const DecodeMetadata& md) {
   SELKV_CHECK_ARG(aligned4(p.topk_length), "topk_length", "must be 4-byte aligned");
   SELKV_CHECK_ARG(aligned4(p.attn_sink), "attn_sink", "must be 4-byte aligned");
   // out / lse: as prefill's outputs, every (b, s, h) row has its own memory
@@ -285,23 +288,9 @@ Status check_sparse_mla_decode(const SparseDecodeParams& p, const DecodeMetadata
   return Status::Ok();
 }
 
-Status sparse_mla_decode(const SparseDecodeParams& p, const DecodeMetadata& md, void* workspace,
-                         size_t workspace_bytes, cudaStream_t stream) {
-  constexpr const char* kOp = "selkv::sparse_mla_decode";
-  SELKV_RETURN_IF_ERROR(check_sparse_mla_decode(p, md, workspace_bytes));
-  if (int64_t(p.batch) * p.seq_q == 0) return Status::Ok();  // no rows: nothing to launch
-  SELKV_CHECK_ARG(workspace != nullptr, "workspace", "must not be null");
-  SELKV_CHECK_ARG(aligned16(workspace), "workspace", "must be 16-byte aligned");
-  {
-    // The split accumulators are written by the decode and read by the combine.
-    const DecodeExtents e = decode_extents(p, md);
-    const detail::Extent ws = detail::byte_range(workspace, int64_t(decode_workspace_size(md)));
-    SELKV_RETURN_IF_ERROR(check_disjoint_from_inputs(kOp, "workspace", ws, e));
-    SELKV_RETURN_IF_ERROR(detail::check_disjoint_from(kOp, "workspace", ws, {{"out", e.out}, {"lse", e.lse}}));
-  }
-
-  SELKV_RETURN_IF_ERROR(detail::require_sm90(kOp));
-
+// Kernel parameters both paths share (the KV source is filled by the caller).
+template <class P>
+decode::DecodeKernelParams common_kernel_params(const P& p, const DecodeMetadata& md, void* workspace) {
   decode::DecodeKernelParams k{};
   k.q = static_cast<const uint16_t*>(p.q);
   k.q_batch_stride = p.q_batch_stride;
@@ -312,14 +301,6 @@ Status sparse_mla_decode(const SparseDecodeParams& p, const DecodeMetadata& md, 
   k.num_heads = p.num_heads;
   k.topk = p.topk;
   k.num_rows = p.batch * p.seq_q;
-  k.cache = static_cast<const uint8_t*>(p.cache.data);
-  k.num_slots = p.cache.num_slots();
-  k.page_size = p.cache.page_size;
-  k.page = FastDivmod(uint32_t(p.cache.page_size));
-  k.block_stride_bytes = p.cache.block_stride_bytes;
-  k.indices = p.indices;
-  k.indices_batch_stride = p.indices_batch_stride;
-  k.indices_seq_stride = p.indices_seq_stride;
   k.topk_length = p.topk_length;
   k.attn_sink = p.attn_sink;
   k.sm_scale = p.sm_scale;
@@ -336,14 +317,33 @@ Status sparse_mla_decode(const SparseDecodeParams& p, const DecodeMetadata& md, 
   k.min_blocks_per_part = md.min_blocks_per_part;
   k.accum_out = static_cast<float*>(workspace);
   k.accum_lse = k.accum_out + size_t(2) * md.num_sm_parts * p.num_heads * fmt::kVDim;
+  return k;
+}
 
-  const bool dyn = p.topk_length != nullptr;
+// The workspace (16-byte aligned, disjoint from everything else) after the call's checks passed.
+template <class P>
+Status check_workspace(const char* kOp, const P& p, const DecodeMetadata& md, void* workspace) {
+  SELKV_CHECK_ARG(workspace != nullptr, "workspace", "must not be null");
+  SELKV_CHECK_ARG(aligned16(workspace), "workspace", "must be 16-byte aligned");
+  // The split accumulators are written by the decode and read by the combine.
+  const DecodeExtents e = decode_extents(p, md);
+  const detail::Extent ws = detail::byte_range(workspace, int64_t(decode_workspace_size(md)));
+  SELKV_RETURN_IF_ERROR(check_disjoint_from_inputs(kOp, "workspace", ws, e));
+  return detail::check_disjoint_from(kOp, "workspace", ws, {{"out", e.out}, {"lse", e.lse}});
+}
+
+// The decode grid (one of the instantiations) and, when rows can be split, the combine.
+Status launch_decode(const char* kOp, const decode::DecodeKernelParams& k, const DecodeMetadata& md,
+                     bool packed, cudaStream_t stream) {
+  const bool dyn = k.topk_length != nullptr;
   const bool f16 = decode_uses_f16_partials(md.shape);  // shape only: the same for every call of the plan
-  const cudaError_t err = dispatch_heads(p.num_heads, [&](auto heads) {
+  const cudaError_t err = dispatch_heads(k.num_heads, [&](auto heads) {
     return detail::dispatch_bool(dyn, [&](auto dynamic) {
       return detail::dispatch_bool(f16, [&](auto f16c) {
-        return decode::sm90::launch_sparse_decode_sm90<decltype(heads)::value, decltype(dynamic)::value,
-                                                         decltype(f16c)::value>(k, stream);
+        return detail::dispatch_bool(packed, [&](auto packedc) {
+          return decode::sm90::launch_sparse_decode_sm90<decltype(heads)::value, decltype(dynamic)::value,
+                                                           decltype(f16c)::value, decltype(packedc)::value>(k, stream);
+        });
       });
     });
   });
@@ -356,6 +356,118 @@ Status sparse_mla_decode(const SparseDecodeParams& p, const DecodeMetadata& md, 
     SELKV_CUDA_RETURN(decode::launch_decode_combine(k, std::min(boundaries, k.num_rows), f16, stream), kOp);
   }
   return Status::Ok();
+}
+
+}  // namespace
+
+Status check_sparse_mla_decode(const SparseDecodeParams& p, const DecodeMetadata& md,
+                               size_t workspace_bytes) {
+  constexpr const char* kOp = "selkv::sparse_mla_decode";
+  DecodeShape shape{p.batch, p.seq_q, p.num_heads, p.topk, p.topk_length, 0};
+  SELKV_RETURN_IF_ERROR(check_shape(kOp, shape));
+  SELKV_RETURN_IF_ERROR(detail::check_sm_scale(kOp, p.sm_scale));
+  // cache
+  const PagedKvCache& c = p.cache;
+  SELKV_CHECK_ARG(c.format == KvFormat::kDsMlaFp8, "cache", "format must be ds_mla_fp8 (656-byte records)");
+  SELKV_CHECK_ARG(c.data != nullptr, "cache", "data must not be null");
+  SELKV_CHECK_ARG(aligned16(c.data), "cache", "data must be 16-byte aligned");
+  SELKV_CHECK_ARG(c.num_blocks >= 1, "cache", "num_blocks must be >= 1, got ", c.num_blocks);
+  SELKV_CHECK_ARG(c.page_size >= 1, "cache", "page_size must be >= 1, got ", c.page_size);
+  SELKV_CHECK_ARG(c.block_stride_bytes >= int64_t(c.page_size) * fmt::kDsMlaRecordBytes, "cache",
+                  "block_stride_bytes must be >= page_size * 656 = ",
+                  int64_t(c.page_size) * fmt::kDsMlaRecordBytes, ", got ", c.block_stride_bytes);
+  SELKV_CHECK_ARG(c.block_stride_bytes % 16 == 0, "cache",
+                  "block_stride_bytes must be a multiple of 16, got ", c.block_stride_bytes);
+  SELKV_CHECK_ARG(c.num_blocks <= std::numeric_limits<int64_t>::max() / c.block_stride_bytes, "cache",
+                  "num_blocks * block_stride_bytes overflows int64");
+  SELKV_RETURN_IF_ERROR(check_plan(kOp, p, md, workspace_bytes));
+  if (int64_t(p.batch) * p.seq_q == 0) return Status::Ok();
+  SELKV_RETURN_IF_ERROR(check_q(kOp, p));
+  // indices (4-byte loads)
+  SELKV_CHECK_ARG(p.indices != nullptr, "indices", "must not be null");
+  SELKV_CHECK_ARG(aligned4(p.indices), "indices", "must be 4-byte aligned");
+  SELKV_CHECK_ARG(p.indices_batch_stride >= 0 && p.indices_seq_stride >= 0, "indices",
+                  "strides must be >= 0 (last dim contiguous)");
+  return check_aux_and_outputs(kOp, p, md);
+}
+
+Status sparse_mla_decode(const SparseDecodeParams& p, const DecodeMetadata& md, void* workspace,
+                         size_t workspace_bytes, cudaStream_t stream) {
+  constexpr const char* kOp = "selkv::sparse_mla_decode";
+  SELKV_RETURN_IF_ERROR(check_sparse_mla_decode(p, md, workspace_bytes));
+  if (int64_t(p.batch) * p.seq_q == 0) return Status::Ok();  // no rows: nothing to launch
+  SELKV_RETURN_IF_ERROR(check_workspace(kOp, p, md, workspace));
+  SELKV_RETURN_IF_ERROR(detail::require_sm90(kOp));
+
+  decode::DecodeKernelParams k = common_kernel_params(p, md, workspace);
+  k.cache = static_cast<const uint8_t*>(p.cache.data);
+  k.num_slots = p.cache.num_slots();
+  k.page_size = p.cache.page_size;
+  k.page = FastDivmod(uint32_t(p.cache.page_size));
+  k.block_stride_bytes = p.cache.block_stride_bytes;
+  k.indices = p.indices;
+  k.indices_batch_stride = p.indices_batch_stride;
+  k.indices_seq_stride = p.indices_seq_stride;
+  return launch_decode(kOp, k, md, /*packed=*/false, stream);
+}
+
+// ---- C6: the same decode over a packed KV buffer (selkv/packed.h) ----------------------------
+
+void set_contiguous_strides(PackedDecodeParams* p) {
+  const int64_t H = p->num_heads;
+  p->q_head_stride = fmt::kQkDim;
+  p->q_seq_stride = H * fmt::kQkDim;
+  p->q_batch_stride = int64_t(p->seq_q) * H * fmt::kQkDim;
+  p->out_head_stride = fmt::kVDim;
+  p->out_seq_stride = H * fmt::kVDim;
+  p->out_batch_stride = int64_t(p->seq_q) * H * fmt::kVDim;
+  p->lse_seq_stride = H;
+  p->lse_batch_stride = int64_t(p->seq_q) * H;
+}
+
+Status check_sparse_mla_decode_packed(const PackedDecodeParams& p, const DecodeMetadata& md,
+                                      size_t workspace_bytes) {
+  constexpr const char* kOp = "selkv::sparse_mla_decode_packed";
+  DecodeShape shape{p.batch, p.seq_q, p.num_heads, p.topk, p.topk_length, 0};
+  SELKV_RETURN_IF_ERROR(check_shape(kOp, shape));
+  // The kernel numbers entries in int32 (packed.h: B * S_q * K < 2^31).
+  SELKV_CHECK_ARG(int64_t(p.batch) * p.seq_q * p.topk < (int64_t(1) << 31), "topk",
+                  "batch * seq_q * topk must be < 2^31 entries for a packed KV buffer, got ",
+                  int64_t(p.batch) * p.seq_q * p.topk);
+  SELKV_RETURN_IF_ERROR(detail::check_sm_scale(kOp, p.sm_scale));
+  SELKV_RETURN_IF_ERROR(check_plan(kOp, p, md, workspace_bytes));
+  if (int64_t(p.batch) * p.seq_q == 0) return Status::Ok();
+  SELKV_RETURN_IF_ERROR(check_q(kOp, p));
+  SELKV_CHECK_ARG(p.packed_kv != nullptr, "packed_kv", "must not be null");
+  SELKV_CHECK_ARG(aligned16(p.packed_kv), "packed_kv", "must be 16-byte aligned");
+  const size_t need = packed_kv_workspace_size(p.batch, p.seq_q, p.topk);
+  if (p.packed_kv_bytes < need)
+    return Status(StatusCode::kWorkspaceTooSmall,
+                  detail::concat(kOp, ": packed_kv: needs ", need, " bytes for (batch ", p.batch, ", seq_q ",
+                                 p.seq_q, ", topk ", p.topk, "), got ", p.packed_kv_bytes));
+  return check_aux_and_outputs(kOp, p, md);
+}
+
+Status sparse_mla_decode_packed(const PackedDecodeParams& p, const DecodeMetadata& md, void* workspace,
+                                size_t workspace_bytes, cudaStream_t stream) {
+  constexpr const char* kOp = "selkv::sparse_mla_decode_packed";
+  SELKV_RETURN_IF_ERROR(check_sparse_mla_decode_packed(p, md, workspace_bytes));
+  if (int64_t(p.batch) * p.seq_q == 0) return Status::Ok();  // no rows: nothing to launch
+  SELKV_RETURN_IF_ERROR(check_workspace(kOp, p, md, workspace));
+  SELKV_RETURN_IF_ERROR(detail::require_sm90(kOp));
+
+  // The buffer as the producer reads it: records of 64-entry tiles (a cache of 64-token pages
+  // whose slot e is entry e), and the validity words (one int32 per 32 entries) in place of the
+  // indices.
+  decode::DecodeKernelParams k = common_kernel_params(p, md, workspace);
+  const int64_t entries = int64_t(p.batch) * p.seq_q * p.topk;
+  k.cache = static_cast<const uint8_t*>(p.packed_kv);
+  k.num_slots = entries;
+  k.page_size = decode::kBlockTokens;
+  k.page = FastDivmod(uint32_t(decode::kBlockTokens));
+  k.block_stride_bytes = int64_t(decode::kBlockTokens) * fmt::kDsMlaRecordBytes;
+  k.indices = reinterpret_cast<const int32_t*>(k.cache + packed_validity_offset(p.batch, p.seq_q, p.topk));
+  return launch_decode(kOp, k, md, /*packed=*/true, stream);
 }
 
 }  // namespace selkv

@@ -10,6 +10,7 @@
 #include "selkv/dequant.h"
 #include "selkv/formats.h"
 #include "selkv/merge.h"
+#include "selkv/packed.h"
 #include "selkv/status.h"
 
 namespace selkv::ref {
@@ -57,6 +58,26 @@ void sparse_decode(const SparseDecodeRefArgs& a);
 // Argument check for sparse_decode (null pointers, sizes, cache view, format must be ds_mla_fp8).
 // sparse_decode itself writes nothing when this fails.
 Status check_sparse_decode_args(const SparseDecodeRefArgs& a);
+
+// ---- C6 sparse MLA decode over a packed KV buffer (fp64) ------------------------------------
+// The packed KV layout of selkv/packed.h: entry e = (b * S_q + s) * K + k is attended iff its
+// validity bit is set and k < topk_length[b] (when given); then exactly sparse_decode over the
+// buffer's records (the same scores, softmax and attn_sink rule).
+struct SparseDecodePackedRefArgs {
+  const uint16_t* q = nullptr;   // bf16 [B, S_q, H, 576]
+  int B = 0, S_q = 0, H = 0;
+  const uint8_t* packed_kv = nullptr;  // host copy of the buffer
+  size_t packed_kv_bytes = 0;          // >= packed_kv_workspace_size(B, S_q, K)
+  int K = 0;
+  const int32_t* topk_length = nullptr;  // [B] or null
+  float sm_scale = 0.f;
+  const float* attn_sink = nullptr;      // [H] or null
+  float* out = nullptr;          // [B, S_q, H, 512]
+  float* lse = nullptr;          // [B, S_q, H]
+  int threads = 0;
+};
+Status check_sparse_decode_packed_args(const SparseDecodePackedRefArgs& a);
+void sparse_decode_packed(const SparseDecodePackedRefArgs& a);
 
 // ---- C7 sparse prefill over bf16 KV (fp64) ---------------------------------------------------
 // Valid index: 0 <= idx < num_kv and k < topk_length[t] when given. score = sm_scale * q . kv

@@ -101,4 +101,17 @@ __device__ __forceinline__ int32_t ld_s32_pred_or_neg1(const int32_t* gptr, int3
   return v;
 }
 
+// The same with 0 for an unloaded value (the packed path's validity words: no token valid).
+__device__ __forceinline__ int32_t ld_s32_pred_or_zero(const int32_t* gptr, int32_t valid) {
+  int32_t v;
+  asm volatile(
+      "{\n\t.reg .pred p;\n\t"
+      "setp.ne.b32 p, %2, 0;\n\t"
+      "mov.b32 %0, 0;\n\t"
+      "@p ld.global.nc.b32 %0, [%1];\n\t}\n"
+      : "=r"(v)
+      : "l"(gptr), "r"(valid));
+  return v;
+}
+
 }  // namespace selkv::decode::sm90

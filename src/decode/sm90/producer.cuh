@@ -80,7 +80,15 @@ struct BlockCursor {
   }
 };
 
-template <int kNumHeads, bool kDynamic, class Schedule>
+// kPacked: the records come from a packed KV buffer (selkv/packed.h) instead of the paged cache.
+// Token k of row (b, s) is entry e = (b * S_q + s) * K + k at byte e * 656 of p.cache, an address
+// by arithmetic: no index load precedes a record load, and nothing is translated. The "index" of
+// a token is e (or -1: not wanted, never loaded); the second index slot carries the buffer's
+// validity word of the token whose bit this lane publishes (p.indices points at the words, in
+// int32 units with the index strides), needed only for the block's mask, never for an address.
+// Everything else (ring, conversion, cluster exchange) is the native path's, so both paths give
+// the same bits for the same records.
+template <int kNumHeads, bool kDynamic, bool kPacked, class Schedule>
 __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, SharedStorage& ss,
                                              const PartIter<Schedule>& it, uint32_t rank) {
   constexpr int kCluster = DecodeTraits<kNumHeads>::kCluster;
@@ -118,18 +126,28 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
     const int tok = 32 * (kCluster == 2 ? int(rank) : stage_round) + tl;
     // Past the part's end or outside 0 <= blk < K / 64: nothing is loaded.
     const bool in_part = cur.g < cur.g1 && uint32_t(blk) < uint32_t(max_blocks);
-    const int32_t* idx_row = p.indices + b * p.indices_batch_stride + s * p.indices_seq_stride +
-                             int64_t(in_part ? blk : 0) * kBlockN;
     // fixed: blk < K / 64, so every position is < K = len (no tail predicate); dynamic: the row's
     // clamped top-k length, loaded a row ahead (BlockCursor).
     const int32_t len = kDynamic ? cur.len : p.topk;
     auto wanted = [&](int t) -> int32_t { return in_part && (!kDynamic || blk * kBlockN + t < len); };
-    idx = ld_s32_pred_or_neg1(idx_row + tok, wanted(tok));
-    if constexpr (kCluster == 2) {
-      const int tok2 = 32 * int(rank ^ 1u) + tl;
-      idx2 = ld_s32_pred_or_neg1(idx_row + tok2, q == 1 && wanted(tok2));
+    if constexpr (kPacked) {
+      // Entry of the block's token 0 (rows * K < 2^31: checked by the host API); the validity
+      // words follow the entries, one per 32 (p.indices).
+      const int32_t e0 = (b * p.seq_q + s) * p.topk + (in_part ? blk : 0) * kBlockN;
+      idx = wanted(tok) ? e0 + tok : -1;
+      // This lane's published token: its own (H = 64, and q != 1), the peer half's (H = 128, q == 1).
+      const int pub = kCluster == 2 && q == 1 ? 32 * int(rank ^ 1u) + tl : tok;
+      idx2 = ld_s32_pred_or_zero(p.indices + (e0 >> 5) + (pub >> 5), wanted(pub));
     } else {
-      idx2 = -1;
+      const int32_t* idx_row = p.indices + b * p.indices_batch_stride + s * p.indices_seq_stride +
+                               int64_t(in_part ? blk : 0) * kBlockN;
+      idx = ld_s32_pred_or_neg1(idx_row + tok, wanted(tok));
+      if constexpr (kCluster == 2) {
+        const int tok2 = 32 * int(rank ^ 1u) + tl;
+        idx2 = ld_s32_pred_or_neg1(idx_row + tok2, q == 1 && wanted(tok2));
+      } else {
+        idx2 = -1;
+      }
     }
     if (++stage_round == kRounds) {
       stage_round = 0;
@@ -142,7 +160,9 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
   auto record_of = [&](int32_t idx, int32_t& valid) -> const uint8_t* {
     valid = idx >= 0 && int64_t(idx) < p.num_slots;
     const uint8_t* rec = p.cache;
-    if (valid) {
+    if constexpr (kPacked) {
+      if (valid) rec += int64_t(idx) * KvFmt::kRecordBytes;
+    } else if (valid) {
       uint32_t blk_id, in_page;
       p.page.divmod(uint32_t(idx), blk_id, in_page);  // valid: 0 <= idx < 2^31
       rec += int64_t(blk_id) * p.block_stride_bytes + KvFmt::record_offset(in_page);
@@ -219,7 +239,8 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
     // Validity bits of the block (bit t = token t): lanes 0-7 (q == 0) hold this CTA's tokens of
     // the warp, lanes 8-15 (q == 1) the peer half's (H = 128); one byte per 8 tokens.
     {
-      const uint32_t own = __ballot_sync(0xffffffffu, q == 0 && r.valid);
+      // (packed: idx2v is the buffer's validity bit of the lane's published token, 0 past the length)
+      const uint32_t own = __ballot_sync(0xffffffffu, q == 0 && (kPacked ? idx2v : r.valid));
       if (lane == 0) ss.kv_valid_bits[buf][4 * half + warp] = uint8_t(own);
       if constexpr (kCluster == 2) {
         const uint32_t peer = __ballot_sync(0xffffffffu, q == 1 && idx2v);
@@ -242,7 +263,10 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
     }
   };
 
-  auto valid2 = [&](int32_t idx2) -> int32_t { return idx2 >= 0 && int64_t(idx2) < p.num_slots; };
+  auto valid2 = [&](int32_t idx2) -> int32_t {
+    if constexpr (kPacked) return (uint32_t(idx2) >> tl) & 1u;  // the word holds 32 tokens: bit tl
+    return idx2 >= 0 && int64_t(idx2) < p.num_slots;
+  };
 
   // L2 prefetch of a round's record (index known two rounds ahead, registers not needed): the
   // register loads issued one round later then hit L2 instead of waiting a full DRAM latency.

@@ -23,8 +23,9 @@ namespace selkv::decode::sm90 {
 
 // ---- kernel ---------------------------------------------------------------------------------
 // kF16Partials: split rows' partials in fp16 with a power-of-two scale, else fp32
-// (decode_params.h f16_partials_by_default; the combine reads the same format).
-template <int kNumHeads, bool kDynamic, bool kF16Partials>
+// (decode_params.h f16_partials_by_default; the combine reads the same format). kPacked: the
+// records come from a packed KV buffer (C6, selkv/packed.h; producer.cuh), else the paged cache.
+template <int kNumHeads, bool kDynamic, bool kF16Partials, bool kPacked>
 __global__ void __launch_bounds__(kNumThreads, 1)
 sparse_decode_sm90_kernel(const __grid_constant__ DecodeKernelParams p) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -84,7 +85,7 @@ sparse_decode_sm90_kernel(const __grid_constant__ DecodeKernelParams p) {
     }
   } else {
     cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
-    run_producer<kNumHeads, kDynamic>(p, ss, it, rank);
+    run_producer<kNumHeads, kDynamic, kPacked>(p, ss, it, rank);
   }
   if constexpr (kCluster == 2) {
     // No CTA exits while its peer may still write its smem or arrive on its barriers.
@@ -97,12 +98,12 @@ sparse_decode_sm90_kernel(const __grid_constant__ DecodeKernelParams p) {
 }
 
 // Host launch (explicitly instantiated in instantiations/*.cu).
-template <int kNumHeads, bool kDynamic, bool kF16Partials>
+template <int kNumHeads, bool kDynamic, bool kF16Partials, bool kPacked>
 cudaError_t launch_sparse_decode_sm90(const DecodeKernelParams& p, cudaStream_t stream) {
-  auto kernel = &sparse_decode_sm90_kernel<kNumHeads, kDynamic, kF16Partials>;
+  auto kernel = &sparse_decode_sm90_kernel<kNumHeads, kDynamic, kF16Partials, kPacked>;
   constexpr int kSmem = int(sizeof(SharedStorage));
   cudaError_t err =
-      selkv::detail::set_max_dynamic_smem_once<&sparse_decode_sm90_kernel<kNumHeads, kDynamic, kF16Partials>>(kSmem);
+      selkv::detail::set_max_dynamic_smem_once<&sparse_decode_sm90_kernel<kNumHeads, kDynamic, kF16Partials, kPacked>>(kSmem);
   if (err != cudaSuccess) return err;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(DecodeTraits<kNumHeads>::kCluster, p.num_sm_parts, 1);
@@ -126,10 +127,10 @@ cudaError_t launch_sparse_decode_sm90(const DecodeKernelParams& p, cudaStream_t 
 // would double the time).
 template <int kNumHeads>
 cudaError_t max_resident_sparse_decode_sm90(int parts, int* count) {
-  // (the fixed fp16 instantiation stands for all: same smem, registers and cluster shape)
-  auto kernel = &sparse_decode_sm90_kernel<kNumHeads, false, true>;
+  // (the native fixed fp16 instantiation stands for all: same smem, registers and cluster shape)
+  auto kernel = &sparse_decode_sm90_kernel<kNumHeads, false, true, false>;
   constexpr int kSmem = int(sizeof(SharedStorage));
-  cudaError_t err = selkv::detail::set_max_dynamic_smem_once<&sparse_decode_sm90_kernel<kNumHeads, false, true>>(kSmem);
+  cudaError_t err = selkv::detail::set_max_dynamic_smem_once<&sparse_decode_sm90_kernel<kNumHeads, false, true, false>>(kSmem);
   if (err != cudaSuccess) return err;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(DecodeTraits<kNumHeads>::kCluster, parts > 0 ? parts : 1, 1);

@@ -1,5 +1,5 @@
 #include "decode/sm90/sparse_decode_kernel.cuh"
 
 namespace selkv::decode::sm90 {
-template cudaError_t launch_sparse_decode_sm90<64, true, true>(const DecodeKernelParams&, cudaStream_t);
+template cudaError_t launch_sparse_decode_sm90<64, true, true, false>(const DecodeKernelParams&, cudaStream_t);
 }  // namespace selkv::decode::sm90

@@ -1,0 +1,61 @@
+// CPU oracle of C6's decode: the packed buffer's validity bits become indices into its own
+// records, then the C5 oracle (sparse_decode) runs unchanged.
+#include <cstdint>
+#include <vector>
+
+#include "common/check.h"
+#include "common/sm_scale.h"
+#include "reference/oracle.h"
+
+namespace selkv::ref {
+
+Status check_sparse_decode_packed_args(const SparseDecodePackedRefArgs& a) {
+  constexpr const char* kOp = "selkv::ref::sparse_decode_packed";
+  SELKV_CHECK_ARG(a.B >= 0 && a.S_q >= 0 && a.H >= 0, "B/S_q/H", "must be >= 0");
+  SELKV_CHECK_ARG(a.K > 0 && a.K % 64 == 0, "K", "must be a positive multiple of 64, got ", a.K);
+  SELKV_RETURN_IF_ERROR(::selkv::detail::check_sm_scale(kOp, a.sm_scale));
+  if (int64_t(a.B) * a.S_q * a.H == 0) return Status::Ok();
+  const int64_t entries = int64_t(a.B) * a.S_q * a.K;
+  SELKV_CHECK_ARG(entries < (int64_t(1) << 31), "K", "B * S_q * K must be < 2^31 entries");
+  const size_t need = size_t(entries) * fmt::kDsMlaRecordBytes + size_t(entries / 8);  // selkv/packed.h
+  SELKV_CHECK_ARG(a.packed_kv != nullptr, "packed_kv", "must not be null");
+  SELKV_CHECK_ARG(a.packed_kv_bytes >= need, "packed_kv", "needs ", need, " bytes, got ", a.packed_kv_bytes);
+  SELKV_CHECK_ARG(a.q != nullptr, "q", "must not be null");
+  SELKV_CHECK_ARG(a.out != nullptr, "out", "must not be null");
+  return Status::Ok();
+}
+
+void sparse_decode_packed(const SparseDecodePackedRefArgs& a) {
+  if (!check_sparse_decode_packed_args(a).ok()) return;
+  const int64_t rows = int64_t(a.B) * a.S_q;
+  if (rows * a.H == 0) return;
+  const int64_t entries = rows * a.K;
+  const uint8_t* words = a.packed_kv + entries * fmt::kDsMlaRecordBytes;  // validity words (selkv/packed.h)
+  std::vector<int32_t> indices(size_t(entries), -1);
+  for (int64_t e = 0; e < entries; ++e) {
+    const uint32_t w = uint32_t(words[4 * (e / 32)]) | uint32_t(words[4 * (e / 32) + 1]) << 8 |
+                       uint32_t(words[4 * (e / 32) + 2]) << 16 | uint32_t(words[4 * (e / 32) + 3]) << 24;
+    if ((w >> (e % 32)) & 1u) indices[size_t(e)] = int32_t(e);
+  }
+  SparseDecodeRefArgs d;
+  d.q = a.q;
+  d.B = a.B;
+  d.S_q = a.S_q;
+  d.H = a.H;
+  d.cache.data = a.packed_kv;
+  d.cache.num_blocks = entries / 64;
+  d.cache.page_size = 64;
+  d.cache.block_stride_bytes = int64_t(64) * fmt::kDsMlaRecordBytes;
+  d.cache.format = KvFormat::kDsMlaFp8;
+  d.indices = indices.data();
+  d.K = a.K;
+  d.topk_length = a.topk_length;
+  d.sm_scale = a.sm_scale;
+  d.attn_sink = a.attn_sink;
+  d.out = a.out;
+  d.lse = a.lse;
+  d.threads = a.threads;
+  sparse_decode(d);
+}
+
+}  // namespace selkv::ref
