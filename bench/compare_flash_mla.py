@@ -4,7 +4,9 @@
     PYTHONPATH=python:<dir holding flash_mla> SELKV_OPS_LIBRARY=build/python/selkv/_selkv_ops.so \
         python3 bench/compare_flash_mla.py [--quick] [--ops decode,prefill] [--csv out.csv]
 
-For every case of the C5 decode and C7 prefill targets (issues 3 and 4) it builds one set of
+For every case of the C5 decode and C7 prefill targets (issues 3 and 4), and of seed 000's packed
+decode grid (``--ops packed``: selkv native, packed, pack + packed, the pack against a device copy
+of its bytes, and FlashMLA's native decode, all timed interleaved, with geometric means), it builds one set of
 inputs on the GPU, runs both libraries on exactly those tensors (selkv's uint8 ``ds_mla_fp8``
 cache is FlashMLA's FP8 cache viewed as ``float8_e4m3fn [blocks, page, 1, 656]``; the bf16 kv of
 the prefill is ``[N, D]`` for selkv and the same memory as ``[N, 1, D]`` for FlashMLA), checks
@@ -28,6 +30,7 @@ import argparse
 import csv
 import dataclasses
 import importlib
+import math
 import os
 import re
 import statistics
@@ -272,6 +275,80 @@ def run_decode(c: DecodeCase, fm, timer: Timer, gen: torch.Generator, min_blocks
     return rows
 
 
+# Seed 000's packed grid (C6): K = 2048, B x S_q x H, request-disjoint KV (each batch row's tokens
+# in its own region), every entry valid.
+PACKED_CASES = [DecodeCase(B, S, H, 2048, 8192, quick=S in (1, 4, 16)) for H in (64, 128)
+                for B in (1, 2, 4, 7, 8) for S in (1, 2, 3, 4, 8, 16)]
+
+
+def run_packed(c: DecodeCase, fm, timer: Timer, gen: torch.Generator) -> list[Row]:
+    """selkv native, selkv packed (buffer packed outside the timed call), pack + packed, the pack
+    alone, a device copy of the pack's bytes and FlashMLA's native decode, timed interleaved (one
+    run, one clock state). Rows carry FlashMLA's time as the anchor; the pack row carries the copy's."""
+    x = decode_inputs(c, gen)
+    q, cache, idx = x["q"], x["cache"], x["indices"]
+    scale = D_QK**-0.55
+    flops = 2.0 * c.H * c.B * c.S * c.K * (D_QK + D_V)
+    md = selkv.get_decode_metadata(c.B, c.S, c.H, c.K)
+    packed = selkv.pack_selected_kv(cache, idx)
+    record_bytes = c.B * c.S * c.K * RECORD_BYTES
+    src = torch.empty(record_bytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    native = lambda: selkv.sparse_mla_decode(q, cache, idx, md, scale)  # noqa: E731
+    pk = lambda: selkv.sparse_mla_decode_packed(q, packed, md, scale, topk=c.K)  # noqa: E731
+    pack = lambda: selkv.pack_selected_kv(cache, idx, out=packed)  # noqa: E731
+
+    def both():
+        pack()
+        return pk()
+
+    copy = lambda: dst.copy_(src)  # noqa: E731
+    calls = [native, pk, both, pack, copy]
+    out_n, out_p = native()[0], pk()[0]
+    if not torch.equal(out_n, out_p):
+        raise RuntimeError(f"{c.shape()}: packed decode differs from native decode")
+    cos = mad = None
+    if fm is not None:
+        fm_cache = cache.view(torch.float8_e4m3fn).unsqueeze(2)
+        sched, _ = fm.get_mla_metadata()
+        theirs = lambda: fm.flash_mla_with_kvcache(q, fm_cache, None, None, D_V, sched, None, scale, False, True, idx)  # noqa: E731
+        cos, mad = agreement(out_p, theirs()[0])
+        calls.append(theirs)
+    med = [statistics.median(u) for u in timer._run([timer._prepare(f) for f in calls])]
+    f_med = med[5] if fm is not None else None
+    rows = [Row("packed", c.shape(), "native", med[0], f_med, flops, cos, mad),
+            Row("packed", c.shape(), "packed", med[1], f_med, flops, cos, mad),
+            Row("packed", c.shape(), "pack+packed", med[2], f_med, flops, cos, mad),
+            Row("packed", c.shape(), "pack (anchor: device copy)", med[3], med[4], 0.0)]
+    return rows
+
+
+def packed_summary(rows: list[Row]) -> list[str]:
+    """Geometric means of the packed grid: packed / native, packed vs FlashMLA, pack + packed /
+    native, pack / copy; wins = cases where the first is faster."""
+    by = {}
+    for r in rows:
+        if r.op == "packed":
+            by.setdefault(r.shape, {})[r.variant] = r
+    out = []
+
+    def gm(pairs):
+        v = [a / b for a, b in pairs if a and b]
+        return (math.exp(sum(math.log(x) for x in v) / len(v)), sum(1 for x in v if x > 1), len(v)) if v else None
+
+    for name, pairs in [
+        ("native / packed (speedup of the packed stage)", [(d["native"].selkv_us, d["packed"].selkv_us) for d in by.values()]),
+        ("flash_mla / packed", [(d["packed"].fm_us, d["packed"].selkv_us) for d in by.values()]),
+        ("flash_mla / native", [(d["native"].fm_us, d["native"].selkv_us) for d in by.values()]),
+        ("native / (pack + packed)", [(d["native"].selkv_us, d["pack+packed"].selkv_us) for d in by.values()]),
+        ("copy / pack", [(d["pack (anchor: device copy)"].fm_us, d["pack (anchor: device copy)"].selkv_us) for d in by.values()]),
+    ]:
+        g = gm(pairs)
+        if g:
+            out.append(f"{name}: geomean {g[0]:.3f}x, {g[1]}/{g[2]} cases > 1")
+    return out
+
+
 def run_prefill(c: PrefillCase, fm, timer: Timer, gen: torch.Generator) -> list[Row]:
     x = prefill_inputs(c, gen)
     q, kv, idx = x["q"], x["kv"], x["indices"]
@@ -312,7 +389,7 @@ def import_flash_mla(name: str):
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--ops", default="decode,prefill", help="comma list of decode, prefill")
+    ap.add_argument("--ops", default="decode,prefill", help="comma list of decode, packed, prefill")
     ap.add_argument("--quick", action="store_true", help="the quick subset of the cases")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=3)
@@ -346,6 +423,11 @@ def main() -> int:
                 if (not args.quick or c.quick) and picked(c):
                     rows += run_decode(c, fm, timer, gen, args.min_blocks, args.probe_pairing)
                     torch.cuda.empty_cache()
+        if "packed" in ops:
+            for c in PACKED_CASES:
+                if (not args.quick or c.quick) and picked(c):
+                    rows += run_packed(c, fm, timer, gen)
+                    torch.cuda.empty_cache()
         if "prefill" in ops:
             for c in PREFILL_CASES + (PREFILL_SWEEP if args.prefill_sweep else []):
                 if (not args.quick or c.quick) and picked(c):
@@ -359,13 +441,16 @@ def main() -> int:
     fmt = lambda v, spec: "" if v is None else format(v, spec)  # noqa: E731
     for r in rows:
         s_tf = r.flops / (r.selkv_us * 1e-6) / 1e12
-        f_tf = r.flops / (r.fm_us * 1e-6) / 1e12 if r.fm_us else None
+        f_tf = r.flops / (r.fm_us * 1e-6) / 1e12 if r.fm_us and r.flops else None
         table.append([r.op, r.shape, r.variant, fmt(r.selkv_us, ".2f"), fmt(r.fm_us, ".2f"),
                       fmt(r.fm_us / r.selkv_us if r.fm_us else None, ".3f"), fmt(s_tf, ".1f"), fmt(f_tf, ".1f"),
                       fmt(100.0 * s_tf / ceiling, ".1f"), fmt(r.cos, ".2e"), fmt(r.max_abs, ".2e"), timing, ghash, gpu])
     for t in table:
         print(f"{t[0]:>14} {t[1]:<48} {t[2]:<28.28} selkv {t[3]:>9} us  flash_mla {t[4]:>9} us  ratio {t[5]:>6}"
               f"  cos {t[9]:>9}")
+    for line in packed_summary(rows):
+        print(f"[packed] {line}")
+        table.append(["summary", line, "", "", "", "", "", "", "", "", "", timing, ghash, gpu])
     if args.csv:
         with open(args.csv, "w", newline="") as f:
             w = csv.writer(f)
