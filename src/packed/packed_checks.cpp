@@ -19,6 +19,7 @@ bool aligned(const void* p, uintptr_t a) { return (reinterpret_cast<uintptr_t>(p
 int64_t entries_of(int64_t batch, int64_t seq_q, int64_t topk) {
   if (batch < 0 || seq_q < 0 || topk <= 0 || topk % packed::kTileEntries != 0 || topk > (int64_t(1) << 30))
     return -1;
+  if (batch >= packed::kMaxEntries || seq_q >= packed::kMaxEntries) return -1;  // then no overflow below
   const __int128 n = __int128(batch) * seq_q * topk;
   return n < packed::kMaxEntries ? int64_t(n) : -1;
 }
