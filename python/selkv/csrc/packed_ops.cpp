@@ -33,14 +33,21 @@ void check_packed_tensor(const char* op, const at::Tensor& packed_kv) {
       .dtype(at::kByte).contiguous();
 }
 
-// Meta tensors have no data: the shape rules and the buffer size are what can be checked.
-void meta_checks(const char* op, int64_t batch, int64_t seq_q, int64_t topk, const at::Tensor& packed_kv) {
+// Byte size of the packed buffer; unknown (nullopt) for a tensor of symbolic size (torch.compile's
+// dynamic-shape tracing), whose numel() cannot be read.
+std::optional<size_t> packed_bytes(const at::Tensor& packed_kv) {
+  if (packed_kv.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) return std::nullopt;
+  return size_t(packed_kv.numel());
+}
+
+// Meta tensors have no data: the shape rules and the buffer size (when known) are what can be checked.
+void meta_checks(const char* op, int64_t batch, int64_t seq_q, int64_t topk, std::optional<size_t> bytes) {
   const size_t need = selkv::packed_kv_workspace_size(batch, seq_q, topk);
   TORCH_CHECK(topk > 0 && topk % 64 == 0 && (batch * seq_q == 0 || need > 0), op,
               ": topk: must be a positive multiple of 64 with batch * seq_q * topk < 2^31, got (", batch, ", ",
               seq_q, ", ", topk, ")");
-  TORCH_CHECK(size_t(packed_kv.numel()) >= need, op, ": packed_kv_bytes: needs ", need, " bytes, got ",
-              packed_kv.numel());
+  TORCH_CHECK(!bytes.has_value() || *bytes >= need, op, ": packed_kv_bytes: needs ", need, " bytes, got ",
+              bytes.value_or(0));
 }
 
 template <Backend B>
@@ -67,9 +74,10 @@ void pack_selected_kv(const at::Tensor& kv_cache, const at::Tensor& indices,
   p.topk = to_int32(kOp, "topk (indices.size(2))", k);
   p.topk_length = static_cast<const int32_t*>(data_or_null(topk_length));
   p.packed_kv = mutable_data_or_null(packed_kv);
-  p.packed_kv_bytes = size_t(packed_kv.numel());
+  const std::optional<size_t> bytes = packed_bytes(packed_kv);
+  p.packed_kv_bytes = bytes.value_or(0);
   if constexpr (B == Backend::kMeta) {
-    meta_checks(kOp, b, s, k, packed_kv);
+    meta_checks(kOp, b, s, k, bytes);
   } else if constexpr (B == Backend::kCuda) {
     const CudaScope scope(packed_kv);
     throw_if_error(selkv::pack_selected_kv(p, scope.stream()));
@@ -91,7 +99,8 @@ void patch_packed_kv(const at::Tensor& packed_kv, int64_t batch, int64_t seq_q, 
 
   PatchPackedKvParams p;
   p.packed_kv = mutable_data_or_null(packed_kv);
-  p.packed_kv_bytes = size_t(packed_kv.numel());
+  const std::optional<size_t> bytes = packed_bytes(packed_kv);
+  p.packed_kv_bytes = bytes.value_or(0);
   p.batch = to_int32(kOp, "batch", batch);
   p.seq_q = to_int32(kOp, "seq_q", seq_q);
   p.topk = to_int32(kOp, "topk", topk);
@@ -101,7 +110,7 @@ void patch_packed_kv(const at::Tensor& packed_kv, int64_t batch, int64_t seq_q, 
   p.record_stride_bytes = n <= 1 ? std::max<int64_t>(records.stride(0), 656) : records.stride(0);
   p.num_records = n;
   if constexpr (B == Backend::kMeta) {
-    meta_checks(kOp, batch, seq_q, topk, packed_kv);
+    meta_checks(kOp, batch, seq_q, topk, bytes);
   } else if constexpr (B == Backend::kCuda) {
     const CudaScope scope(packed_kv);
     throw_if_error(selkv::patch_packed_kv(p, scope.stream()));
