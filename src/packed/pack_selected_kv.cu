@@ -1,7 +1,7 @@
 // C6 pack launcher: check, then one warp per unit (pack_selected_kv.cuh). Groups are split into
-// slices only when there are fewer groups than resident warps (one occupancy query per device,
-// legal during stream capture), so a large pack loads each index once and a small one still
-// spreads over every SM. No host sync, no allocation.
+// slices only when there are at most half as many groups as resident warps (one occupancy query
+// per device, legal during stream capture), so a large pack loads each index once and a small one
+// still spreads over the SMs. No host sync, no allocation.
 #include <cstdint>
 
 #include "common/cuda_check.h"
@@ -26,7 +26,9 @@ Status pack_selected_kv(const PackSelectedKvParams& p, cudaStream_t stream) {
   const int64_t wave_warps = wave_ctas * packed::kPackWarps;
   const int64_t rows = int64_t(p.batch) * p.seq_q;
   const int64_t groups = rows * p.topk / packed::kGroupEntries;
-  int64_t splits = (wave_warps + groups - 1) / groups;
+  // As many slices as keep every unit in the first wave (rounding up would start a second wave of
+  // a few CTAs after the first: twice the latency of a small pack).
+  int64_t splits = wave_warps / groups;
   splits = splits < 1 ? 1 : splits > packed::kMaxPackSplits ? packed::kMaxPackSplits : splits;
 
   packed::PackKernelParams k;

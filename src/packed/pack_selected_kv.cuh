@@ -23,7 +23,7 @@
 
 namespace selkv::packed {
 
-inline constexpr int kPackThreads = 256;
+inline constexpr int kPackThreads = 128;  // small CTAs: a small pack spreads over more SMs
 inline constexpr int kPackWarps = kPackThreads / 32;
 inline constexpr int kGroupEntries = 32;                          // one validity word
 inline constexpr int kChunksPerRecord = kRecordBytes / 16;        // 41

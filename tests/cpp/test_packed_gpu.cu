@@ -194,7 +194,7 @@ TEST(PackedGpu, PagesStridesAndLengths) {
 TEST(PackedGpu, ShapesAcrossSplitCounts) {
   SELKV_REQUIRE_GPU();
   uint64_t salt = 100;
-  // From one group (64 entries: every group split 11 ways) to more groups than resident warps
+  // From two groups (64 entries, each split 11 ways) to more groups than resident warps
   // (one unit per group, several CTA waves).
   run_case({64, 40, 0, 1, 1, 64, false}, salt++);
   run_case({64, 40, 0, 1, 1, 2048, true}, salt++);
