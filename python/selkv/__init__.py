@@ -11,6 +11,7 @@ Modules:
     :mod:`selkv.cache_ops`  -- cache write, index conversion, gather + upconvert
     :mod:`selkv.decode`     -- sparse MLA decode over the FP8 cache (plan + decode)
     :mod:`selkv.merge`      -- LSE merge of partial attention results (and vLLM's form)
+    :mod:`selkv.packed`     -- packed selected-KV buffers: pack the selected records, patch entries
     :mod:`selkv.flash_mla`  -- FlashMLA-compatible names (drop-in import)
 """
 
@@ -21,7 +22,7 @@ from ._ops import load_library as _load_library
 _load_library()
 
 from . import decode, flash_mla, formats  # noqa: E402
-from . import merge, prefill  # noqa: E402
+from . import merge, packed, prefill  # noqa: E402
 from ._ops import library_path  # noqa: E402
 from .cache_ops import (  # noqa: E402
     convert_req_indices_to_slots,
@@ -36,6 +37,7 @@ from .decode import (  # noqa: E402
     sparse_mla_decode,
 )
 from .merge import merge_attn_states, merge_attn_states_vllm  # noqa: E402
+from .packed import pack_selected_kv, packed_kv_workspace_size, patch_packed_kv  # noqa: E402
 from .prefill import dequant_prefill_workspace_size, dequant_selected, dequant_selected_workspace_rows, dequant_sparse_prefill, gather_prefill_workspace_size, gather_sparse_prefill, sparse_prefill  # noqa: E402,E501
 from .formats import (  # noqa: E402
     DS_MLA_FP8_RECORD_BYTES,
@@ -73,6 +75,10 @@ __all__ = [
     "merge",
     "merge_attn_states",
     "merge_attn_states_vllm",
+    "pack_selected_kv",
+    "packed",
+    "packed_kv_workspace_size",
+    "patch_packed_kv",
     "record_bytes",
     "sparse_mla_decode",
     "write_kv_cache",

@@ -34,6 +34,16 @@ Status gather_kv_bf16(const GatherKvParams& p);
 // : -1. In place (out_indices == indices, same stride) works: each entry is read before written.
 Status dequant_selected(const DequantSelectedParams& p);
 
+// ---- C6 pack / patch (host pointers; same semantics and checks as the GPU ops) ---------------
+// pack: entry e = (b * S_q + s) * K + k gets the 656-byte record of indices[b, s, k] when
+// k < clamp(topk_length[b], 0, K) (when given) and 0 <= index < num_slots, else 656 zero bytes
+// (the index is not read past the length); validity words after the records, bit e % 32 of word
+// e / 32 set iff valid. Every byte of [0, packed_kv_workspace_size) is written.
+Status pack_selected_kv(const PackSelectedKvParams& p);
+// patch: records[i] -> entry positions[i] and its validity bit set; positions outside
+// [0, B * S_q * K) skipped. With repeated positions the later record stays.
+Status patch_packed_kv(const PatchPackedKvParams& p);
+
 // ---- C5 sparse MLA decode (fp64) ------------------------------------------------------------
 // Valid slot (DESIGN §2): 0 <= slot < cache.num_slots() and k < topk_length[b] when given.
 // score = sm_scale * q . k over 576 dims (k = dequantized record), out = softmax . v (v = first
