@@ -466,7 +466,7 @@ Status sparse_mla_decode_packed(const PackedDecodeParams& p, const DecodeMetadat
   k.page_size = decode::kBlockTokens;
   k.page = FastDivmod(uint32_t(decode::kBlockTokens));
   k.block_stride_bytes = int64_t(decode::kBlockTokens) * fmt::kDsMlaRecordBytes;
-  k.indices = reinterpret_cast<const int32_t*>(k.cache + packed_validity_offset(p.batch, p.seq_q, p.topk));
+  k.indices = reinterpret_cast<const int32_t*>(k.cache + packed::packed_validity_offset(int64_t(p.batch) * p.seq_q, p.topk));
   return launch_decode(kOp, k, md, /*packed=*/true, stream);
 }
 

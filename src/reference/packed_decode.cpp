@@ -5,6 +5,7 @@
 
 #include "common/check.h"
 #include "common/sm_scale.h"
+#include "packed/packed_layout.h"
 #include "reference/oracle.h"
 
 namespace selkv::ref {
@@ -15,9 +16,8 @@ Status check_sparse_decode_packed_args(const SparseDecodePackedRefArgs& a) {
   SELKV_CHECK_ARG(a.K > 0 && a.K % 64 == 0, "K", "must be a positive multiple of 64, got ", a.K);
   SELKV_RETURN_IF_ERROR(::selkv::detail::check_sm_scale(kOp, a.sm_scale));
   if (int64_t(a.B) * a.S_q * a.H == 0) return Status::Ok();
-  const int64_t entries = int64_t(a.B) * a.S_q * a.K;
-  SELKV_CHECK_ARG(entries < (int64_t(1) << 31), "K", "B * S_q * K must be < 2^31 entries");
-  const size_t need = size_t(entries) * fmt::kDsMlaRecordBytes + size_t(entries / 8);  // selkv/packed.h
+  const size_t need = packed_kv_workspace_size(a.B, a.S_q, a.K);
+  SELKV_CHECK_ARG(need > 0, "K", "B * S_q * K must be < 2^31 entries");
   SELKV_CHECK_ARG(a.packed_kv != nullptr, "packed_kv", "must not be null");
   SELKV_CHECK_ARG(a.packed_kv_bytes >= need, "packed_kv", "needs ", need, " bytes, got ", a.packed_kv_bytes);
   SELKV_CHECK_ARG(a.q != nullptr, "q", "must not be null");
@@ -30,7 +30,7 @@ void sparse_decode_packed(const SparseDecodePackedRefArgs& a) {
   const int64_t rows = int64_t(a.B) * a.S_q;
   if (rows * a.H == 0) return;
   const int64_t entries = rows * a.K;
-  const uint8_t* words = a.packed_kv + entries * fmt::kDsMlaRecordBytes;  // validity words (selkv/packed.h)
+  const uint8_t* words = a.packed_kv + packed::packed_validity_offset(rows, a.K);
   std::vector<int32_t> indices(size_t(entries), -1);
   for (int64_t e = 0; e < entries; ++e) {
     const uint32_t w = uint32_t(words[4 * (e / 32)]) | uint32_t(words[4 * (e / 32) + 1]) << 8 |
