@@ -28,11 +28,11 @@ argument errors raise ``ValueError`` (``TypeError`` for a ``tile_scheduler_metad
 not a :class:`FlashMLASchedMeta`) or ``RuntimeError`` (from the operators' own checks), naming
 the argument, instead of failing an ``assert``.
 
-Differences from FlashMLA, all on the safe side: every index that is not a valid slot (not just
-``-1``) is skipped without being read; selkv's packed buffer holds a validity bit per entry after
-the records, so it is ``B * S_q * K / 8`` bytes larger than FlashMLA's ``B * S_q * K * 656`` (the
-valid entries of a row need not be a prefix: each invalid one is skipped); topk lengths of 0 are
-accepted (the row attends nothing).
+Differences from FlashMLA, on the safe side: every index that is not a valid slot (not just
+``-1``) is skipped without being read; in a packed buffer the valid entries of a row need not be
+a prefix, and a topk length of 0 is accepted (the row attends nothing). The price: selkv's packed
+buffer holds a validity bit per entry after the records, so it is ``B * S_q * K / 8`` bytes
+larger than FlashMLA's ``B * S_q * K * 656`` (size it with ``get_packed_kv_workspace_size``).
 """
 
 from __future__ import annotations
@@ -203,7 +203,8 @@ def _decode_call(op: str, fn: Any, *args: Any, **kwargs: Any) -> tuple[torch.Ten
     try:
         out, lse = fn(*args, **kwargs)
     except RuntimeError as e:
-        # The C++ API owns the scale rule (DESIGN §2) and names it sm_scale: say it as the caller did.
+        # The C++ API owns the scale rule (DESIGN §2) and names it sm_scale: say it as the
+        # caller did.
         if ": sm_scale:" in str(e):
             raise ValueError(f"{op}: softmax_scale: {e}") from e
         raise
@@ -604,7 +605,9 @@ def flash_mla_with_packed_kvcache(
         )
     b, s_q, h_q = q.shape[0], q.shape[1], q.shape[2]
     if b < 1 or s_q < 1:
-        raise ValueError(f"{op}: q: batch_size and seq_len_q must be >= 1, got shape {tuple(q.shape)}")
+        raise ValueError(
+            f"{op}: q: batch_size and seq_len_q must be >= 1, got shape {tuple(q.shape)}"
+        )
     packed = _packed_buffer(op, "packed_k_cache", packed_k_cache)
     config = sched.config
     topk = _packed_topk(op, packed.numel(), b, s_q, config.topk if config is not None else None)
