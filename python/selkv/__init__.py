@@ -9,7 +9,8 @@ and under ``torch.compile``.
 Modules:
     :mod:`selkv.formats`    -- KV record layouts and constants (656 / 528-byte records)
     :mod:`selkv.cache_ops`  -- cache write, index conversion, gather + upconvert
-    :mod:`selkv.decode`     -- sparse MLA decode over the FP8 cache (plan + decode)
+    :mod:`selkv.decode`     -- sparse MLA decode over the FP8 cache (plan + decode), and over
+                               a packed KV buffer (sparse_mla_decode_packed)
     :mod:`selkv.merge`      -- LSE merge of partial attention results (and vLLM's form)
     :mod:`selkv.packed`     -- packed selected-KV buffers: pack the selected records, patch entries
     :mod:`selkv.flash_mla`  -- FlashMLA-compatible names (drop-in import)
@@ -35,6 +36,7 @@ from .decode import (  # noqa: E402
     decode_metadata_size,
     get_decode_metadata,
     sparse_mla_decode,
+    sparse_mla_decode_packed,
 )
 from .merge import merge_attn_states, merge_attn_states_vllm  # noqa: E402
 from .packed import pack_selected_kv, packed_kv_workspace_size, patch_packed_kv  # noqa: E402
@@ -81,5 +83,6 @@ __all__ = [
     "patch_packed_kv",
     "record_bytes",
     "sparse_mla_decode",
+    "sparse_mla_decode_packed",
     "write_kv_cache",
 ]

@@ -26,6 +26,17 @@ offset``; it is valid iff ``0 <= slot < num_blocks * page_size`` and ``k < topk_
 (when given). Anything else (-1, INT_MAX, other garbage) contributes nothing and is never
 dereferenced. A query row without a valid index gives ``out = 0`` and ``lse = -inf``.
 
+Packed KV (DESIGN C6, ``include/selkv/packed.h``): :func:`sparse_mla_decode_packed` is the same
+decode over a buffer made by :func:`selkv.pack_selected_kv` (the selected records copied out of
+the cache, e.g. early, on a side stream) instead of the cache and indices. It takes the same plan
+(:func:`get_decode_metadata` for the same ``(B, S_q, H, K, topk_length)``) and the same workspace
+rules, and returns the same bits as :func:`sparse_mla_decode` over the cache and indices the
+buffer was packed from::
+
+    packed = selkv.pack_selected_kv(kv_cache, indices, topk_length)     # any stream, earlier
+    out, lse = selkv.sparse_mla_decode_packed(q, packed, md, sm_scale, topk=K,
+                                              topk_length=topk_length)
+
 CPU tensors run the fp64 reference (``out`` rounded to bf16) behind the same checks; the
 operators also have Meta kernels (checks only) for ``torch.compile``.
 """
@@ -44,6 +55,7 @@ __all__ = [
     "decode_metadata_size",
     "get_decode_metadata",
     "sparse_mla_decode",
+    "sparse_mla_decode_packed",
 ]
 
 
@@ -237,6 +249,94 @@ def sparse_mla_decode(
         alignment, outputs that overlap each other or an input, or a plan mismatch;
         NotImplementedError on a GPU other than SM90.
     """
+    sm_scale, out, lse, workspace = _call_args(q, metadata, sm_scale, out, lse, workspace)
+    _ops.sparse_mla_decode(
+        q,
+        kv_cache,
+        indices,
+        topk_length,
+        attn_sink,
+        metadata.metadata,
+        metadata.plan,
+        workspace,
+        sm_scale,
+        out,
+        lse,
+    )
+    return out, lse
+
+
+def sparse_mla_decode_packed(
+    q: torch.Tensor,
+    packed_kv: torch.Tensor,
+    metadata: DecodeMetadata,
+    sm_scale: float | None = None,
+    *,
+    topk: int,
+    topk_length: torch.Tensor | None = None,
+    attn_sink: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
+    workspace: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sparse MLA decode over a packed KV buffer (DESIGN C6): :func:`sparse_mla_decode` with the
+    cache and indices replaced by the buffer :func:`selkv.pack_selected_kv` made from them.
+
+    Args:
+        q: bf16 ``[B, S_q, H, 576]``, as for :func:`sparse_mla_decode`.
+        packed_kv: contiguous uint8 buffer packed for ``(B, S_q, topk)``, at least
+            ``selkv.packed_kv_workspace_size(B, S_q, topk)`` bytes (opaque; its layout is
+            ``include/selkv/packed.h``'s). Order the decode after the pack (and any patch) that
+            wrote it, e.g. with an event when they ran on another stream.
+        metadata: the plan from :func:`get_decode_metadata` for exactly this
+            ``(B, S_q, H, topk, topk_length)``: the same plan a native decode takes.
+        sm_scale: as for :func:`sparse_mla_decode` (default ``576 ** -0.5``).
+        topk: ``K``, the entries per query row the buffer was packed with (the buffer does not
+            record it), a positive multiple of 64.
+        topk_length: optional int32 ``[B]``; must be the tensor the plan was made with. Pass the
+            lengths the buffer was packed with: entries at or past the planned length are not
+            attended, and entries the pack marked invalid never are.
+        attn_sink, out, lse, workspace: as for :func:`sparse_mla_decode` (the same workspace
+            rules: the plan's on its own stream, a fresh one on any other stream).
+
+    Returns:
+        ``(out, lse)`` as :func:`sparse_mla_decode` returns them; bitwise equal to
+        :func:`sparse_mla_decode` over the cache and indices the buffer was packed from (same
+        plan), as long as the buffer was packed after those cache entries were written.
+
+    Raises:
+        RuntimeError naming the argument on a wrong dtype / device / shape / stride /
+        alignment, a ``packed_kv`` smaller than ``packed_kv_workspace_size(B, S_q, topk)``,
+        outputs that overlap each other or an input, or a plan mismatch (a ``topk`` other than
+        the plan's included); NotImplementedError on a GPU other than SM90.
+    """
+    sm_scale, out, lse, workspace = _call_args(q, metadata, sm_scale, out, lse, workspace)
+    _ops.sparse_mla_decode_packed(
+        q,
+        packed_kv,
+        int(topk),
+        topk_length,
+        attn_sink,
+        metadata.metadata,
+        metadata.plan,
+        workspace,
+        sm_scale,
+        out,
+        lse,
+    )
+    return out, lse
+
+
+def _call_args(
+    q: torch.Tensor,
+    metadata: DecodeMetadata,
+    sm_scale: float | None,
+    out: torch.Tensor | None,
+    lse: torch.Tensor | None,
+    workspace: torch.Tensor | None,
+) -> tuple[float, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The defaults both decodes share: the scale, the outputs and the split workspace (the
+    plan's on the stream that made it, a fresh one on any other stream)."""
     if sm_scale is None:
         sm_scale = q.shape[-1] ** -0.5
     B, S, H = q.shape[0], q.shape[1], q.shape[2]
@@ -252,17 +352,4 @@ def sparse_mla_decode(
             and torch.cuda.current_stream(q.device) != metadata.stream
         ):
             workspace = torch.empty_like(workspace)
-    _ops.sparse_mla_decode(
-        q,
-        kv_cache,
-        indices,
-        topk_length,
-        attn_sink,
-        metadata.metadata,
-        metadata.plan,
-        workspace,
-        float(sm_scale),
-        out,
-        lse,
-    )
-    return out, lse
+    return float(sm_scale), out, lse, workspace

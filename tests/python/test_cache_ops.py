@@ -675,15 +675,19 @@ def test_torch_compile_smoke(selkv, gen, device):
         assert_bitwise_equal(a, e, f"compiled {name}")
 
 
-def test_flash_mla_placeholder(selkv):
+def test_flash_mla_names(selkv):
     from selkv import flash_mla
 
-    # Implemented names are tested in tests/python/test_decode.py and test_prefill.py; the packed
-    # path (C6) is still to come and must fail loudly.
-    implemented = {"FlashMLASchedMeta", "get_mla_metadata", "flash_mla_with_kvcache", "flash_mla_sparse_fwd"}
-    for name in set(flash_mla.__all__) - implemented:
-        with pytest.raises(NotImplementedError, match=name):
-            getattr(flash_mla, name)()
+    # Every FlashMLA name selkv.flash_mla exports is implemented (no placeholder raising
+    # NotImplementedError is left): tested in tests/python/test_decode.py, test_prefill.py and,
+    # for the packed path (C6), test_packed_decode.py.
+    names = {"FlashMLASchedMeta", "get_mla_metadata", "flash_mla_with_kvcache", "flash_mla_sparse_fwd",
+             "get_packed_kv_workspace_size", "get_packed_mla_metadata", "pack_selected_kv",
+             "flash_mla_with_packed_kvcache"}
+    assert set(flash_mla.__all__) == names
+    for name in names:
+        assert callable(getattr(flash_mla, name)), name
+    assert not hasattr(flash_mla, "_not_yet")
 
 
 def test_format_constants(selkv):

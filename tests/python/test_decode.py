@@ -8,7 +8,8 @@ sparse_mla_decode}, the selkv wrappers and the FlashMLA-compatible selkv.flash_m
   all-invalid row, attn_sink); slots no valid index points at hold NaN records;
 - CUDA-graph replay (plan + decode captured) bitwise equal to eager;
 - errors name the op and the argument (tensor checks and the C++ API's plan checks);
-- FlashMLA-compatible API: shapes, dtypes, lse layout (B, H, S_q) and its +inf convention;
+- FlashMLA-compatible API: shapes, dtypes, lse layout (B, H, S_q) and its +inf convention (the
+  packed names: test_packed_decode.py);
 - opcheck and a torch.compile smoke test of sparse_mla_decode.
 """
 
@@ -371,10 +372,7 @@ def test_flash_mla_api(selkv, gen, device, dynamic):
     with pytest.raises(ValueError, match="k_cache"):
         flash_mla.flash_mla_with_kvcache(q, k_cache.view(torch.uint8).to(torch.float32), None,
                                          None, 512, fresh, is_fp8_kvcache=True, indices=idx)
-    for name in ("get_packed_kv_workspace_size", "get_packed_mla_metadata", "pack_selected_kv",
-                 "flash_mla_with_packed_kvcache"):
-        with pytest.raises(NotImplementedError, match=name):
-            getattr(flash_mla, name)()
+    # (the packed names, C6: tests/python/test_packed_decode.py)
 
 
 # ---- torch.library / torch.compile --------------------------------------------------------------

@@ -1,6 +1,7 @@
-// torch ops for C5, the FP8 sparse MLA decode (include/selkv/decode.h):
+// torch ops for C5, the FP8 sparse MLA decode (include/selkv/decode.h), and C6's decode over a
+// packed KV buffer (include/selkv/packed.h):
 //   selkv::decode_metadata_size, selkv::get_decode_metadata, selkv::sparse_mla_decode,
-//   selkv::decode_plan_fields.
+//   selkv::sparse_mla_decode_packed, selkv::decode_plan_fields.
 //
 // The C++ API splits the decode into a plan step (make_decode_metadata: a device buffer plus a
 // host-side DecodeMetadata recording the shape it was made for) and the call (sparse_mla_decode,
@@ -12,6 +13,10 @@
 // CUDA kernels run the C++ API on torch's current stream (graph capturable, no host sync); CPU
 // kernels run the fp64 oracle (selkv::ref::sparse_decode, out rounded to bf16) behind the same
 // checks; the Meta kernel of sparse_mla_decode only checks tensors (torch.compile).
+// sparse_mla_decode_packed is the same op over a packed KV buffer (made by pack_selected_kv) in
+// place of the cache and indices: the same plan, workspace and outputs; its CPU kernel runs the
+// packed oracle (selkv::ref::sparse_decode_packed). The buffer does not record its top-k, so the
+// op takes it (`topk`); the C++ API checks the buffer's size against (batch, seq_q, topk).
 // get_decode_metadata is a planning step with host-visible results (like FlashMLA's
 // get_mla_metadata): it has CUDA and CPU kernels and is meant to run outside torch.compile.
 #include <ATen/core/Tensor.h>
@@ -30,6 +35,7 @@
 #include "decode/decode_params.h"
 #include "reference/oracle.h"
 #include "selkv/decode.h"
+#include "selkv/packed.h"
 #include "tensor_checks.h"
 
 namespace selkv::torch_ext {
@@ -37,6 +43,7 @@ namespace {
 
 constexpr const char* kPlanOp = "selkv::get_decode_metadata";
 constexpr const char* kDecodeOp = "selkv::sparse_mla_decode";
+constexpr const char* kPackedDecodeOp = "selkv::sparse_mla_decode_packed";
 
 // The plan's `int[]` layout: (enum value, name) in order. The one definition of it: the enum
 // below and the names selkv::decode_plan_fields returns (python/selkv/decode.py indexes by name)
@@ -62,11 +69,11 @@ constexpr const char* kPlanFieldNames[kPlanSize] = {SELKV_DECODE_PLAN_FIELDS(SEL
 #undef SELKV_DECODE_PLAN_FIELDS
 
 // Plan value `f` as an int32 field of DecodeShape / DecodeMetadata (to_int32's message, built
-// only on failure: this runs on every decode call).
-int32_t plan_int32(c10::IntArrayRef plan, PlanField f) {
+// only on failure: this runs on every decode call). `op` is the decode op that received the plan.
+int32_t plan_int32(const char* op, c10::IntArrayRef plan, PlanField f) {
   const int64_t v = plan[f];
   TORCH_CHECK(v >= std::numeric_limits<int32_t>::min() && v <= std::numeric_limits<int32_t>::max(),
-              kDecodeOp, ": plan[", kPlanFieldNames[f], "]: ", v, " does not fit in int32");
+              op, ": plan[", kPlanFieldNames[f], "]: ", v, " does not fit in int32");
   return static_cast<int32_t>(v);
 }
 
@@ -85,21 +92,21 @@ std::vector<int64_t> plan_of(const DecodeMetadata& md) {
 }
 
 // The host-side DecodeMetadata a plan describes, over the device (or host) buffer `metadata`.
-DecodeMetadata metadata_of(const at::Tensor& metadata, c10::IntArrayRef plan) {
-  TORCH_CHECK(plan.size() == size_t(kPlanSize), kDecodeOp, ": plan: expected the ", int(kPlanSize),
+DecodeMetadata metadata_of(const char* op, const at::Tensor& metadata, c10::IntArrayRef plan) {
+  TORCH_CHECK(plan.size() == size_t(kPlanSize), op, ": plan: expected the ", int(kPlanSize),
               " values returned by get_decode_metadata, got ", plan.size());
   DecodeMetadata md;
   md.data = static_cast<int32_t*>(mutable_data_or_null(metadata));
   // (meta tensors: no data and possibly symbolic sizes; nothing reads these fields then)
   md.bytes = metadata.is_meta() ? 0 : size_t(metadata.numel()) * sizeof(int32_t);
-  md.shape.batch = plan_int32(plan, kPlanBatch);
-  md.shape.seq_q = plan_int32(plan, kPlanSeqQ);
-  md.shape.num_heads = plan_int32(plan, kPlanHeads);
-  md.shape.topk = plan_int32(plan, kPlanTopk);
+  md.shape.batch = plan_int32(op, plan, kPlanBatch);
+  md.shape.seq_q = plan_int32(op, plan, kPlanSeqQ);
+  md.shape.num_heads = plan_int32(op, plan, kPlanHeads);
+  md.shape.topk = plan_int32(op, plan, kPlanTopk);
   md.shape.topk_length = reinterpret_cast<const int32_t*>(uintptr_t(plan[kPlanTopkLength]));
-  md.shape.num_sms = plan_int32(plan, kPlanNumSms);
-  md.num_sm_parts = plan_int32(plan, kPlanParts);
-  md.min_blocks_per_part = plan_int32(plan, kPlanMinBlocks);
+  md.shape.num_sms = plan_int32(op, plan, kPlanNumSms);
+  md.num_sm_parts = plan_int32(op, plan, kPlanParts);
+  md.min_blocks_per_part = plan_int32(op, plan, kPlanMinBlocks);
   md.valid = md.data != nullptr;
   return md;
 }
@@ -170,19 +177,23 @@ std::vector<int64_t> get_decode_metadata(int64_t batch, int64_t seq_q, int64_t n
   return plan_of(md);
 }
 
-// ---- selkv::sparse_mla_decode ------------------------------------------------------------------
-SparseDecodeParams decode_params(const at::Tensor& q, const at::Tensor& kv_cache,
-                                 const at::Tensor& indices,
-                                 const std::optional<at::Tensor>& topk_length,
-                                 const std::optional<at::Tensor>& attn_sink, double sm_scale,
-                                 const at::Tensor& out, const at::Tensor& lse) {
-  constexpr const char* kOp = kDecodeOp;
+// ---- selkv::sparse_mla_decode and selkv::sparse_mla_decode_packed ------------------------------
+// q's tensor checks; its (batch, seq_q, num_heads) size every other tensor.
+struct QShape {
+  int64_t b, s, h;
+};
+QShape check_q_tensor(const char* kOp, const at::Tensor& q) {
   TensorArg(kOp, "q", q, "[batch, seq_q, num_heads, 576]")
       .dtype(at::kBFloat16).dims(4).size(3, fmt::kQkDim).inner_contiguous();
-  const int64_t b = q.size(0), s = q.size(1), h = q.size(2);
-  const CacheTensorView cv = check_cache_tensor(kOp, "kv_cache", kv_cache, KvFormat::kDsMlaFp8);
-  TensorArg(kOp, "indices", indices, "[batch, seq_q, topk]")
-      .dtype(at::kInt).dims(3).size(0, b).size(1, s).inner_contiguous();
+  return {q.size(0), q.size(1), q.size(2)};
+}
+
+// The tensors both decodes take besides q and the KV source: topk_length, attn_sink, out, lse.
+void check_aux_tensors(const char* kOp, const QShape& qs,
+                       const std::optional<at::Tensor>& topk_length,
+                       const std::optional<at::Tensor>& attn_sink, const at::Tensor& out,
+                       const at::Tensor& lse) {
+  const int64_t b = qs.b, s = qs.s, h = qs.h;
   if (topk_length.has_value()) {
     TensorArg(kOp, "topk_length", *topk_length, "[batch]").dtype(at::kInt).dims(1).size(0, b).contiguous();
   }
@@ -193,15 +204,48 @@ SparseDecodeParams decode_params(const at::Tensor& q, const at::Tensor& kv_cache
       .dtype(at::kBFloat16).dims(4).size(0, b).size(1, s).size(2, h).size(3, fmt::kVDim).inner_contiguous();
   TensorArg(kOp, "lse", lse, "[batch, seq_q, num_heads]")
       .dtype(at::kFloat).dims(3).size(0, b).size(1, s).size(2, h).inner_contiguous();
+}
+
+// The fields of SparseDecodeParams / PackedDecodeParams other than the KV source (after the
+// tensor checks above).
+template <class P>
+void set_common_params(const char* kOp, P* p, const at::Tensor& q,
+                       const std::optional<at::Tensor>& topk_length,
+                       const std::optional<at::Tensor>& attn_sink, double sm_scale,
+                       const at::Tensor& out, const at::Tensor& lse) {
+  p->q = data_or_null(q);
+  p->q_batch_stride = q.stride(0);
+  p->q_seq_stride = q.stride(1);
+  p->q_head_stride = q.stride(2);
+  p->batch = to_int32(kOp, "batch (q.size(0))", q.size(0));
+  p->seq_q = to_int32(kOp, "seq_q (q.size(1))", q.size(1));
+  p->num_heads = to_int32(kOp, "num_heads (q.size(2))", q.size(2));
+  p->topk_length = static_cast<const int32_t*>(data_or_null(topk_length));
+  p->attn_sink = static_cast<const float*>(data_or_null(attn_sink));
+  p->sm_scale = to_float(kOp, "sm_scale", sm_scale);
+  p->out = mutable_data_or_null(out);
+  p->out_batch_stride = out.stride(0);
+  p->out_seq_stride = out.stride(1);
+  p->out_head_stride = out.stride(2);
+  p->lse = static_cast<float*>(mutable_data_or_null(lse));
+  p->lse_batch_stride = lse.stride(0);
+  p->lse_seq_stride = lse.stride(1);
+}
+
+SparseDecodeParams decode_params(const at::Tensor& q, const at::Tensor& kv_cache,
+                                 const at::Tensor& indices,
+                                 const std::optional<at::Tensor>& topk_length,
+                                 const std::optional<at::Tensor>& attn_sink, double sm_scale,
+                                 const at::Tensor& out, const at::Tensor& lse) {
+  constexpr const char* kOp = kDecodeOp;
+  const QShape qs = check_q_tensor(kOp, q);
+  const CacheTensorView cv = check_cache_tensor(kOp, "kv_cache", kv_cache, KvFormat::kDsMlaFp8);
+  TensorArg(kOp, "indices", indices, "[batch, seq_q, topk]")
+      .dtype(at::kInt).dims(3).size(0, qs.b).size(1, qs.s).inner_contiguous();
+  check_aux_tensors(kOp, qs, topk_length, attn_sink, out, lse);
 
   SparseDecodeParams p;
-  p.q = data_or_null(q);
-  p.q_batch_stride = q.stride(0);
-  p.q_seq_stride = q.stride(1);
-  p.q_head_stride = q.stride(2);
-  p.batch = to_int32(kOp, "batch (q.size(0))", b);
-  p.seq_q = to_int32(kOp, "seq_q (q.size(1))", s);
-  p.num_heads = to_int32(kOp, "num_heads (q.size(2))", h);
+  set_common_params(kOp, &p, q, topk_length, attn_sink, sm_scale, out, lse);
   p.cache.data = data_or_null(kv_cache);
   p.cache.num_blocks = cv.num_blocks;
   p.cache.page_size = cv.page_size;
@@ -211,54 +255,50 @@ SparseDecodeParams decode_params(const at::Tensor& q, const at::Tensor& kv_cache
   p.indices_batch_stride = indices.stride(0);
   p.indices_seq_stride = indices.stride(1);
   p.topk = to_int32(kOp, "topk (indices.size(2))", indices.size(2));
-  p.topk_length = static_cast<const int32_t*>(data_or_null(topk_length));
-  p.attn_sink = static_cast<const float*>(data_or_null(attn_sink));
-  p.sm_scale = to_float(kOp, "sm_scale", sm_scale);
-  p.out = mutable_data_or_null(out);
-  p.out_batch_stride = out.stride(0);
-  p.out_seq_stride = out.stride(1);
-  p.out_head_stride = out.stride(2);
-  p.lse = static_cast<float*>(mutable_data_or_null(lse));
-  p.lse_batch_stride = lse.stride(0);
-  p.lse_seq_stride = lse.stride(1);
   return p;
 }
 
-// The oracle on host tensors: gathers q / indices into the dense layout it takes, writes out
-// (rounded to bf16) and lse through the output strides.
-void run_oracle(const SparseDecodeParams& p, const DecodeMetadata& md) {
-  const int B = p.batch, S = p.seq_q, H = p.num_heads, K = p.topk;
-  constexpr int D = fmt::kQkDim, V = fmt::kVDim;
-  const size_t rows = size_t(B) * S;
-  std::vector<uint16_t> q(rows * H * D);
-  std::vector<int32_t> idx(rows * K);
+PackedDecodeParams packed_decode_params(const at::Tensor& q, const at::Tensor& packed_kv,
+                                        int64_t topk, const std::optional<at::Tensor>& topk_length,
+                                        const std::optional<at::Tensor>& attn_sink, double sm_scale,
+                                        const at::Tensor& out, const at::Tensor& lse) {
+  constexpr const char* kOp = kPackedDecodeOp;
+  const QShape qs = check_q_tensor(kOp, q);
+  // Opaque bytes: any shape; its size is checked by the C++ API against (batch, seq_q, topk).
+  TensorArg(kOp, "packed_kv", packed_kv, "[packed_kv_workspace_size(batch, seq_q, topk)] bytes")
+      .dtype(at::kByte).contiguous();
+  check_aux_tensors(kOp, qs, topk_length, attn_sink, out, lse);
+
+  PackedDecodeParams p;
+  set_common_params(kOp, &p, q, topk_length, attn_sink, sm_scale, out, lse);
+  p.packed_kv = data_or_null(packed_kv);
+  // (meta tensors: possibly a symbolic size; nothing reads the field then)
+  p.packed_kv_bytes = packed_kv.is_meta() ? 0 : size_t(packed_kv.numel());
+  p.topk = to_int32(kOp, "topk", topk);
+  return p;
+}
+
+// q of a call gathered into the dense [B, S_q, H, 576] layout the oracles take.
+template <class P>
+std::vector<uint16_t> dense_q(const P& p) {
+  const int B = p.batch, S = p.seq_q, H = p.num_heads;
+  constexpr int D = fmt::kQkDim;
+  std::vector<uint16_t> q(size_t(B) * S * H * D);
   const auto* qs = static_cast<const uint16_t*>(p.q);
   for (int b = 0; b < B; ++b)
-    for (int s = 0; s < S; ++s) {
-      const size_t r = size_t(b) * S + s;
+    for (int s = 0; s < S; ++s)
       for (int h = 0; h < H; ++h)
-        std::memcpy(&q[(r * H + h) * D],
+        std::memcpy(&q[((size_t(b) * S + s) * H + h) * D],
                     qs + b * p.q_batch_stride + s * p.q_seq_stride + h * p.q_head_stride, D * 2);
-      std::memcpy(&idx[r * K], p.indices + b * p.indices_batch_stride + s * p.indices_seq_stride,
-                  size_t(K) * 4);
-    }
-  std::vector<float> out(rows * H * V), lse(rows * H);
-  ref::SparseDecodeRefArgs a;
-  a.q = q.data();
-  a.B = B;
-  a.S_q = S;
-  a.H = H;
-  a.cache = p.cache;
-  a.indices = idx.data();
-  a.K = K;
-  // the plan's lengths snapshot (get_decode_metadata's CPU branch), as the GPU kernels read it
-  a.topk_length = p.topk_length != nullptr ? md.data + decode::md_lengths_offset(B * S) : nullptr;
-  a.sm_scale = p.sm_scale;
-  a.attn_sink = p.attn_sink;
-  a.out = out.data();
-  a.lse = lse.data();
-  throw_if_error(ref::check_sparse_decode_args(a));
-  ref::sparse_decode(a);
+  return q;
+}
+
+// The oracle's dense out [B, S_q, H, 512] (rounded to bf16) and lse [B, S_q, H] written through
+// the call's output strides.
+template <class P>
+void write_outputs(const P& p, const std::vector<float>& out, const std::vector<float>& lse) {
+  const int B = p.batch, S = p.seq_q, H = p.num_heads;
+  constexpr int V = fmt::kVDim;
   auto* os = static_cast<uint16_t*>(p.out);
   for (int b = 0; b < B; ++b)
     for (int s = 0; s < S; ++s) {
@@ -272,6 +312,73 @@ void run_oracle(const SparseDecodeParams& p, const DecodeMetadata& md) {
     }
 }
 
+// The plan's lengths snapshot (get_decode_metadata's CPU branch) when the call has topk_length:
+// the oracles read the lengths from there, as the GPU kernels do.
+template <class P>
+const int32_t* planned_lengths(const P& p, const DecodeMetadata& md) {
+  return p.topk_length != nullptr ? md.data + decode::md_lengths_offset(p.batch * p.seq_q) : nullptr;
+}
+
+// The oracle on host tensors: gathers q / indices into the dense layout it takes, writes out
+// (rounded to bf16) and lse through the output strides.
+void run_oracle(const SparseDecodeParams& p, const DecodeMetadata& md) {
+  const int B = p.batch, S = p.seq_q, H = p.num_heads, K = p.topk;
+  const size_t rows = size_t(B) * S;
+  const std::vector<uint16_t> q = dense_q(p);
+  std::vector<int32_t> idx(rows * K);
+  for (int b = 0; b < B; ++b)
+    for (int s = 0; s < S; ++s)
+      std::memcpy(&idx[(size_t(b) * S + s) * K],
+                  p.indices + b * p.indices_batch_stride + s * p.indices_seq_stride, size_t(K) * 4);
+  std::vector<float> out(rows * H * fmt::kVDim), lse(rows * H);
+  ref::SparseDecodeRefArgs a;
+  a.q = q.data();
+  a.B = B;
+  a.S_q = S;
+  a.H = H;
+  a.cache = p.cache;
+  a.indices = idx.data();
+  a.K = K;
+  a.topk_length = planned_lengths(p, md);
+  a.sm_scale = p.sm_scale;
+  a.attn_sink = p.attn_sink;
+  a.out = out.data();
+  a.lse = lse.data();
+  throw_if_error(ref::check_sparse_decode_args(a));
+  ref::sparse_decode(a);
+  write_outputs(p, out, lse);
+}
+
+// The packed oracle on host tensors (the buffer is read in place).
+void run_packed_oracle(const PackedDecodeParams& p, const DecodeMetadata& md) {
+  const size_t rows = size_t(p.batch) * p.seq_q;
+  const std::vector<uint16_t> q = dense_q(p);
+  std::vector<float> out(rows * p.num_heads * fmt::kVDim), lse(rows * p.num_heads);
+  ref::SparseDecodePackedRefArgs a;
+  a.q = q.data();
+  a.B = p.batch;
+  a.S_q = p.seq_q;
+  a.H = p.num_heads;
+  a.packed_kv = static_cast<const uint8_t*>(p.packed_kv);
+  a.packed_kv_bytes = p.packed_kv_bytes;
+  a.K = p.topk;
+  a.topk_length = planned_lengths(p, md);
+  a.sm_scale = p.sm_scale;
+  a.attn_sink = p.attn_sink;
+  a.out = out.data();
+  a.lse = lse.data();
+  throw_if_error(ref::check_sparse_decode_packed_args(a));
+  ref::sparse_decode_packed(a);
+  write_outputs(p, out, lse);
+}
+
+// The metadata and workspace tensors (the C++ API checks the plan and the workspace's size).
+void check_plan_tensors(const char* kOp, const at::Tensor& metadata, const at::Tensor& workspace) {
+  TensorArg(kOp, "metadata", metadata, "[decode_metadata_size(batch, seq_q)]")
+      .dtype(at::kInt).dims(1).contiguous();
+  TensorArg(kOp, "workspace", workspace, "[plan workspace_bytes]").dtype(at::kByte).dims(1).contiguous();
+}
+
 template <Backend B>
 void sparse_mla_decode(const at::Tensor& q, const at::Tensor& kv_cache, const at::Tensor& indices,
                        const std::optional<at::Tensor>& topk_length,
@@ -283,12 +390,10 @@ void sparse_mla_decode(const at::Tensor& q, const at::Tensor& kv_cache, const at
                 {{"out", out}, {"lse", lse}, {"q", q}, {"kv_cache", kv_cache}, {"indices", indices},
                  {"topk_length", topk_length}, {"attn_sink", attn_sink}, {"metadata", metadata},
                  {"workspace", workspace}});
-  TensorArg(kOp, "metadata", metadata, "[decode_metadata_size(batch, seq_q)]")
-      .dtype(at::kInt).dims(1).contiguous();
-  TensorArg(kOp, "workspace", workspace, "[plan workspace_bytes]").dtype(at::kByte).dims(1).contiguous();
+  check_plan_tensors(kOp, metadata, workspace);
   const SparseDecodeParams p =
       decode_params(q, kv_cache, indices, topk_length, attn_sink, sm_scale, out, lse);
-  const DecodeMetadata md = metadata_of(metadata, plan);
+  const DecodeMetadata md = metadata_of(kOp, metadata, plan);
   if constexpr (B == Backend::kMeta) return;
   const size_t ws_bytes = size_t(workspace.numel());
   if constexpr (B == Backend::kCuda) {
@@ -297,6 +402,34 @@ void sparse_mla_decode(const at::Tensor& q, const at::Tensor& kv_cache, const at
   } else if constexpr (B == Backend::kCpu) {
     throw_if_error(selkv::check_sparse_mla_decode(p, md, ws_bytes));
     run_oracle(p, md);
+  }
+}
+
+template <Backend B>
+void sparse_mla_decode_packed(const at::Tensor& q, const at::Tensor& packed_kv, int64_t topk,
+                              const std::optional<at::Tensor>& topk_length,
+                              const std::optional<at::Tensor>& attn_sink,
+                              const at::Tensor& metadata, c10::IntArrayRef plan,
+                              const at::Tensor& workspace, double sm_scale, const at::Tensor& out,
+                              const at::Tensor& lse) {
+  constexpr const char* kOp = kPackedDecodeOp;
+  check_devices(kOp, device_type(B),
+                {{"out", out}, {"lse", lse}, {"q", q}, {"packed_kv", packed_kv},
+                 {"topk_length", topk_length}, {"attn_sink", attn_sink}, {"metadata", metadata},
+                 {"workspace", workspace}});
+  check_plan_tensors(kOp, metadata, workspace);
+  const PackedDecodeParams p =
+      packed_decode_params(q, packed_kv, topk, topk_length, attn_sink, sm_scale, out, lse);
+  const DecodeMetadata md = metadata_of(kOp, metadata, plan);
+  if constexpr (B == Backend::kMeta) return;
+  const size_t ws_bytes = size_t(workspace.numel());
+  if constexpr (B == Backend::kCuda) {
+    const CudaScope scope(out);
+    throw_if_error(selkv::sparse_mla_decode_packed(p, md, workspace.mutable_data_ptr(), ws_bytes,
+                                                   scope.stream()));
+  } else if constexpr (B == Backend::kCpu) {
+    throw_if_error(selkv::check_sparse_mla_decode_packed(p, md, ws_bytes));
+    run_packed_oracle(p, md);
   }
 }
 
@@ -317,19 +450,27 @@ TORCH_LIBRARY_FRAGMENT(selkv, m) {
       "Tensor? attn_sink, Tensor metadata, int[] plan, Tensor(a!) workspace, float sm_scale, "
       "Tensor(b!) out, Tensor(c!) lse) -> ()",
       tags);
+  m.def(
+      "sparse_mla_decode_packed(Tensor q, Tensor packed_kv, int topk, Tensor? topk_length, "
+      "Tensor? attn_sink, Tensor metadata, int[] plan, Tensor(a!) workspace, float sm_scale, "
+      "Tensor(b!) out, Tensor(c!) lse) -> ()",
+      tags);
 }
 
 TORCH_LIBRARY_IMPL(selkv, CUDA, m) {
   using namespace ::selkv::torch_ext;
   m.impl("get_decode_metadata", TORCH_FN(get_decode_metadata<Backend::kCuda>));
   m.impl("sparse_mla_decode", TORCH_FN(sparse_mla_decode<Backend::kCuda>));
+  m.impl("sparse_mla_decode_packed", TORCH_FN(sparse_mla_decode_packed<Backend::kCuda>));
 }
 TORCH_LIBRARY_IMPL(selkv, CPU, m) {
   using namespace ::selkv::torch_ext;
   m.impl("get_decode_metadata", TORCH_FN(get_decode_metadata<Backend::kCpu>));
   m.impl("sparse_mla_decode", TORCH_FN(sparse_mla_decode<Backend::kCpu>));
+  m.impl("sparse_mla_decode_packed", TORCH_FN(sparse_mla_decode_packed<Backend::kCpu>));
 }
 TORCH_LIBRARY_IMPL(selkv, Meta, m) {
   using namespace ::selkv::torch_ext;
   m.impl("sparse_mla_decode", TORCH_FN(sparse_mla_decode<Backend::kMeta>));
+  m.impl("sparse_mla_decode_packed", TORCH_FN(sparse_mla_decode_packed<Backend::kMeta>));
 }
