@@ -121,6 +121,19 @@ __device__ __forceinline__ uint4 ld_nc_na_u4(const void* p) {
                : "l"(p));
   return v;
 }
+// The same when `pred`, else zeros with no memory access (one predicated load: the zero default is
+// the load's own target register, so nothing waits on the load to select it).
+__device__ __forceinline__ uint4 ld_nc_na_u4_pred(const void* p, bool pred) {
+  uint4 v;
+  asm volatile(
+      "{\n\t.reg .pred q;\n\t"
+      "setp.ne.b32 q, %5, 0;\n\t"
+      "mov.b32 %0, 0;\n\tmov.b32 %1, 0;\n\tmov.b32 %2, 0;\n\tmov.b32 %3, 0;\n\t"
+      "@q ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n\t}"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p), "r"(int(pred)));
+  return v;
+}
 __device__ __forceinline__ uint2 ld_nc_na_u2(const void* p) {
   uint2 v;
   asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));

@@ -10,8 +10,10 @@
 // copies the group's chunks c = 32 j + l for its slice's j range: record c / 41, 16-byte chunk
 // c % 41, source address shuffled from the record's lane. Stores are 512 contiguous bytes per
 // warp instruction; loads cover at most two records per instruction. kPackBatch loads are issued
-// before their stores. An invalid entry's lane points at a static zero record instead of the
-// cache, so its index is never dereferenced and every load is unconditional.
+// before their stores. A chunk of an invalid entry (or a step past the slice's end) is a
+// predicated load that reads nothing and yields zeros, so an invalid index is never dereferenced
+// and no address is shared by many warps (reading one static zero record instead made every warp
+// hit the same L2 lines: 2-3x the copy time on small packs, docs/perf-log.md).
 // One unit per warp, CTAs scheduled by the hardware (no grid-stride loop): the tail balances.
 #pragma once
 
@@ -48,12 +50,6 @@ struct PackKernelParams {
   int32_t splits = 1;
 };
 
-// Invalid entries (and steps past a slice's end) read this instead of a record: every load of a
-// batch is then unconditional. A predicated load (`pred ? load : 0`) compiles to selects after
-// the load that wait for it and hold back the rest of the batch. 656 bytes, hot in L2, never
-// written; zero at module load.
-static __device__ uint4 g_zero_record[kChunksPerRecord];
-
 __global__ void __launch_bounds__(kPackThreads) pack_selected_kv_kernel(const PackKernelParams p) {
   const int lane = int(threadIdx.x) & 31;
   const int64_t unit = int64_t(blockIdx.x) * kPackWarps + (int(threadIdx.x) >> 5);
@@ -69,8 +65,7 @@ __global__ void __launch_bounds__(kPackThreads) pack_selected_kv_kernel(const Pa
   // ---- validity and source offset of entry `lane` (index read only inside the length window) ----
   bool in_len = true;
   if (p.topk_length != nullptr) in_len = k < __ldg(p.topk_length + b);  // len < 0: never
-  const uint8_t* zero = reinterpret_cast<const uint8_t*>(g_zero_record);
-  const uint8_t* src = zero;
+  const uint8_t* src = nullptr;  // null: invalid entry, nothing read
   if (in_len) {
     const int32_t slot = __ldg(p.indices + int64_t(b) * p.idx_batch_stride + int64_t(s) * p.idx_seq_stride + k);
     if (slot >= 0 && int64_t(slot) < p.num_slots) {
@@ -79,7 +74,7 @@ __global__ void __launch_bounds__(kPackThreads) pack_selected_kv_kernel(const Pa
       src = p.cache + (int64_t(blk) * p.block_stride_bytes + int64_t(off) * kRecordBytes);
     }
   }
-  const uint32_t word = __ballot_sync(0xffffffffu, src != zero);
+  const uint32_t word = __ballot_sync(0xffffffffu, src != nullptr);
   if (part == 0 && lane == 0) p.validity[group] = word;
 
   // ---- this slice's steps [j0, j1) of the group's 41 ----
@@ -93,10 +88,10 @@ __global__ void __launch_bounds__(kPackThreads) pack_selected_kv_kernel(const Pa
     uint4 v[kPackBatch];
 #pragma unroll
     for (int i = 0; i < kPackBatch; ++i) {
-      // Past j1 the shuffle's source lane (r & 31) is meaningless: the zero record is read instead.
+      // (past j1 the shuffle's source lane is meaningless: nothing is read)
       const uint8_t* rec = reinterpret_cast<const uint8_t*>(
           __shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(src), r));
-      v[i] = dev::ld_nc_na_u4((j + i < j1 ? rec : zero) + 16 * w);
+      v[i] = dev::ld_nc_na_u4_pred(rec + 16 * w, j + i < j1 && rec != nullptr);
       w += 32;  // the next step's chunk: 32 further, at most one record boundary (32 < 41)
       if (w >= kChunksPerRecord) {
         w -= kChunksPerRecord;
