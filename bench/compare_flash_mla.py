@@ -74,13 +74,18 @@ class Timer:
         g.replay()
         return g.replay
 
-    def _run(self, calls: list[Callable[[], object]]) -> list[list[float]]:
+    def _run(self, calls: list[Callable[[], object]],
+             pre: dict[int, Callable[[], object]] | None = None) -> list[list[float]]:
+        """Each rep: flush, then (untimed) pre[i]() when given, then calls[i] between events."""
         torch.cuda.synchronize()
         events: list[list[tuple]] = [[] for _ in calls]
+        pre = pre or {}
         for r in range(self.reps):
             order = range(len(calls)) if r % 2 == 0 else reversed(range(len(calls)))
             for i in order:
                 self.flush_buf.zero_()  # the host enqueues the call while the GPU runs the flush
+                if i in pre:
+                    pre[i]()
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
                 calls[i]()
@@ -303,7 +308,11 @@ def run_packed(c: DecodeCase, fm, timer: Timer, gen: torch.Generator) -> list[Ro
         return pk()
 
     copy = lambda: dst.copy_(src)  # noqa: E731
-    calls = [native, pk, both, pack, copy]
+    # calls[5]: the packed decode timed as seed 000's benchmark does, the pack run (untimed) after
+    # the flush and right before it: the runtime pattern (pack in the overlap window, attention
+    # next), where the buffer the pack just wrote is still in L2 as far as it fits (60 MB).
+    calls = [native, pk, both, pack, copy, pk]
+    pre = {5: pack}
     out_n, out_p = native()[0], pk()[0]
     if not torch.equal(out_n, out_p):
         raise RuntimeError(f"{c.shape()}: packed decode differs from native decode")
@@ -314,10 +323,11 @@ def run_packed(c: DecodeCase, fm, timer: Timer, gen: torch.Generator) -> list[Ro
         theirs = lambda: fm.flash_mla_with_kvcache(q, fm_cache, None, None, D_V, sched, None, scale, False, True, idx)  # noqa: E731
         cos, mad = agreement(out_p, theirs()[0])
         calls.append(theirs)
-    med = [statistics.median(u) for u in timer._run([timer._prepare(f) for f in calls])]
-    f_med = med[5] if fm is not None else None
+    med = [statistics.median(u) for u in timer._run([timer._prepare(f) for f in calls], pre)]
+    f_med = med[6] if fm is not None else None
     rows = [Row("packed", c.shape(), "native", med[0], f_med, flops, cos, mad),
             Row("packed", c.shape(), "packed", med[1], f_med, flops, cos, mad),
+            Row("packed", c.shape(), "packed, packed after the flush", med[5], f_med, flops, cos, mad),
             Row("packed", c.shape(), "pack+packed", med[2], f_med, flops, cos, mad),
             Row("packed", c.shape(), "pack (anchor: device copy)", med[3], med[4], 0.0)]
     return rows
@@ -337,8 +347,12 @@ def packed_summary(rows: list[Row]) -> list[str]:
         return (math.exp(sum(math.log(x) for x in v) / len(v)), sum(1 for x in v if x > 1), len(v)) if v else None
 
     for name, pairs in [
-        ("native / packed (speedup of the packed stage)", [(d["native"].selkv_us, d["packed"].selkv_us) for d in by.values()]),
-        ("flash_mla / packed", [(d["packed"].fm_us, d["packed"].selkv_us) for d in by.values()]),
+        ("native / packed (speedup of the packed stage, buffer cold)", [(d["native"].selkv_us, d["packed"].selkv_us) for d in by.values()]),
+        ("native / packed (seed 000 method: packed after the flush)",
+         [(d["native"].selkv_us, d["packed, packed after the flush"].selkv_us) for d in by.values()]),
+        ("flash_mla / packed (buffer cold)", [(d["packed"].fm_us, d["packed"].selkv_us) for d in by.values()]),
+        ("flash_mla / packed (seed 000 method)",
+         [(d["packed"].fm_us, d["packed, packed after the flush"].selkv_us) for d in by.values()]),
         ("flash_mla / native", [(d["native"].fm_us, d["native"].selkv_us) for d in by.values()]),
         ("native / (pack + packed)", [(d["native"].selkv_us, d["pack+packed"].selkv_us) for d in by.values()]),
         ("copy / pack", [(d["pack (anchor: device copy)"].fm_us, d["pack (anchor: device copy)"].selkv_us) for d in by.values()]),

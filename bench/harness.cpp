@@ -85,12 +85,15 @@ float elapsed_ms(cudaEvent_t a, cudaEvent_t b) {
 
 }  // namespace
 
-Timing Timer::time(const LaunchFn& fn, const TimingConfig& cfg) {
+Timing Timer::time(const LaunchFn& fn, const TimingConfig& cfg, const LaunchFn& before) {
   if (cfg.groups < 1 || cfg.reps < 1) throw std::invalid_argument("Timer: groups and reps must be >= 1");
-  for (int i = 0; i < cfg.warmup; ++i) fn(stream_);
+  for (int i = 0; i < cfg.warmup; ++i) {
+    if (before) before(stream_);
+    fn(stream_);
+  }
   SELKV_BENCH_CUDA(cudaStreamSynchronize(stream_));
   SELKV_BENCH_CUDA(cudaGetLastError());
-  if (!cfg.graph) return time_eager(fn, cfg);
+  if (!cfg.graph || before) return time_eager(fn, cfg, before);
   try {
     return time_graph(fn, cfg);
   } catch (const CudaFailure& e) {
@@ -105,16 +108,19 @@ Timing Timer::time(const LaunchFn& fn, const TimingConfig& cfg) {
   }
 }
 
-// One group: with the flush, each call gets its own event pair after its memset, so the memset
-// is outside the measured interval; without it, one pair spans `reps` back-to-back calls.
-Timing Timer::time_eager(const LaunchFn& fn, const TimingConfig& cfg) {
+// One group: with the flush (or a `before` step), each call gets its own event pair after its
+// memset, so the memset is outside the measured interval; without either, one pair spans `reps`
+// back-to-back calls.
+Timing Timer::time_eager(const LaunchFn& fn, const TimingConfig& cfg, const LaunchFn& before) {
   std::vector<double> groups;
-  ensure_events(cfg.flush_l2 ? 2 * size_t(cfg.reps) : 2);
+  const bool per_call = cfg.flush_l2 || before;
+  ensure_events(per_call ? 2 * size_t(cfg.reps) : 2);
   for (int g = 0; g < cfg.groups; ++g) {
     double us = 0;
-    if (cfg.flush_l2) {
+    if (per_call) {
       for (int r = 0; r < cfg.reps; ++r) {
-        flush(stream_);
+        if (cfg.flush_l2) flush(stream_);
+        if (before) before(stream_);
         SELKV_BENCH_CUDA(cudaEventRecord(events_[2 * r], stream_));
         fn(stream_);
         SELKV_BENCH_CUDA(cudaEventRecord(events_[2 * r + 1], stream_));
@@ -132,7 +138,7 @@ Timing Timer::time_eager(const LaunchFn& fn, const TimingConfig& cfg) {
     groups.push_back(us / cfg.reps);
   }
   return summarize(std::move(groups), cfg.groups * cfg.reps,
-                   cfg.flush_l2 ? "eager" + flush_mode() : "eager,warm-L2");
+                   (cfg.flush_l2 ? "eager" + flush_mode() : "eager,warm-L2") + (before ? ",untimed-before" : ""));
 }
 
 // The same group captured once into a graph (event records become graph nodes through

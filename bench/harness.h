@@ -41,7 +41,9 @@ class Timer {
   Timer(const Timer&) = delete;
   Timer& operator=(const Timer&) = delete;
 
-  Timing time(const LaunchFn& fn, const TimingConfig& cfg);
+  // `before` (optional): enqueued before each timed call, after the flush, outside the events
+  // (eager timing, one event pair per call).
+  Timing time(const LaunchFn& fn, const TimingConfig& cfg, const LaunchFn& before = nullptr);
   cudaStream_t stream() const { return stream_; }
 
  private:
@@ -50,7 +52,7 @@ class Timer {
   static bool icache_flush();
   static std::string flush_mode();  // ",clean-flush" / ",icache-flush" suffixes of the timing column
   void ensure_events(size_t n);
-  Timing time_eager(const LaunchFn& fn, const TimingConfig& cfg);
+  Timing time_eager(const LaunchFn& fn, const TimingConfig& cfg, const LaunchFn& before = nullptr);
   Timing time_graph(const LaunchFn& fn, const TimingConfig& cfg, bool event_nodes = true);
 
   cudaStream_t stream_;

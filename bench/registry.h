@@ -45,6 +45,11 @@ class Workload {
   virtual double flops() const { return 0; }
   // Enqueue the op once (the timed call). Throws OpFailure on a non-ok Status.
   virtual void run(cudaStream_t stream) = 0;
+  // Work enqueued before each timed call, after the L2 flush, untimed (e.g. the pack whose buffer a
+  // packed decode reads, as a runtime runs it just before the attention). has_before_each() false:
+  // none, and the timing loop is the plain one.
+  virtual bool has_before_each() const { return false; }
+  virtual void before_each(cudaStream_t) {}
   // Poison the outputs, run once, compare a sample with the CPU oracle (bit-exact where the
   // op is exact). Synchronizes.
   virtual CheckResult check(cudaStream_t stream) = 0;

@@ -317,7 +317,9 @@ bool run_workload(GpuContext& g, const Options& o, const std::string& key, Workl
   progress("%s: checking against the CPU oracle (%s)", key, w.shape());
   const CheckResult chk = w.check(g.stream);
   progress("%s: timing", key);
-  const bench::Timing tm = g.timer->time([&](cudaStream_t s) { w.run(s); }, timing_config(o, graph, flush));
+  bench::LaunchFn before;
+  if (w.has_before_each()) before = [&](cudaStream_t s) { w.before_each(s); };
+  const bench::Timing tm = g.timer->time([&](cudaStream_t s) { w.run(s); }, timing_config(o, graph, flush), before);
   bench::CsvRow row;
   row.op = key;
   row.shape = w.shape();
