@@ -69,6 +69,14 @@ void sparse_decode(const SparseDecodeRefArgs& a);
 // sparse_decode itself writes nothing when this fails.
 Status check_sparse_decode_args(const SparseDecodeRefArgs& a);
 
+// ---- C5 plan of the CPU decode ---------------------------------------------------------------
+// The oracle needs no schedule: a one-part plan (what make_decode_metadata makes on a one-SM
+// device) whose buffer is zero except the lengths snapshot, kept where the GPU scheduler keeps it
+// (decode_params.h md_lengths_offset), so the CPU decode also computes the result for the lengths
+// at planning time. The shape itself is checked against each call by check_sparse_mla_decode.
+// `buffer` (host) needs decode_metadata_size(batch, seq_q) bytes; null is fine for zero rows.
+Status make_decode_metadata(const DecodeShape& shape, void* buffer, size_t buffer_bytes, DecodeMetadata* metadata);
+
 // ---- C6 sparse MLA decode over a packed KV buffer (fp64) ------------------------------------
 // The packed KV layout of selkv/packed.h: entry e = (b * S_q + s) * K + k is attended iff its
 // validity bit is set and k < topk_length[b] (when given); then exactly sparse_decode over the

@@ -10,6 +10,7 @@
 #include <random>
 #include <vector>
 
+#include "decode/decode_params.h"
 #include "reference/oracle.h"
 #include "test_util.h"
 
@@ -489,3 +490,29 @@ TEST(AttentionArgs, RejectsBadParams) {
 
 }  // namespace
 }  // namespace selkv
+
+// The CPU decode's plan: one part, zeros except the clamped lengths snapshot.
+TEST(OracleDecodePlan, OnePartPlanWithTheLengthsSnapshot) {
+  const int32_t lens[3] = {-5, 70, 1000};
+  selkv::DecodeShape shape{3, 2, 64, 128, lens, 0};
+  const size_t ints = size_t(selkv::decode::md_ints(6, 3));
+  std::vector<int32_t> buf(ints + 4, 7);
+  selkv::DecodeMetadata md;
+  ASSERT_TRUE(selkv::ref::make_decode_metadata(shape, buf.data(), buf.size() * 4, &md).ok());
+  EXPECT_TRUE(md.valid);
+  EXPECT_EQ(md.num_sm_parts, 1);
+  EXPECT_EQ(md.min_blocks_per_part, 1);
+  const int32_t* snap = buf.data() + selkv::decode::md_lengths_offset(6);
+  EXPECT_EQ(snap[0], 0);
+  EXPECT_EQ(snap[1], 70);
+  EXPECT_EQ(snap[2], 128);
+  for (size_t i = 0; i < buf.size(); ++i)
+    if (buf.data() + i < snap || buf.data() + i >= snap + 3) EXPECT_EQ(buf[i], 0) << i;
+  // too small a buffer names it and states the size; zero rows need none
+  const selkv::Status s = selkv::ref::make_decode_metadata(shape, buf.data(), 16, &md);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.to_string().find("buffer: needs"), std::string::npos) << s.to_string();
+  EXPECT_FALSE(md.valid);
+  selkv::DecodeShape empty{0, 2, 64, 128, nullptr, 0};
+  EXPECT_TRUE(selkv::ref::make_decode_metadata(empty, nullptr, 0, &md).ok());
+}

@@ -150,29 +150,9 @@ std::vector<int64_t> get_decode_metadata(int64_t batch, int64_t seq_q, int64_t n
                                                size_t(metadata.numel()) * sizeof(int32_t), &md,
                                                scope.stream()));
   } else {
-    // CPU: the oracle needs no schedule. The plan is a one-part plan (what the C++ API makes on
-    // a one-SM device); the shape itself is validated by sparse_mla_decode against each call.
-    const size_t need = selkv::decode_metadata_size(shape.batch, shape.seq_q);
-    TORCH_CHECK(size_t(metadata.numel()) * sizeof(int32_t) >= need, kOp, ": metadata: needs ",
-                need / sizeof(int32_t), " int32 values, got ", metadata.numel());
-    if (B == Backend::kCpu && metadata.numel() > 0) {
-      std::memset(metadata.mutable_data_ptr(), 0, size_t(metadata.numel()) * sizeof(int32_t));
-      // The lengths snapshot, where the GPU scheduler keeps it: the CPU decode reads the lengths
-      // from the plan too, so both devices compute the result for the lengths at planning time.
-      if (shape.topk_length != nullptr && shape.batch > 0 && shape.seq_q > 0) {
-        int32_t* lens = metadata.mutable_data_ptr<int32_t>() +
-                        decode::md_lengths_offset(shape.batch * shape.seq_q);
-        for (int32_t b = 0; b < shape.batch; ++b)
-          lens[b] = decode::clamp_topk_length(shape.topk_length[b], shape.topk);
-      }
-    }
-    md.data = static_cast<int32_t*>(mutable_data_or_null(metadata));
-    md.bytes = size_t(metadata.numel()) * sizeof(int32_t);
-    md.shape = shape;
-    md.shape.num_sms = 1;
-    md.num_sm_parts = 1;
-    md.min_blocks_per_part = 1;
-    md.valid = true;
+    // CPU: the oracle's one-part plan with the lengths snapshot (ref::make_decode_metadata).
+    throw_if_error(selkv::ref::make_decode_metadata(shape, mutable_data_or_null(metadata),
+                                                    size_t(metadata.numel()) * sizeof(int32_t), &md));
   }
   return plan_of(md);
 }
