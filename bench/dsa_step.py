@@ -49,7 +49,7 @@ def build(B, S, H, K, s_kv, page=64, dev="cuda"):
     num_blocks = B * nblk_req + 1
     bt = torch.randperm(num_blocks - 1, generator=g).to(torch.int32)[: B * nblk_req].view(B, nblk_req)
     cache = selkv.empty_kv_cache(num_blocks, page, device=dev)
-    cache.view(torch.int8).random_(-60, 60)  # any finite bytes; scales below
+    cache.random_(0, 120)  # finite E4M3 bytes (no 0x7F / 0xFF NaN); scales and RoPE below
     cache.view(num_blocks * page, 656)[:, 512:528].view(torch.float32).fill_(1.0 / 64)
     cache.view(num_blocks * page, 656)[:, 528:].view(torch.bfloat16).normal_()
     T = B * S

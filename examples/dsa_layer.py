@@ -228,7 +228,8 @@ def main(argv=None):
     key = "device_time_total" if use_cuda else "cpu_time_total"
     for ev in prof.key_averages():
         name = ev.key
-        if name.startswith("selkv::") or name.startswith("layer:") or name.startswith("check"):
+        helper = name.endswith("_size") or name.endswith("_fields")  # host-only size queries
+        if (name.startswith("selkv::") and not helper) or name.startswith("layer:") or name.startswith("check"):
             t = getattr(ev, key, None)
             if t is None and use_cuda:
                 t = getattr(ev, "cuda_time_total", 0.0)

@@ -486,8 +486,8 @@ class DsaAttention:
                 # Indices relative to the gathered rows: ws_start + pos, valid iff 0 <= pos < seq_len.
                 pos = topk_indices[s]
                 idx = self._slots[s]
-                ok = (pos >= 0) & (pos < tok_len[s, None])
-                torch.where(ok, pos + tok_ws[s, None], -1, out=idx)
+                bad = (pos < 0) | (pos >= tok_len[s, None])
+                torch.add(pos, tok_ws[s, None], out=idx).masked_fill_(bad, -1)
                 r = slice(c.req_start, c.req_end)
                 gather_sparse_prefill(
                     q[s], kv_cache, self._block_table[r], seq_starts[r], seq_lens[r], ws_starts[r], idx,

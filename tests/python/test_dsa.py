@@ -427,7 +427,7 @@ def test_decode_step_graph_replay_cuda(selkv, gen, cuda_device, policy, s_q):
 def test_seed004_shapes_cuda(selkv, gen, cuda_device):
     """Seed 004's serving shapes: page 64, K 2048, H 128, decode rows with MTP-free S_q 1 beside
     dense-route prefills of mixed lengths, request ids longer than the batch."""
-    b = Batch(gen, [(1, 3000), (1, 2100), (1, 70), (700, 2500), (3, 4100), (2, 65)], num_decodes=3,
+    b = Batch(gen, [(1, 3000), (1, 2100), (1, 70), (64, 2500), (3, 4100), (2, 65)], num_decodes=3,
               H=128, K=2048, page=64, topk_rows_extra=64)
     out_c, lse_c, cache_c, _ = _step(selkv, b, "cpu", sm_scale=SCALE)
     b.to(cuda_device)
