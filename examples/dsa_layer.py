@@ -134,6 +134,8 @@ def main(argv=None):
     ap.add_argument("--decode-steps", type=int, default=6)
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--workspace-mib", type=float, default=0.25, help="prefill workspace budget")
+    ap.add_argument("--prefill-route", default="auto", choices=["auto", "dequant", "gather"],
+                    help="selkv.DsaPolicy.prefill_route (C4, C3 or per request)")
     ap.add_argument("--no-check", action="store_true", help="skip the per-step fp64 check")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
@@ -162,7 +164,7 @@ def main(argv=None):
     attn = selkv.DsaAttention(
         args.heads, args.topk, num_blocks=num_blocks, page_size=page,
         workspace_bytes=int(args.workspace_mib * (1 << 20)), max_num_tokens=max_tokens, max_num_reqs=R,
-        sm_scale=layer.sm_scale, device=dev)
+        sm_scale=layer.sm_scale, policy=selkv.DsaPolicy(prefill_route=args.prefill_route), device=dev)
 
     done = [0] * R  # tokens of each request already in the cache
     steps = []

@@ -44,8 +44,10 @@ Decode-only steps under CUDA graphs: :meth:`plan` outside the graph (host work, 
 host-to-device copy into a preallocated buffer), then capture :meth:`run` with ``out=`` (and
 ``lse=``) passed: it launches device work only (write, convert, decode plan, decode), with no host
 synchronization and no allocation. Replays recompute the decode plan from the inputs of the
-replay. Re-run :meth:`plan` (same shapes) before each replay only if the host metadata changed;
-for a decode-only step of a fixed shape it does not.
+replay. The graph reads the tensors it was captured with (``q``, the cache, ``topk_indices``, the
+new KV, ``block_table``, ``slot_mapping``): update them in place between replays. Re-run
+:meth:`plan` (same shapes) only if the host metadata changed; for a decode-only step of a fixed
+shape it does not (its per-token request ids are ``r // S_q``).
 
 Workspace: ``workspace_bytes`` is one preallocated byte budget shared in stream order by the
 prefill routes (bf16 rows plus C4's remapped indices) and the packed decode buffer. Besides it the
