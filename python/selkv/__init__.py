@@ -14,6 +14,7 @@ Modules:
     :mod:`selkv.merge`      -- LSE merge of partial attention results (and vLLM's form)
     :mod:`selkv.packed`     -- packed selected-KV buffers: pack the selected records, patch entries
     :mod:`selkv.flash_mla`  -- FlashMLA-compatible names (drop-in import)
+    :mod:`selkv.dsa`        -- one DSA attention step for a mixed batch (plan / run)
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from ._ops import load_library as _load_library
 _load_library()
 
 from . import decode, flash_mla, formats  # noqa: E402
-from . import merge, packed, prefill  # noqa: E402
+from . import dsa, merge, packed, prefill  # noqa: E402
 from ._ops import library_path  # noqa: E402
 from .cache_ops import (  # noqa: E402
     convert_req_indices_to_slots,
@@ -38,6 +39,7 @@ from .decode import (  # noqa: E402
     sparse_mla_decode,
     sparse_mla_decode_packed,
 )
+from .dsa import DsaAttention, DsaPlan, DsaPolicy  # noqa: E402
 from .merge import merge_attn_states, merge_attn_states_vllm  # noqa: E402
 from .packed import pack_selected_kv, packed_kv_workspace_size, patch_packed_kv  # noqa: E402
 from .prefill import dequant_prefill_workspace_size, dequant_selected, dequant_selected_workspace_rows, dequant_sparse_prefill, gather_prefill_workspace_size, gather_sparse_prefill, sparse_prefill  # noqa: E402,E501
@@ -61,12 +63,16 @@ __all__ = [
     *prefill.__all__, "prefill",
     "DS_MLA_FP8_RECORD_BYTES",
     "DecodeMetadata",
+    "DsaAttention",
+    "DsaPlan",
+    "DsaPolicy",
     "NOPE_FP8_RECORD_BYTES",
     "FORMATS",
     "SCALE_MODES",
     "convert_req_indices_to_slots",
     "decode",
     "decode_metadata_size",
+    "dsa",
     "dequant_dim",
     "empty_kv_cache",
     "flash_mla",
