@@ -20,9 +20,10 @@ namespace selkv::bench {
 inline KvFormat parse_format(const std::string& s) {
   if (s == "ds_mla_fp8") return KvFormat::kDsMlaFp8;
   if (s == "nope_fp8") return KvFormat::kNopeFp8;
-  throw std::invalid_argument("--format: expected ds_mla_fp8 or nope_fp8, got '" + s + "'");
+  if (s == "model1_fp8") return KvFormat::kModel1Fp8;
+  throw std::invalid_argument("--format: expected ds_mla_fp8, nope_fp8 or model1_fp8, got '" + s + "'");
 }
-inline const char* format_name(KvFormat f) { return f == KvFormat::kDsMlaFp8 ? "ds_mla_fp8" : "nope_fp8"; }
+inline const char* format_name(KvFormat f) { return fmt::format_name(f); }
 
 inline ScaleMode parse_scale_mode(const std::string& s) {
   if (s == "pow2") return ScaleMode::kPow2;
@@ -63,6 +64,40 @@ inline void fill_random_records(uint8_t* cache, int64_t num_slots, KvFormat form
       for (int i = 0; i < fmt::kRopeDim; ++i) {
         const uint16_t h = codec::float_to_bf16(rng.normal());
         std::memcpy(r + fmt::kRopeOffset + 2 * i, &h, 2);
+      }
+    }
+  }
+}
+
+// Random well-formed pages of any format: num_blocks pages of `page` tokens at `block_stride`.
+// The in-record formats: fill_random_records page by page (the same bytes as one call over
+// dense pages). model1_fp8: random E4M3 codes (no NaN), UE8M0 scales 2^-14 .. 2^2, zero pad
+// bytes, random bf16 RoPE; the page padding is left as it is.
+inline void fill_random_cache(uint8_t* cache, int64_t num_blocks, int32_t page, int64_t block_stride,
+                              KvFormat format, Rng& rng) {
+  if (format != KvFormat::kModel1Fp8) {
+    for (int64_t b = 0; b < num_blocks; ++b) fill_random_records(cache + b * block_stride, page, format, rng);
+    return;
+  }
+  using M1 = KvFormatTraits<KvFormat::kModel1Fp8>;
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    uint8_t* pg = cache + b * block_stride;
+    for (int64_t t = 0; t < page; ++t) {
+      uint8_t* r = pg + M1::record_offset(t);
+      for (int i = 0; i < M1::kNopeDim; i += 8) {
+        uint64_t w = rng.next();
+        for (int j = 0; j < 8; ++j, w >>= 8) {
+          uint8_t v = uint8_t(w);
+          if ((v & 0x7f) == 0x7f) v &= 0xfe;
+          r[i + j] = v;
+        }
+      }
+      uint8_t* sc = pg + M1::scale_offset(t, page);
+      for (int k = 0; k < M1::kNumTiles; ++k) sc[k] = uint8_t(127 + rng.range(-14, 2));
+      sc[M1::kNumTiles] = 0;
+      for (int i = 0; i < M1::kRopeDim; ++i) {
+        const uint16_t h = codec::float_to_bf16(rng.normal());
+        std::memcpy(r + M1::kRopeOffset + 2 * i, &h, 2);
       }
     }
   }

@@ -87,7 +87,7 @@ class DequantWorkload final : public Workload {
     for (int64_t i = 0; i < n; ++i) {
       const int64_t r = i < 2 ? (i == 0 ? 0 : s_.rows() - 1) : rng.range(0, s_.rows() - 1);
       const int64_t slot = s_.selected() ? idx_[size_t(r)] : r;
-      ref::decode_record(pool_.record(slot), s_.format, want.data());
+      pool_.decode(slot, want.data());
       SELKV_BENCH_CUDA(cudaMemcpy(row.data(), ws_.as<uint16_t>() + r * D, size_t(D) * 2, cudaMemcpyDeviceToHost));
       if (std::memcmp(row.data(), want.data(), size_t(D) * 2) != 0)
         return CheckResult::fail("workspace row " + std::to_string(r) + " (slot " + std::to_string(slot) +
@@ -127,9 +127,9 @@ CpuReport cpu_demo(const Params& prm) {
   double secs = 0, bytes = 0;
   for (int64_t P : {s.P, std::max<int64_t>(s.page, s.T * s.K / 4)}) {  // selected, then full pool
     const int64_t blocks = (P + s.page - 1) / s.page;
-    const PagedKvCache view{nullptr, blocks, s.page, int64_t(s.page) * rec, s.format};
+    const PagedKvCache view{nullptr, blocks, s.page, fmt::page_bytes(s.format, s.page), s.format};
     std::vector<uint8_t> cache(size_t(blocks * view.block_stride_bytes));
-    fill_random_records(cache.data(), view.num_slots(), s.format, rng);
+    fill_random_cache(cache.data(), blocks, s.page, view.block_stride_bytes, s.format, rng);
     std::vector<int32_t> idx(size_t(s.T) * s.K), out(idx.size());
     for (auto& v : idx) v = rng.range(0, 9) == 0 ? -1 : int32_t(rng.range(0, view.num_slots() - 1));
     const int64_t rows = dequant_selected_workspace_rows(s.T, s.K, view.num_slots());
@@ -161,7 +161,9 @@ CpuReport cpu_demo(const Params& prm) {
         continue;
       }
       const int64_t row = out[e];
-      ref::decode_record(cache.data() + view.slot_offset(idx[e]), s.format, want.data());
+      PagedKvCache host = view;
+      host.data = cache.data();
+      ref::decode_slot(host, idx[e], want.data());
       if (row < 0 || row >= rows || std::memcmp(&ws[size_t(row) * D], want.data(), size_t(D) * 2) != 0) {
         r.check = CheckResult::fail("entry " + std::to_string(e) + ": workspace row differs from decode_record");
         return r;
@@ -187,7 +189,7 @@ SELKV_BENCH_REGISTER(register_dequant) {
                {"topk", "index entries per token K (2048)"},
                {"pool", "physical slots P (131072); T*K < P takes the selected path"},
                {"page-size", "tokens per cache page (64)"},
-               {"format", "ds_mla_fp8 | nope_fp8 (ds_mla_fp8)"}};
+               {"format", "ds_mla_fp8 | nope_fp8 | model1_fp8 (ds_mla_fp8)"}};
   op.make = [](const Params& p) -> std::unique_ptr<Workload> {
     return std::make_unique<DequantWorkload>(shape_from(p, false));
   };
@@ -216,6 +218,8 @@ SELKV_BENCH_REGISTER(register_dequant) {
   add(4096, 2048, 1 << 17, KvFormat::kDsMlaFp8, true);   // full pool: N = 8M >= P = 128K
   add(64, 2048, 1 << 20, KvFormat::kNopeFp8, false);
   add(4096, 2048, 1 << 17, KvFormat::kNopeFp8, false);
+  add(64, 2048, 1 << 20, KvFormat::kModel1Fp8, false);
+  add(4096, 2048, 1 << 17, KvFormat::kModel1Fp8, false);
 }
 
 }  // namespace selkv::bench

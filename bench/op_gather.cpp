@@ -35,7 +35,6 @@ struct GatherInputs {
 
   explicit GatherInputs(const GatherShape& shape) : s(shape) {
     Rng rng(s.seed);
-    const int rec = fmt::record_bytes(s.format);
     std::vector<double> w(size_t(s.reqs));
     double wsum = 0;
     for (auto& x : w) wsum += (x = 1.0 + 2.0 * rng.uniform());
@@ -62,7 +61,7 @@ struct GatherInputs {
     }
     bt_stride = max_blocks + 2;
     num_blocks = total_blocks + 8;
-    block_stride = int64_t(s.page) * rec;
+    block_stride = fmt::page_bytes(s.format, s.page);
     const std::vector<int32_t> perm = permutation(int32_t(num_blocks), rng);
     block_table.assign(size_t(s.reqs * bt_stride), -1);
     size_t next = 0;
@@ -71,7 +70,7 @@ struct GatherInputs {
       for (int64_t b = 0; b < nb; ++b) block_table[size_t(r * bt_stride + b)] = perm[next++];
     }
     cache.resize(size_t(num_blocks * block_stride));
-    fill_random_records(cache.data(), num_blocks * s.page, s.format, rng);
+    fill_random_cache(cache.data(), num_blocks, s.page, block_stride, s.format, rng);
   }
 
   int dim() const { return fmt::dequant_dim(s.format); }
@@ -207,12 +206,11 @@ CpuReport cpu_demo(const Params& p) {
     return r;
   }
   std::vector<uint16_t> want(static_cast<size_t>(dim));
-  const int rec = fmt::record_bytes(in.s.format);
   for (int32_t q = 0; q < in.s.reqs; ++q) {
     for (int64_t i = 0; i < in.lens[size_t(q)]; ++i) {
       const int64_t pos = in.starts[size_t(q)] + i;
       const int64_t blk = in.block_table[size_t(q * in.bt_stride + pos / in.s.page)];
-      ref::decode_record(&in.cache[size_t(blk * in.block_stride + (pos % in.s.page) * rec)], in.s.format, want.data());
+      ref::decode_token(&in.cache[size_t(blk * in.block_stride)], in.s.format, in.s.page, pos % in.s.page, want.data());
       if (std::memcmp(want.data(), &out[size_t((in.ws[size_t(q)] + i) * dim)], size_t(dim) * 2) != 0) {
         r.check = CheckResult::fail("req " + std::to_string(q) + " row " + std::to_string(i) +
                                     " differs from decode_record");
@@ -235,7 +233,7 @@ SELKV_BENCH_REGISTER(register_gather) {
   op.params = {{"tokens", "total tokens gathered (gather: 32768)"},
                {"reqs", "requests in the chunk (8)"},
                {"page-size", "tokens per cache page (64)"},
-               {"format", "ds_mla_fp8 | nope_fp8 (ds_mla_fp8)"}};
+               {"format", "ds_mla_fp8 | nope_fp8 | model1_fp8 (ds_mla_fp8)"}};
   op.make = [](const Params& p) -> std::unique_ptr<Workload> {
     return std::make_unique<GatherWorkload>(shape_from(p, 32768));
   };
@@ -258,6 +256,7 @@ SELKV_BENCH_REGISTER(register_gather) {
   };
   add(8192, KvFormat::kDsMlaFp8, false);
   add(32768, KvFormat::kDsMlaFp8, true);
+  add(32768, KvFormat::kModel1Fp8, false);
   add(131072, KvFormat::kDsMlaFp8, false);
   add(32768, KvFormat::kNopeFp8, false);
 }

@@ -1,5 +1,6 @@
 // C1 cache write: bf16 latent (+ RoPE) -> paged FP8 records at random distinct slots.
-// Bytes per token (ds_mla_fp8): 1024 latent + 128 RoPE + 8 slot + 656 record = 1816.
+// Bytes per token (ds_mla_fp8): 1024 latent + 128 RoPE + 8 slot + 656 record = 1816
+// (model1_fp8: 896 + 128 + 8 + 584 = 1616).
 #include <algorithm>
 #include <cstring>
 
@@ -30,22 +31,33 @@ struct WriteInputs {
 
   explicit WriteInputs(const WriteShape& shape) : s(shape) {
     Rng rng(s.seed);
-    const int rec = fmt::record_bytes(s.format);
     num_blocks = std::max<int64_t>(1, (2 * s.tokens + s.page - 1) / s.page);
-    block_stride = int64_t(s.page) * rec;
+    block_stride = fmt::page_bytes(s.format, s.page);
     slots = sample_distinct(num_blocks * s.page, s.tokens, rng);
-    latent = random_bf16(size_t(s.tokens) * fmt::kNopeDim, 1.0f, rng);
+    latent = random_bf16(size_t(s.tokens) * fmt::kNopeDim, 1.0f, rng);  // rows of 512 (model1_fp8 reads 448)
     if (fmt::has_rope(s.format)) rope = random_bf16(size_t(s.tokens) * fmt::kRopeDim, 1.0f, rng);
   }
   size_t cache_bytes() const { return size_t(num_blocks * block_stride); }
   int64_t num_slots() const { return num_blocks * s.page; }
-  int64_t slot_offset(int64_t slot) const {
-    return (slot / s.page) * block_stride + (slot % s.page) * fmt::record_bytes(s.format);
+  PagedKvCache view(const void* cache) const { return PagedKvCache{cache, num_blocks, s.page, block_stride, s.format}; }
+  // The byte offsets of a slot's token: its record (rec_bytes from slot_offset) and, for
+  // model1_fp8, its 8 scale bytes in the page tail (from scale_offset).
+  int64_t slot_offset(int64_t slot) const { return view(nullptr).slot_offset(slot); }
+  int64_t scale_offset(int64_t slot) const { return view(nullptr).scale_offset(slot); }
+  int rec_bytes() const {
+    return s.format == KvFormat::kModel1Fp8 ? KvFormatTraits<KvFormat::kModel1Fp8>::kRecordStride
+                                            : fmt::record_bytes(s.format);
+  }
+  int scale_bytes() const { return s.format == KvFormat::kModel1Fp8 ? 8 : 0; }
+  // Token bytes of `slot` in a cache buffer: record, then (model1_fp8) scales.
+  bool same_token(const std::vector<uint8_t>& a, const uint8_t* b_rec, const uint8_t* b_sc, int64_t slot) const {
+    return std::memcmp(&a[size_t(slot_offset(slot))], b_rec, size_t(rec_bytes())) == 0 &&
+           (scale_bytes() == 0 || std::memcmp(&a[size_t(scale_offset(slot))], b_sc, size_t(scale_bytes())) == 0);
   }
   WriteKvCacheParams params(const void* lat, const void* rp, const int64_t* sl, int64_t n, void* cache) const {
     WriteKvCacheParams p;
     p.latent = lat;
-    p.latent_row_stride = fmt::kNopeDim;
+    p.latent_row_stride = fmt::kNopeDim;  // 512 (model1_fp8 reads the first 448 of each row)
     p.rope = fmt::has_rope(s.format) ? rp : nullptr;
     p.rope_row_stride = fmt::has_rope(s.format) ? fmt::kRopeDim : 0;
     p.slot_mapping = sl;
@@ -62,7 +74,7 @@ struct WriteInputs {
     return "T=" + std::to_string(s.tokens) + " page=" + std::to_string(s.page) + " " + format_name(s.format);
   }
   double bytes() const {
-    return double(s.tokens) * (2.0 * fmt::kNopeDim + (fmt::has_rope(s.format) ? 2.0 * fmt::kRopeDim : 0.0) +
+    return double(s.tokens) * (2.0 * fmt::nope_dim(s.format) + (fmt::has_rope(s.format) ? 2.0 * fmt::kRopeDim : 0.0) +
                                8.0 + fmt::record_bytes(s.format));
   }
 };
@@ -71,7 +83,6 @@ struct WriteInputs {
 // slots no token maps to still holds the poison.
 CheckResult compare_records(const WriteInputs& in, const std::vector<uint8_t>& got,
                             const std::vector<int64_t>& which, Rng& rng) {
-  const int rec = fmt::record_bytes(in.s.format);
   const size_t n = which.size();
   std::vector<uint16_t> lat(n * fmt::kNopeDim), rp(fmt::has_rope(in.s.format) ? n * fmt::kRopeDim : 0);
   std::vector<int64_t> sl(n);
@@ -85,12 +96,15 @@ CheckResult compare_records(const WriteInputs& in, const std::vector<uint8_t>& g
   const Status st = ref::write_kv_cache(in.params(lat.data(), rp.data(), sl.data(), int64_t(n), want.data()));
   if (!st.ok()) return CheckResult::fail("oracle: " + st.to_string());
   for (size_t i = 0; i < n; ++i) {
-    const int64_t off = in.slot_offset(sl[i]);
-    for (int b = 0; b < rec; ++b) {
-      if (got[size_t(off + b)] != want[size_t(off + b)])
-        return CheckResult::fail("token " + std::to_string(which[i]) + " slot " + std::to_string(sl[i]) +
-                                 " byte " + std::to_string(b) + ": got " + hex_byte(got[size_t(off + b)]) +
-                                 " want " + hex_byte(want[size_t(off + b)]));
+    for (int part = 0; part < 2; ++part) {  // the record, then (model1_fp8) the scale bytes
+      const int64_t off = part == 0 ? in.slot_offset(sl[i]) : in.scale_offset(sl[i]);
+      const int len = part == 0 ? in.rec_bytes() : in.scale_bytes();
+      for (int b = 0; b < len; ++b) {
+        if (got[size_t(off + b)] != want[size_t(off + b)])
+          return CheckResult::fail("token " + std::to_string(which[i]) + " slot " + std::to_string(sl[i]) +
+                                   (part ? " scale byte " : " byte ") + std::to_string(b) + ": got " +
+                                   hex_byte(got[size_t(off + b)]) + " want " + hex_byte(want[size_t(off + b)]));
+      }
     }
   }
   // Slots nobody writes must be untouched.
@@ -101,7 +115,7 @@ CheckResult compare_records(const WriteInputs& in, const std::vector<uint8_t>& g
     const int64_t slot = rng.range(0, in.num_slots() - 1);
     if (written[size_t(slot)]) continue;
     const int64_t off = in.slot_offset(slot);
-    for (int b = 0; b < rec; ++b)
+    for (int b = 0; b < in.rec_bytes(); ++b)
       if (got[size_t(off + b)] != kPoison)
         return CheckResult::fail("unwritten slot " + std::to_string(slot) + " was modified (byte " +
                                  std::to_string(b) + ")");
@@ -176,7 +190,8 @@ CpuReport cpu_demo(const Params& p) {
     ref::encode_record(&in.latent[size_t(t) * fmt::kNopeDim],
                        in.rope.empty() ? nullptr : &in.rope[size_t(t) * fmt::kRopeDim], in.s.format,
                        in.s.mode, one.data());
-    if (std::memcmp(one.data(), &cache[size_t(in.slot_offset(in.slots[size_t(t)]))], size_t(rec)) != 0) {
+    // encode_record lays a token out alone: record bytes, then (model1_fp8) its 8 scale bytes.
+    if (!in.same_token(cache, one.data(), one.data() + in.rec_bytes(), in.slots[size_t(t)])) {
       r.check = CheckResult::fail("token " + std::to_string(t) + ": record differs from encode_record");
       return r;
     }
@@ -202,8 +217,8 @@ SELKV_BENCH_REGISTER(register_write) {
   op.order = 10;
   op.params = {{"tokens", "tokens to write (write: 16384)"},
                {"page-size", "tokens per cache page (64)"},
-               {"format", "ds_mla_fp8 | nope_fp8 (ds_mla_fp8)"},
-               {"scale-mode", "pow2 | amax (pow2)"}};
+               {"format", "ds_mla_fp8 | nope_fp8 | model1_fp8 (ds_mla_fp8)"},
+               {"scale-mode", "pow2 | amax (pow2; model1_fp8: pow2 only)"}};
   op.make = [](const Params& p) -> std::unique_ptr<Workload> {
     return std::make_unique<WriteWorkload>(shape_from(p, 16384));
   };
@@ -229,6 +244,7 @@ SELKV_BENCH_REGISTER(register_write) {
   add(16384, KvFormat::kDsMlaFp8, ScaleMode::kPow2, true, false);
   add(16384, KvFormat::kDsMlaFp8, ScaleMode::kAmax, false, false);
   add(16384, KvFormat::kNopeFp8, ScaleMode::kPow2, false, false);
+  add(16384, KvFormat::kModel1Fp8, ScaleMode::kPow2, false, false);
   add(128, KvFormat::kDsMlaFp8, ScaleMode::kPow2, true, true);  // one decode step, graph replay
 }
 

@@ -46,9 +46,11 @@ from .prefill import dequant_prefill_workspace_size, dequant_selected, dequant_s
 from .formats import (  # noqa: E402
     DS_MLA_FP8_RECORD_BYTES,
     FORMATS,
+    MODEL1_FP8_RECORD_BYTES,
     NOPE_FP8_RECORD_BYTES,
     SCALE_MODES,
     dequant_dim,
+    page_bytes,
     record_bytes,
 )
 
@@ -66,6 +68,7 @@ __all__ = [
     "DsaAttention",
     "DsaPlan",
     "DsaPolicy",
+    "MODEL1_FP8_RECORD_BYTES",
     "NOPE_FP8_RECORD_BYTES",
     "FORMATS",
     "SCALE_MODES",

@@ -33,8 +33,17 @@ def empty_kv_cache(
     *,
     device: torch.device | str | None = None,
 ) -> torch.Tensor:
-    """Allocates an uninitialized paged cache ``uint8 [num_blocks, page_size, record_bytes]``."""
+    """Allocates an uninitialized paged cache ``uint8 [num_blocks, page_size, record_bytes]``.
+
+    For ``model1_fp8`` the pages are padded to ``page_bytes(format, page_size)`` (a multiple of
+    576 bytes, as FlashMLA allocates them): the result is a view ``[num_blocks, page_size, 584]``
+    with ``stride(0) == page_bytes`` of a ``[num_blocks, page_bytes]`` buffer.
+    """
     rb = _formats.record_bytes(format)
+    if format == "model1_fp8":
+        pb = _formats.page_bytes(format, page_size)
+        buf = torch.empty((num_blocks, pb), dtype=torch.uint8, device=device)
+        return buf.as_strided((num_blocks, page_size, rb), (pb, rb, 1))
     return torch.empty((num_blocks, page_size, rb), dtype=torch.uint8, device=device)
 
 
@@ -49,15 +58,19 @@ def write_kv_cache(
     """Quantizes tokens into FP8 records of a paged cache, in place (C1).
 
     Args:
-        latent: bf16 ``[T, 512]``, last dim dense (rows may be strided).
-        rope: bf16 ``[T, 64]`` for ``ds_mla_fp8``; must be ``None`` for ``nope_fp8``.
+        latent: bf16 ``[T, 512]`` (``[T, 448]`` for ``model1_fp8``), last dim dense (rows may be
+            strided).
+        rope: bf16 ``[T, 64]`` for ``ds_mla_fp8`` and ``model1_fp8``; must be ``None`` for
+            ``nope_fp8``.
         slot_mapping: int64 ``[T]`` contiguous; token ``t`` goes to physical slot
             ``slot_mapping[t]``. Negative slots (CUDA-graph padding) and slots
             ``>= num_blocks * page_size`` are skipped, never written.
         cache: uint8 ``[num_blocks, page_size, record_bytes(format)]``, pages dense, block
-            stride ``cache.stride(0)``. Modified in place.
-        format: ``"ds_mla_fp8"`` (656-byte records) or ``"nope_fp8"`` (528).
-        scale_mode: ``"pow2"`` (default) or ``"amax"``; see :mod:`selkv.formats`.
+            stride ``cache.stride(0) >= page_bytes(format, page_size)``. Modified in place.
+        format: ``"ds_mla_fp8"`` (656-byte records), ``"nope_fp8"`` (528) or ``"model1_fp8"``
+            (FlashMLA MODEL1: 584 bytes a token, scales in the page tail).
+        scale_mode: ``"pow2"`` (default) or ``"amax"`` (not for ``model1_fp8``, whose UE8M0
+            scales are powers of two); see :mod:`selkv.formats`.
 
     Returns:
         ``cache``.
@@ -147,7 +160,8 @@ def gather_kv_bf16(
         block_table: int32 ``[>= num_reqs, max_blocks_per_req]``; rows past ``num_reqs``
             are not read.
         seq_starts, seq_lens, ws_starts: int32 ``[num_reqs]`` contiguous.
-        format: ``"ds_mla_fp8"`` (output ``[rows, 576]``) or ``"nope_fp8"`` (``[rows, 512]``).
+        format: ``"ds_mla_fp8"`` (output ``[rows, 576]``), ``"nope_fp8"`` (``[rows, 512]``) or
+            ``"model1_fp8"`` (``[rows, 512]``: 448 NoPE + 64 RoPE).
         num_rows: rows of the output to allocate when ``out`` is not given. When both are
             omitted it is ``max(ws_starts + seq_lens)``, which synchronizes the host: pass
             ``num_rows`` or ``out`` on hot paths and under CUDA-graph capture.

@@ -114,9 +114,9 @@ def dequant_selected(
     no data-dependent unique/sort: the mode follows from the shapes.
 
     Args:
-        cache: uint8 ``[num_blocks, page_size, 656 | 528]`` paged cache (pages dense).
+        cache: uint8 ``[num_blocks, page_size, 656 | 528 | 584]`` paged cache (pages dense).
         indices: int32 ``[T, K]`` physical slots (any ``K >= 0``).
-        format: ``"ds_mla_fp8"`` (rows of 576) or ``"nope_fp8"`` (rows of 512).
+        format: ``"ds_mla_fp8"`` (rows of 576), ``"nope_fp8"`` or ``"model1_fp8"`` (rows of 512).
         topk_length: optional int32 ``[T]``.
         workspace: optional bf16 ``[rows >= dequant_selected_workspace_rows(T, K, P), D]``.
         out_indices: optional int32 ``[T, K]`` (may be ``indices`` itself: in place).

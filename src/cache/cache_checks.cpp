@@ -10,20 +10,21 @@ namespace selkv::cache {
 namespace {
 
 bool aligned(const void* p, uintptr_t a) { return (reinterpret_cast<uintptr_t>(p) & (a - 1)) == 0; }
-bool valid_format(KvFormat f) { return f == KvFormat::kDsMlaFp8 || f == KvFormat::kNopeFp8; }
+bool valid_format(KvFormat f) { return fmt::known_format(f); }
 constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
 
 // Shared by C1 and C3: the paged-cache view. The kernels address records with 16-byte vector
-// accesses, so the base and the block stride must be 16-byte aligned (record sizes 656 and 528
-// are multiples of 16, so every record then is).
+// accesses, so the base and the block stride must be 16-byte aligned (record sizes 656 and 528,
+// model1_fp8's record stride 576 are multiples of 16, so every record then is; model1_fp8's
+// 8-byte scale groups are 8-byte aligned).
 Status check_cache_view(const char* kOp, const void* cache, int64_t num_blocks, int32_t page_size,
                         int64_t block_stride_bytes, KvFormat format) {
   SELKV_CHECK_ARG(valid_format(format), "format", "unknown KvFormat ", int(format));
   SELKV_CHECK_ARG(num_blocks >= 0, "num_blocks", "must be >= 0, got ", num_blocks);
   SELKV_CHECK_ARG(page_size >= 1, "page_size", "must be >= 1, got ", page_size);
-  const int64_t page_bytes = int64_t(page_size) * fmt::record_bytes(format);
-  SELKV_CHECK_ARG(block_stride_bytes >= page_bytes, "block_stride_bytes",
-                  "must be >= page_size * record_bytes = ", page_bytes, ", got ",
+  const int64_t page_bytes = fmt::page_bytes(format, page_size);
+  SELKV_CHECK_ARG(block_stride_bytes >= page_bytes, "block_stride_bytes", "must be >= the page bytes of ",
+                  page_size, " ", fmt::format_name(format), " tokens = ", page_bytes, ", got ",
                   block_stride_bytes);
   SELKV_CHECK_ARG(block_stride_bytes % 16 == 0, "block_stride_bytes",
                   "must be a multiple of 16, got ", block_stride_bytes);
@@ -46,6 +47,8 @@ Status check_write_kv_cache(const WriteKvCacheParams& p, Work* work) {
   *work = Work::kNone;
   SELKV_CHECK_ARG(p.scale_mode == ScaleMode::kPow2 || p.scale_mode == ScaleMode::kAmax,
                   "scale_mode", "unknown ScaleMode ", int(p.scale_mode));
+  SELKV_CHECK_ARG(p.format != KvFormat::kModel1Fp8 || p.scale_mode == ScaleMode::kPow2, "scale_mode",
+                  "model1_fp8 stores UE8M0 (power-of-two) scales: scale_mode must be pow2");
   SELKV_CHECK_ARG(p.num_tokens >= 0, "num_tokens", "must be >= 0, got ", p.num_tokens);
   SELKV_RETURN_IF_ERROR(
       check_cache_view(kOp, p.cache, p.num_blocks, p.page_size, p.block_stride_bytes, p.format));
@@ -64,7 +67,7 @@ Status check_write_kv_cache(const WriteKvCacheParams& p, Work* work) {
                   "must be a multiple of 8 elements (16-byte aligned rows), got ",
                   p.latent_row_stride);
   if (fmt::has_rope(p.format)) {
-    SELKV_CHECK_ARG(p.rope != nullptr, "rope", "required for ds_mla_fp8");
+    SELKV_CHECK_ARG(p.rope != nullptr, "rope", "required for ", fmt::format_name(p.format));
     SELKV_CHECK_ARG(aligned(p.rope, 16), "rope", "must be 16-byte aligned");
     SELKV_CHECK_ARG(p.rope_row_stride >= fmt::rope_dim(p.format), "rope_row_stride", "must be >= ",
                     fmt::rope_dim(p.format), ", got ", p.rope_row_stride);

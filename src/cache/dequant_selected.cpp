@@ -15,13 +15,12 @@ bool aligned(const void* p, uintptr_t a) { return (reinterpret_cast<uintptr_t>(p
 Status check_dequant_selected(const DequantSelectedParams& p) {
   constexpr const char* kOp = "selkv::dequant_selected_kv";
   const PagedKvCache& c = p.cache;
-  SELKV_CHECK_ARG(c.format == KvFormat::kDsMlaFp8 || c.format == KvFormat::kNopeFp8,
-                  "cache.format", "unknown KvFormat ", int(c.format));
+  SELKV_CHECK_ARG(fmt::known_format(c.format), "cache.format", "unknown KvFormat ", int(c.format));
   SELKV_CHECK_ARG(c.num_blocks >= 0, "cache.num_blocks", "must be >= 0, got ", c.num_blocks);
   SELKV_CHECK_ARG(c.page_size >= 1, "cache.page_size", "must be >= 1, got ", c.page_size);
-  const int64_t page_bytes = int64_t(c.page_size) * fmt::record_bytes(c.format);
-  SELKV_CHECK_ARG(c.block_stride_bytes >= page_bytes, "cache.block_stride_bytes",
-                  "must be >= page_size * record_bytes = ", page_bytes, ", got ",
+  const int64_t page_bytes = fmt::page_bytes(c.format, c.page_size);
+  SELKV_CHECK_ARG(c.block_stride_bytes >= page_bytes, "cache.block_stride_bytes", "must be >= the page bytes of ",
+                  c.page_size, " ", fmt::format_name(c.format), " tokens = ", page_bytes, ", got ",
                   c.block_stride_bytes);
   SELKV_CHECK_ARG(c.block_stride_bytes % 16 == 0, "cache.block_stride_bytes",
                   "must be a multiple of 16, got ", c.block_stride_bytes);

@@ -50,6 +50,7 @@ Status dequant_selected_kv(const DequantSelectedParams& p, cudaStream_t stream) 
   k.num_slots = P;
   k.block_stride_bytes = p.cache.block_stride_bytes;
   k.page = FastDivmod(uint32_t(p.cache.page_size));
+  k.page_size = p.cache.page_size;
   k.indices = p.indices;
   k.idx_stride = p.indices_row_stride;
   k.topk_length = p.topk_length;

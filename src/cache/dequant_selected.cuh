@@ -19,6 +19,10 @@
 // streams interleaved with the rows instead of in a second phase. Tasks are dealt to the warps
 // round-robin (the grid works on one contiguous window), one resident wave (occupancy query),
 // every warp the same number of tasks up to one.
+//
+// model1_fp8 (448 codes, UE8M0 scales in the page tail): lanes 0-23 hold hi codes; a row's
+// scales are one 8-byte broadcast load at the scale offset its resolving lane broadcasts next to
+// the record offset.
 #pragma once
 
 #include <cstdint>
@@ -34,6 +38,7 @@ struct DequantSelectedKernelParams {
   int64_t num_slots = 0;  // P (<= 2^31)
   int64_t block_stride_bytes = 0;
   FastDivmod page;        // page_size
+  int32_t page_size = 1;
   const int32_t* indices = nullptr;
   int64_t idx_stride = 0;
   const int32_t* topk_length = nullptr;
@@ -89,6 +94,14 @@ __device__ __forceinline__ int64_t slot_record_offset(const DequantSelectedKerne
   return int64_t(blk) * p.block_stride_bytes + Fmt::record_offset(off);
 }
 
+// model1_fp8: byte offset of a slot's UE8M0 scales.
+template <class Fmt>
+__device__ __forceinline__ int64_t slot_scale_offset(const DequantSelectedKernelParams& p, int32_t slot) {
+  uint32_t blk, off;
+  p.page.divmod(uint32_t(slot), blk, off);
+  return int64_t(blk) * p.block_stride_bytes + Fmt::scale_offset(off, p.page_size);
+}
+
 // ---- selected mode ------------------------------------------------------------------------------
 template <class Fmt>
 __global__ void __launch_bounds__(kDequantThreads)
@@ -100,28 +113,39 @@ dequant_selected_kernel(const DequantSelectedKernelParams p) {
   for (int64_t step = blockIdx.x; step * kDequantRowsPerStep < p.rows; step += gridDim.x) {
     const int64_t j = step * kDequantRowsPerStep + warp * kDequantRowsPerWarp + lane;
     int64_t src = -1;  // record byte offset; -1: row not written
+    int64_t ssrc = 0;  // model1_fp8: scale byte offset
     if (lane < kDequantRowsPerWarp && j < p.rows) {
       int64_t t;
       int32_t k;
       entry_tk(p, j, &t, &k);
       const int32_t s = entry_slot(p, t, k);
       p.out_idx[t * p.out_stride + k] = s >= 0 ? int32_t(j) : -1;
-      if (s >= 0) src = slot_record_offset<Fmt>(p, s);
+      if (s >= 0) {
+        src = slot_record_offset<Fmt>(p, s);
+        if constexpr (!Fmt::kScalesInRecord) ssrc = slot_scale_offset<Fmt>(p, s);
+      }
     }
     int64_t tsrc[kDequantRowsPerWarp];
     uint2 clo[kDequantRowsPerWarp], chi[kDequantRowsPerWarp];
-    float4 sc[kDequantRowsPerWarp];
+    float4 sc[kDequantRowsPerWarp];  // in-record fp32 scales; model1_fp8: (lo, hi) in .x, .y
 #pragma unroll
     for (int r = 0; r < kDequantRowsPerWarp; ++r) {
       tsrc[r] = __shfl_sync(0xffffffffu, src, r);
+      int64_t tss = 0;
+      if constexpr (!Fmt::kScalesInRecord) tss = __shfl_sync(0xffffffffu, ssrc, r);
       clo[r] = make_uint2(0, 0);
       chi[r] = make_uint2(0, 0);
       sc[r] = make_float4(0.f, 0.f, 0.f, 0.f);
       if (tsrc[r] >= 0) {
         const uint8_t* rec = p.cache + tsrc[r];
         clo[r] = dev::ld_stream_u2(rec + Fmt::kNopeOffset + 8 * lane);
-        chi[r] = dev::ld_stream_u2(rec + Fmt::kNopeOffset + 256 + 8 * lane);
-        sc[r] = __ldg(reinterpret_cast<const float4*>(rec + Fmt::kScaleOffset));
+        if constexpr (Fmt::kScalesInRecord) {
+          chi[r] = dev::ld_stream_u2(rec + Fmt::kNopeOffset + 256 + 8 * lane);
+          sc[r] = __ldg(reinterpret_cast<const float4*>(rec + Fmt::kScaleOffset));
+        } else {
+          if (lane < dev::kHiLanes<Fmt>) chi[r] = dev::ld_stream_u2(rec + Fmt::kNopeOffset + 256 + 8 * lane);
+          dev::ue8m0_lane_scales(p.cache + tss, lane, sc[r].x, sc[r].y);
+        }
       }
     }
     uint4 rope = make_uint4(0, 0, 0, 0);
@@ -135,10 +159,15 @@ dequant_selected_kernel(const DequantSelectedKernelParams p) {
     for (int r = 0; r < kDequantRowsPerWarp; ++r) {
       if (tsrc[r] < 0) continue;
       uint8_t* orow = p.ws + (j0 + r) * p.ws_row_bytes;
-      const float s_lo = lane < 16 ? sc[r].x : sc[r].y;  // element 8*lane: tile lane/16
-      const float s_hi = lane < 16 ? sc[r].z : sc[r].w;  // element 256+8*lane: tile 2+lane/16
-      dev::st_u4(orow + 16 * lane, dev::dequant_e4m3x8(clo[r], s_lo));
-      dev::st_u4(orow + 512 + 16 * lane, dev::dequant_e4m3x8(chi[r], s_hi));
+      if constexpr (Fmt::kScalesInRecord) {
+        const float s_lo = lane < 16 ? sc[r].x : sc[r].y;  // element 8*lane: tile lane/16
+        const float s_hi = lane < 16 ? sc[r].z : sc[r].w;  // element 256+8*lane: tile 2+lane/16
+        dev::st_u4(orow + 16 * lane, dev::dequant_e4m3x8(clo[r], s_lo));
+        dev::st_u4(orow + 512 + 16 * lane, dev::dequant_e4m3x8(chi[r], s_hi));
+      } else {
+        dev::st_u4(orow + 16 * lane, dev::dequant_e4m3x8(clo[r], sc[r].x));
+        if (lane < dev::kHiLanes<Fmt>) dev::st_u4(orow + 512 + 16 * lane, dev::dequant_e4m3x8(chi[r], sc[r].y));
+      }
     }
     if (Fmt::kHasRope && rope_src >= 0) {
       dev::st_u4(p.ws + (j0 + (lane >> 3)) * p.ws_row_bytes + 2 * Fmt::kNopeDim + 16 * (lane & 7), rope);
@@ -155,12 +184,15 @@ struct DequantBatch {
   uint4 rope[kR / 4];      // lane l: 16 B chunk l % 8 of row 4i + l / 8
 };
 
+// `ssrc`: scale byte offset (model1_fp8 only).
 template <class Fmt, int kR>
-__device__ __forceinline__ void batch_load(const DequantSelectedKernelParams& p, int64_t src,
+__device__ __forceinline__ void batch_load(const DequantSelectedKernelParams& p, int64_t src, int64_t ssrc,
                                            int first, int lane, DequantBatch<kR>& b) {
 #pragma unroll
   for (int r = 0; r < kR; ++r) {
     const int64_t ts = __shfl_sync(0xffffffffu, src, first + r);
+    int64_t tss = 0;
+    if constexpr (!Fmt::kScalesInRecord) tss = __shfl_sync(0xffffffffu, ssrc, first + r);
     b.lo[r] = make_uint2(0, 0);
     b.hi[r] = make_uint2(0, 0);
     b.slo[r] = 0.f;
@@ -168,11 +200,16 @@ __device__ __forceinline__ void batch_load(const DequantSelectedKernelParams& p,
     if (ts >= 0) {
       const uint8_t* rec = p.cache + ts;
       b.lo[r] = dev::ld_nc_na_u2(rec + Fmt::kNopeOffset + 8 * lane);
-      b.hi[r] = dev::ld_nc_na_u2(rec + Fmt::kNopeOffset + 256 + 8 * lane);
-      // element 8*lane is in tile lane/16, element 256+8*lane in tile 2+lane/16
-      const float* sc = reinterpret_cast<const float*>(rec + Fmt::kScaleOffset) + (lane >> 4);
-      b.slo[r] = __ldg(sc);
-      b.shi[r] = __ldg(sc + 2);
+      if constexpr (Fmt::kScalesInRecord) {
+        b.hi[r] = dev::ld_nc_na_u2(rec + Fmt::kNopeOffset + 256 + 8 * lane);
+        // element 8*lane is in tile lane/16, element 256+8*lane in tile 2+lane/16
+        const float* sc = reinterpret_cast<const float*>(rec + Fmt::kScaleOffset) + (lane >> 4);
+        b.slo[r] = __ldg(sc);
+        b.shi[r] = __ldg(sc + 2);
+      } else {
+        if (lane < dev::kHiLanes<Fmt>) b.hi[r] = dev::ld_nc_na_u2(rec + Fmt::kNopeOffset + 256 + 8 * lane);
+        dev::ue8m0_lane_scales(p.cache + tss, lane, b.slo[r], b.shi[r]);
+      }
     }
   }
   if constexpr (Fmt::kHasRope) {
@@ -194,7 +231,9 @@ __device__ __forceinline__ void batch_store(const DequantSelectedKernelParams& p
     if (((valid >> r) & 1u) == 0) continue;
     uint8_t* orow = p.ws + (row0 + r) * p.ws_row_bytes;
     dev::st_u4(orow + 16 * lane, dev::dequant_e4m3x8(b.lo[r], b.slo[r]));
-    dev::st_u4(orow + 512 + 16 * lane, dev::dequant_e4m3x8(b.hi[r], b.shi[r]));
+    if (dev::kHiLanes<Fmt> == 32 || lane < dev::kHiLanes<Fmt>) {
+      dev::st_u4(orow + 512 + 16 * lane, dev::dequant_e4m3x8(b.hi[r], b.shi[r]));
+    }
   }
   if constexpr (Fmt::kHasRope) {
 #pragma unroll
@@ -248,12 +287,15 @@ dequant_full_pool_kernel(const DequantSelectedKernelParams p) {
     }
     // Rows [kR * task, kR * task + kR): lane r < kR resolves row kR * task + r.
     const int64_t row0 = task * kR;
-    int64_t src = -1;
-    if (lane < kR && row0 + lane < p.rows) src = slot_record_offset<Fmt>(p, int32_t(row0 + lane));
+    int64_t src = -1, ssrc = 0;
+    if (lane < kR && row0 + lane < p.rows) {
+      src = slot_record_offset<Fmt>(p, int32_t(row0 + lane));
+      if constexpr (!Fmt::kScalesInRecord) ssrc = slot_scale_offset<Fmt>(p, int32_t(row0 + lane));
+    }
     const uint32_t valid = __ballot_sync(0xffffffffu, src >= 0);
     if (valid != 0) {
       DequantBatch<kR> a;
-      batch_load<Fmt, kR>(p, src, 0, lane, a);
+      batch_load<Fmt, kR>(p, src, ssrc, 0, lane, a);
       batch_store<Fmt, kR>(p, row0, valid, lane, a);
     }
     // Index writes: valid ? slot : -1 (DESIGN §2: k < topk_length[t] and 0 <= slot < P).

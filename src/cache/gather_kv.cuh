@@ -20,6 +20,9 @@
 // writes bf16 elements [8l, 8l+8) and [256+8l, 256+8l+8); RoPE 8 lanes x 16 B per token).
 // A token whose block is missing gets zero codes and a zero scale: the same code path writes the
 // zero row.
+// model1_fp8 (448 codes): lanes 0-23 hold hi codes (elements 256 + 8l < 448); the scales are one
+// 8-byte broadcast load of the token's UE8M0 bytes in its page's tail, whose offset the
+// resolving lane computes and broadcasts next to the record's.
 #pragma once
 
 #include <cstdint>
@@ -79,12 +82,15 @@ struct GatherBatch {
 };
 
 // Token j of the batch is lane (first + j)'s resolved token.
+// `ssrc`: the scale byte offset (model1_fp8 only; unused for the in-record formats).
 template <class Fmt>
-__device__ __forceinline__ void gather_load(const GatherKernelParams& p, int64_t src, int first,
+__device__ __forceinline__ void gather_load(const GatherKernelParams& p, int64_t src, int64_t ssrc, int first,
                                             int lane, GatherBatch& b) {
 #pragma unroll
   for (int j = 0; j < kGatherBatch; ++j) {
     const int64_t ts = __shfl_sync(0xffffffffu, src, first + j);
+    int64_t tss = 0;
+    if constexpr (!Fmt::kScalesInRecord) tss = __shfl_sync(0xffffffffu, ssrc, first + j);
     b.lo[j] = make_uint2(0, 0);
     b.hi[j] = make_uint2(0, 0);
     b.slo[j] = 0.f;
@@ -92,11 +98,16 @@ __device__ __forceinline__ void gather_load(const GatherKernelParams& p, int64_t
     if (ts >= 0) {
       const uint8_t* rec = p.cache + ts;
       b.lo[j] = dev::ld_nc_na_u2(rec + Fmt::kNopeOffset + 8 * lane);
-      b.hi[j] = dev::ld_nc_na_u2(rec + Fmt::kNopeOffset + 256 + 8 * lane);
-      // element 8*lane is in tile lane/16, element 256+8*lane in tile 2+lane/16
-      const float* sc = reinterpret_cast<const float*>(rec + Fmt::kScaleOffset) + (lane >> 4);
-      b.slo[j] = __ldg(sc);
-      b.shi[j] = __ldg(sc + 2);
+      if constexpr (Fmt::kScalesInRecord) {
+        b.hi[j] = dev::ld_nc_na_u2(rec + Fmt::kNopeOffset + 256 + 8 * lane);
+        // element 8*lane is in tile lane/16, element 256+8*lane in tile 2+lane/16
+        const float* sc = reinterpret_cast<const float*>(rec + Fmt::kScaleOffset) + (lane >> 4);
+        b.slo[j] = __ldg(sc);
+        b.shi[j] = __ldg(sc + 2);
+      } else {
+        if (lane < dev::kHiLanes<Fmt>) b.hi[j] = dev::ld_nc_na_u2(rec + Fmt::kNopeOffset + 256 + 8 * lane);
+        dev::ue8m0_lane_scales(p.cache + tss, lane, b.slo[j], b.shi[j]);
+      }
     }
   }
   b.rope = make_uint4(0, 0, 0, 0);
@@ -116,7 +127,9 @@ __device__ __forceinline__ void gather_store(const GatherKernelParams& p, int64_
     if (td < 0) continue;
     uint8_t* orow = p.out + td * p.out_row_bytes;
     dev::st_u4(orow + 16 * lane, dev::dequant_e4m3x8(b.lo[j], b.slo[j]));
-    dev::st_u4(orow + 512 + 16 * lane, dev::dequant_e4m3x8(b.hi[j], b.shi[j]));
+    if (dev::kHiLanes<Fmt> == 32 || lane < dev::kHiLanes<Fmt>) {
+      dev::st_u4(orow + 512 + 16 * lane, dev::dequant_e4m3x8(b.hi[j], b.shi[j]));
+    }
   }
   const int64_t rope_dst = __shfl_sync(0xffffffffu, dst, first + (lane >> 3));
   if (Fmt::kHasRope && rope_dst >= 0) {
@@ -196,6 +209,7 @@ __global__ void __launch_bounds__(kGatherThreads) gather_kv_kernel(const GatherK
   for (int64_t c = int64_t(warp) * gridDim.x + blockIdx.x; c * chunk < total; c += nw) {
     const int64_t f = c * chunk + lane;
     int64_t src = -1;  // record byte offset; -1: zero row
+    int64_t ssrc = 0;  // model1_fp8: scale byte offset
     int64_t dst = -1;  // output row; -1: nothing to write
     if (lane < chunk && f < total) {
       int lo = 0, hi = n;  // prefix[lo] <= f < prefix[hi]
@@ -222,18 +236,21 @@ __global__ void __launch_bounds__(kGatherThreads) gather_kv_kernel(const GatherK
         }
         if (blk < p.max_blocks) {
           const int64_t bid = __ldg(p.block_table + int64_t(r) * p.bt_stride + blk);
-          if (bid >= 0 && bid < p.num_blocks) src = bid * p.block_stride_bytes + off * Fmt::kRecordBytes;
+          if (bid >= 0 && bid < p.num_blocks) {
+            src = bid * p.block_stride_bytes + Fmt::record_offset(off);
+            if constexpr (!Fmt::kScalesInRecord) ssrc = bid * p.block_stride_bytes + Fmt::scale_offset(off, p.page_size);
+          }
         }
       }
     }
     const int64_t left = total - c * chunk;
     const int valid = int(left < chunk ? left : chunk);
     GatherBatch cur;
-    gather_load<Fmt>(p, src, 0, lane, cur);
+    gather_load<Fmt>(p, src, ssrc, 0, lane, cur);
     int b = 0;
     for (; b + kGatherBatch < valid; b += kGatherBatch) {
       GatherBatch nxt;
-      gather_load<Fmt>(p, src, b + kGatherBatch, lane, nxt);
+      gather_load<Fmt>(p, src, ssrc, b + kGatherBatch, lane, nxt);
       gather_store<Fmt>(p, dst, b, lane, cur);
       cur = nxt;
     }

@@ -14,7 +14,9 @@
 
 namespace selkv::cache {
 
-// The bytes a paged cache view spans (every block of the view).
+// The bytes a paged cache view spans (every block of the view): up to the last page's last
+// token byte, page_size * record_bytes (model1_fp8: its 584-byte tokens end at the scale tail;
+// the page padding after it is never touched).
 inline detail::Extent cache_extent(const void* cache, int64_t num_blocks, int32_t page_size,
                                    int64_t block_stride_bytes, KvFormat format) {
   if (num_blocks <= 0) return detail::Extent{};

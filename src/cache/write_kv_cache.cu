@@ -13,6 +13,10 @@ namespace {
 template <class Fmt, ScaleMode kMode>
 Status launch_write(const cache::WriteKvKernelParams& k, cudaStream_t stream) {
   constexpr const char* kOp = "selkv::write_kv_cache";
+  if constexpr (!Fmt::kScalesInRecord && kMode != ScaleMode::kPow2) {
+    // UE8M0 scales hold powers of two only; check_write_kv_cache rejects this before here.
+    return Status(StatusCode::kInvalidArgument, "selkv::write_kv_cache: scale_mode: model1_fp8 takes pow2 only");
+  } else {
   int64_t wave = 0;
   SELKV_RETURN_IF_ERROR((detail::resident_ctas<cache::write_kv_cache_kernel<Fmt, kMode>>(
       cache::kWriteWarps * 32, 0, kOp, &wave)));
@@ -21,6 +25,7 @@ Status launch_write(const cache::WriteKvKernelParams& k, cudaStream_t stream) {
   const dim3 grid(unsigned(want < wave ? want : wave));
   cache::write_kv_cache_kernel<Fmt, kMode><<<grid, cache::kWriteWarps * 32, 0, stream>>>(k);
   return detail::launch_status(kOp);
+  }
 }
 
 }  // namespace

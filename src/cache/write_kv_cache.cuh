@@ -7,6 +7,9 @@
 //   RoPE 128 B:    lanes 0-7 copy 16 B each.
 //   record:        16 E4M3 bytes per lane (one 512-byte contiguous STG.128), lanes 0-3 store the
 //                  four fp32 scales (one 16-byte sector), the RoPE as 8 x 16 B.
+// model1_fp8 (448 codes, tiles of 64, UE8M0 scales in the page tail): the same split on lanes
+// 0-27 (a tile is 4 lanes: a 4-lane shuffle max); lanes 28-31 load nothing; lanes 0-6 store the
+// scale bytes and lane 7 the zero pad byte at scale_offset(in_page, page_size).
 // All loads (slot, latent, RoPE) of a token are issued before the first use, and one token
 // ahead of its conversion. Padded tokens (slot < 0) and slots >= num_slots are skipped after the
 // loads: padding is rare, and not waiting on the slot before loading takes one memory latency off
@@ -48,16 +51,23 @@ struct WriteTok {
 template <class Fmt>
 __device__ __forceinline__ void write_load(const WriteKvKernelParams& p, int64_t t, int lane,
                                            WriteTok& x) {
+  constexpr int kLatLanes = Fmt::kNopeDim / 16;  // 32, or 28 for model1_fp8
   x.slot = __ldg(p.slot_mapping + t);
   const uint8_t* row = p.latent + t * p.latent_row_bytes + 32 * lane;
-  x.a = dev::ld_nc_na_u4(row);
-  x.b = dev::ld_nc_na_u4(row + 16);
+  x.a = make_uint4(0, 0, 0, 0);
+  x.b = make_uint4(0, 0, 0, 0);
+  if (kLatLanes == 32 || lane < kLatLanes) {
+    x.a = dev::ld_nc_na_u4(row);
+    x.b = dev::ld_nc_na_u4(row + 16);
+  }
   x.r = make_uint4(0, 0, 0, 0);
   if (Fmt::kHasRope && lane < 8) x.r = dev::ld_nc_na_u4(p.rope + t * p.rope_row_bytes + 16 * lane);
 }
 
 template <class Fmt, ScaleMode kMode>
 __device__ __forceinline__ void write_token(const WriteKvKernelParams& p, int lane, const WriteTok& x) {
+  constexpr int kLatLanes = Fmt::kNopeDim / 16;     // lanes holding codes: 32 or 28
+  constexpr int kTileLanes = Fmt::kTileElems / 16;  // lanes per tile: 8 or 4
   const int64_t slot = x.slot;
   if (slot < 0 || slot >= p.num_slots) return;  // padding / out of range: never written (uniform)
   float v[16];
@@ -76,7 +86,7 @@ __device__ __forceinline__ void write_token(const WriteKvKernelParams& p, int la
 #pragma unroll
   for (int i = 0; i < 16; ++i) m = fmaxf(m, fabsf(v[i]));
 #pragma unroll
-  for (int d = 4; d >= 1; d >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, d));  // 8 lanes = 1 tile
+  for (int d = kTileLanes / 2; d >= 1; d >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, d));  // 1 tile
   const float s = codec::tile_scale(m, kMode);
   if constexpr (kMode == ScaleMode::kPow2) {
     // s is a power of two (or inf), so 1/s is exact and x * (1/s) rounds exactly like x / s
@@ -96,7 +106,8 @@ __device__ __forceinline__ void write_token(const WriteKvKernelParams& p, int la
   }
   const uint2 q0 = dev::encode_e4m3x8(v0);
   const uint2 q1 = dev::encode_e4m3x8(v1);
-  const float sk = __shfl_sync(0xffffffffu, s, 8 * (lane & 3));  // lanes 0-3: scale of tile lane
+  // lanes < kNumTiles: scale of tile `lane`
+  const float sk = __shfl_sync(0xffffffffu, s, kTileLanes * (lane % Fmt::kNumTiles));
 
   int64_t block, in_page;
   if (slot <= int64_t(0x7fffffff)) {
@@ -108,9 +119,19 @@ __device__ __forceinline__ void write_token(const WriteKvKernelParams& p, int la
     block = slot / p.page_size;
     in_page = slot - block * p.page_size;
   }
-  uint8_t* rec = p.cache + block * p.block_stride_bytes + Fmt::record_offset(in_page);
-  dev::st_u4(rec + Fmt::kNopeOffset + 16 * lane, make_uint4(q0.x, q0.y, q1.x, q1.y));
-  if (lane < 4) *reinterpret_cast<float*>(rec + Fmt::kScaleOffset + 4 * lane) = sk;
+  uint8_t* page = p.cache + block * p.block_stride_bytes;
+  uint8_t* rec = page + Fmt::record_offset(in_page);
+  if (kLatLanes == 32 || lane < kLatLanes) {
+    dev::st_u4(rec + Fmt::kNopeOffset + 16 * lane, make_uint4(q0.x, q0.y, q1.x, q1.y));
+  }
+  if constexpr (Fmt::kScalesInRecord) {
+    if (lane < Fmt::kNumTiles) *reinterpret_cast<float*>(rec + Fmt::kScaleOffset + 4 * lane) = sk;
+  } else {
+    // UE8M0: s is a power of two (or inf -> 0xFF), as codec::float_to_ue8m0 requires.
+    if (lane < Fmt::kScaleStride) {
+      page[Fmt::scale_offset(in_page, p.page_size) + lane] = lane < Fmt::kNumTiles ? codec::float_to_ue8m0(sk) : 0;
+    }
+  }
   if (Fmt::kHasRope && lane < 8) dev::st_u4(rec + Fmt::kRopeOffset + 16 * lane, x.r);
 }
 

@@ -136,6 +136,24 @@ SELKV_HD float tile_scale(float amax, ScaleMode mode) {
   return bits_float(uint32_t(e + 127) << 23);
 }
 
+// UE8M0 (float8_e8m0fnu, MODEL1's scale type): byte b is 2^(b - 127); 0xFF is NaN; no sign,
+// no zero. b = 0 is 2^-127, an fp32 subnormal.
+SELKV_HD float ue8m0_to_float(uint8_t b) {
+  if (b == 0xffu) return bits_float(0x7fc00000u);
+  if (b == 0) return bits_float(0x00400000u);
+  return bits_float(uint32_t(b) << 23);
+}
+
+// Scale -> UE8M0 byte, for the writer's pow2 scales (powers of two in [2^-127, 2^127], where it
+// is exact: the fp32 exponent field, 2^-127 the one subnormal); inf and NaN -> 0xFF (NaN), as
+// torch's float8_e8m0fnu cast gives. Other values keep their exponent field (2^floor(log2 s)).
+SELKV_HD uint8_t float_to_ue8m0(float s) {
+  const uint32_t a = float_bits(s) & 0x7fffffffu;
+  if (a >= 0x7f800000u) return 0xffu;
+  if (a == 0x00400000u) return 0;
+  return uint8_t(a >> 23);
+}
+
 // Reader rule: bf16(float(e4m3) * s).
 SELKV_HD uint16_t dequant_e4m3(uint8_t c, float scale) {
   return float_to_bf16(e4m3_to_float(c) * scale);

@@ -24,11 +24,40 @@
 
 namespace selkv::dev {
 
-// The cache kernels split one record over a warp's 32 lanes with fixed lane -> tile maps: they
-// need 512 codes in 4 tiles of 128 and the fp32 scales inside the record.
+// The cache kernels split one record over a warp's 32 lanes with fixed lane -> tile maps. Two
+// layouts fit: 512 codes in 4 tiles of 128 with fp32 scales inside the record (ds_mla_fp8,
+// nope_fp8), and 448 codes in 7 tiles of 64 with UE8M0 scales in the page tail (model1_fp8).
 template <class Fmt>
-inline constexpr bool kWarpSplitFits = Fmt::kNopeDim == 512 && Fmt::kTileElems == 128 &&
-                                       Fmt::kScalesInRecord && sizeof(typename Fmt::Scale) == 4;
+inline constexpr bool kSplit512 = Fmt::kNopeDim == 512 && Fmt::kTileElems == 128 &&
+                                  Fmt::kScalesInRecord && sizeof(typename Fmt::Scale) == 4;
+template <class Fmt>
+inline constexpr bool kSplit448 = Fmt::kNopeDim == 448 && Fmt::kTileElems == 64 && !Fmt::kScalesInRecord &&
+                                  sizeof(typename Fmt::Scale) == 1 && Fmt::kHasRope && Fmt::kRopeDim == 64;
+template <class Fmt>
+inline constexpr bool kWarpSplitFits = kSplit512<Fmt> || kSplit448<Fmt>;
+
+// Readers (C3, C4): lane l holds codes [8l, 8l + 8) ("lo", tile 8l / kTileElems) and, for the
+// lanes with 256 + 8l < kNopeDim, codes [256 + 8l, 256 + 8l + 8) ("hi"): 32 hi lanes for 512
+// codes, 24 for 448. Output bytes 16l and 512 + 16l of the bf16 row either way.
+template <class Fmt>
+inline constexpr int kHiLanes = (Fmt::kNopeDim - 256) / 8;
+
+// ---- UE8M0 -----------------------------------------------------------------------------------
+// Device twin of codec::ue8m0_to_float (integer only, so bit-identical by construction).
+__device__ __forceinline__ float ue8m0_to_float(uint32_t b) {
+  b &= 0xffu;
+  return b == 0xffu ? __uint_as_float(0x7fc00000u) : b == 0 ? __uint_as_float(0x00400000u) : __uint_as_float(b << 23);
+}
+
+// model1_fp8 readers: this lane's two tile scales (lo: tile lane / 8, hi: tile 4 + lane / 8) from
+// the token's 8 UE8M0 bytes at `scales` (8-byte aligned, one broadcast load). Lanes >= kHiLanes
+// get the pad byte as hi scale and must not use it.
+__device__ __forceinline__ void ue8m0_lane_scales(const uint8_t* scales, int lane, float& slo, float& shi) {
+  const uint2 w = __ldg(reinterpret_cast<const uint2*>(scales));
+  const int sh = 8 * (lane >> 3);
+  slo = ue8m0_to_float(w.x >> sh);
+  shi = ue8m0_to_float(w.y >> sh);
+}
 
 // ---- bf16 <-> fp32 ---------------------------------------------------------------------------
 // Two bf16 packed in a uint32 (element 0 in the low half) -> two exact floats.

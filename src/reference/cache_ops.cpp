@@ -12,7 +12,7 @@
 namespace selkv::ref {
 namespace {
 
-bool valid_format(KvFormat f) { return f == KvFormat::kDsMlaFp8 || f == KvFormat::kNopeFp8; }
+bool valid_format(KvFormat f) { return fmt::known_format(f); }
 
 }  // namespace
 
@@ -22,19 +22,21 @@ Status write_kv_cache(const WriteKvCacheParams& p) {
   SELKV_CHECK_ARG(valid_format(p.format), "format", "unknown KvFormat ", int(p.format));
   SELKV_CHECK_ARG(p.scale_mode == ScaleMode::kPow2 || p.scale_mode == ScaleMode::kAmax,
                   "scale_mode", "unknown ScaleMode ", int(p.scale_mode));
+  SELKV_CHECK_ARG(p.format != KvFormat::kModel1Fp8 || p.scale_mode == ScaleMode::kPow2, "scale_mode",
+                  "model1_fp8 stores UE8M0 (power-of-two) scales: scale_mode must be pow2");
   SELKV_CHECK_ARG(p.num_tokens >= 0, "num_tokens", "must be >= 0, got ", p.num_tokens);
   SELKV_CHECK_ARG(p.num_blocks >= 0, "num_blocks", "must be >= 0, got ", p.num_blocks);
   SELKV_CHECK_ARG(p.page_size >= 1, "page_size", "must be >= 1, got ", p.page_size);
-  const int rb = fmt::record_bytes(p.format);
-  SELKV_CHECK_ARG(p.block_stride_bytes >= int64_t(p.page_size) * rb, "block_stride_bytes",
-                  "must be >= page_size * record_bytes = ", int64_t(p.page_size) * rb, ", got ",
+  const int64_t pb = fmt::page_bytes(p.format, p.page_size);
+  SELKV_CHECK_ARG(p.block_stride_bytes >= pb, "block_stride_bytes", "must be >= the page bytes of ",
+                  p.page_size, " ", fmt::format_name(p.format), " tokens = ", pb, ", got ",
                   p.block_stride_bytes);
   if (p.num_tokens == 0) return Status::Ok();
   SELKV_CHECK_ARG(p.latent != nullptr, "latent", "must not be null");
   SELKV_CHECK_ARG(p.latent_row_stride >= fmt::nope_dim(p.format), "latent_row_stride", "must be >= ",
                   fmt::nope_dim(p.format), ", got ", p.latent_row_stride);
   if (fmt::has_rope(p.format)) {
-    SELKV_CHECK_ARG(p.rope != nullptr, "rope", "required for ds_mla_fp8");
+    SELKV_CHECK_ARG(p.rope != nullptr, "rope", "required for ", fmt::format_name(p.format));
     SELKV_CHECK_ARG(p.rope_row_stride >= fmt::rope_dim(p.format), "rope_row_stride", "must be >= ",
                     fmt::rope_dim(p.format), ", got ", p.rope_row_stride);
   } else {
@@ -52,9 +54,8 @@ Status write_kv_cache(const WriteKvCacheParams& p) {
   for (int64_t t = 0; t < p.num_tokens; ++t) {
     const int64_t slot = p.slot_mapping[t];
     if (slot < 0 || slot >= num_slots) continue;  // padding or out of range: never written
-    encode_record(latent + t * p.latent_row_stride,
-                  fmt::has_rope(p.format) ? rope + t * p.rope_row_stride : nullptr, p.format,
-                  p.scale_mode, cache + view.slot_offset(slot));
+    encode_slot(latent + t * p.latent_row_stride, fmt::has_rope(p.format) ? rope + t * p.rope_row_stride : nullptr,
+                p.scale_mode, view, cache, slot);
   }
   return Status::Ok();
 }
@@ -132,9 +133,9 @@ Status gather_kv_bf16(const GatherKvParams& p) {
   SELKV_CHECK_ARG(valid_format(p.format), "format", "unknown KvFormat ", int(p.format));
   SELKV_CHECK_ARG(p.num_blocks >= 0, "num_blocks", "must be >= 0, got ", p.num_blocks);
   SELKV_CHECK_ARG(p.page_size >= 1, "page_size", "must be >= 1, got ", p.page_size);
-  const int rb = fmt::record_bytes(p.format);
-  SELKV_CHECK_ARG(p.block_stride_bytes >= int64_t(p.page_size) * rb, "block_stride_bytes",
-                  "must be >= page_size * record_bytes = ", int64_t(p.page_size) * rb);
+  const int64_t pb = fmt::page_bytes(p.format, p.page_size);
+  SELKV_CHECK_ARG(p.block_stride_bytes >= pb, "block_stride_bytes", "must be >= the page bytes of ",
+                  p.page_size, " ", fmt::format_name(p.format), " tokens = ", pb);
   SELKV_CHECK_ARG(p.num_reqs >= 0, "num_reqs", "must be >= 0, got ", p.num_reqs);
   SELKV_CHECK_ARG(p.max_blocks_per_req >= 0, "max_blocks_per_req", "must be >= 0");
   SELKV_CHECK_ARG(p.out_rows >= 0, "out_rows", "must be >= 0, got ", p.out_rows);
@@ -171,9 +172,7 @@ Status gather_kv_bf16(const GatherKvParams& p) {
         std::memset(dst, 0, sizeof(uint16_t) * dim);  // missing block: zeros
         continue;
       }
-      const uint8_t* rec =
-          cache + block_id * p.block_stride_bytes + (pos % p.page_size) * int64_t(rb);
-      decode_record(rec, p.format, dst);
+      decode_token(cache + block_id * p.block_stride_bytes, p.format, p.page_size, pos % p.page_size, dst);
     }
   }
   return Status::Ok();

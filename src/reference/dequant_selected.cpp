@@ -26,13 +26,13 @@ namespace ref {
 Status dequant_selected(const DequantSelectedParams& p) {
   constexpr const char* kOp = "selkv::ref::dequant_selected";
   const KvFormat f = p.cache.format;
-  SELKV_CHECK_ARG(f == KvFormat::kDsMlaFp8 || f == KvFormat::kNopeFp8, "cache.format",
+  SELKV_CHECK_ARG(fmt::known_format(f), "cache.format",
                   "unknown KvFormat ", int(f));
   SELKV_CHECK_ARG(p.cache.num_blocks >= 0, "cache.num_blocks", "must be >= 0");
   SELKV_CHECK_ARG(p.cache.page_size >= 1, "cache.page_size", "must be >= 1");
-  const int rb = fmt::record_bytes(f);
-  SELKV_CHECK_ARG(p.cache.block_stride_bytes >= int64_t(p.cache.page_size) * rb,
-                  "cache.block_stride_bytes", "must be >= page_size * record_bytes");
+  const int64_t pb = fmt::page_bytes(f, p.cache.page_size);
+  SELKV_CHECK_ARG(p.cache.block_stride_bytes >= pb, "cache.block_stride_bytes", "must be >= the page bytes of ",
+                  p.cache.page_size, " ", fmt::format_name(f), " tokens = ", pb);
   SELKV_CHECK_ARG(p.num_tokens >= 0, "num_tokens", "must be >= 0");
   SELKV_CHECK_ARG(p.topk >= 0, "topk", "must be >= 0");
   const int64_t P = p.cache.num_slots();
@@ -57,11 +57,10 @@ Status dequant_selected(const DequantSelectedParams& p) {
     SELKV_CHECK_ARG(p.cache.data != nullptr, "cache.data", "must not be null");
   }
   if (N > 0 || need > 0) SELKV_RETURN_IF_ERROR(cache::check_dequant_overlaps(kOp, p, need));  // the GPU op's rule
-  const auto* cache = static_cast<const uint8_t*>(p.cache.data);
   auto* ws = static_cast<uint16_t*>(p.workspace);
   const bool selected = dequant_selected_mode(p.num_tokens, p.topk, P) == DequantMode::kSelected;
   if (!selected) {
-    for (int64_t s = 0; s < P; ++s) decode_record(cache + p.cache.slot_offset(s), f, ws + s * p.workspace_row_stride);
+    for (int64_t s = 0; s < P; ++s) decode_slot(p.cache, s, ws + s * p.workspace_row_stride);
   }
   for (int64_t t = 0; t < p.num_tokens; ++t) {
     int64_t limit = p.topk;
@@ -76,7 +75,7 @@ Status dequant_selected(const DequantSelectedParams& p) {
       if (valid) {
         if (selected) {
           const int64_t j = t * p.topk + k;
-          decode_record(cache + p.cache.slot_offset(slot), f, ws + j * p.workspace_row_stride);
+          decode_slot(p.cache, slot, ws + j * p.workspace_row_stride);
           out = int32_t(j);
         } else {
           out = int32_t(slot);

@@ -16,11 +16,23 @@
 namespace selkv::ref {
 
 // ---- records ---------------------------------------------------------------------------------
-// Encode one token: latent bf16[512] (+ rope bf16[64] for ds_mla_fp8; ignored for nope_fp8)
-// -> record_bytes(format) bytes.
+// Encode one token: latent bf16[nope_dim(format)] (512, or 448 for model1_fp8) + rope bf16[64]
+// (ds_mla_fp8, model1_fp8; ignored for nope_fp8) -> token in_page of the page at `page` (page_size
+// tokens): its record at record_offset(in_page), its scales at scale_offset(in_page, page_size)
+// (model1_fp8: 7 UE8M0 bytes and a zero pad byte). model1_fp8 takes ScaleMode::kPow2 only (UE8M0
+// holds powers of two): kAmax throws std::invalid_argument (the ops reject it with a Status first).
+void encode_token(const uint16_t* latent, const uint16_t* rope, KvFormat format, ScaleMode mode,
+                  uint8_t* page, int64_t page_size, int64_t in_page);
+// Decode token in_page of a page -> bf16 bits [dequant_dim(format)] (576 or 512).
+void decode_token(const uint8_t* page, KvFormat format, int64_t page_size, int64_t in_page, uint16_t* out);
+// The token of a slot of a paged view (0 <= slot < num_slots); `cache` is view.data, writable.
+void encode_slot(const uint16_t* latent, const uint16_t* rope, ScaleMode mode, const PagedKvCache& view,
+                 uint8_t* cache, int64_t slot);
+void decode_slot(const PagedKvCache& view, int64_t slot, uint16_t* out);
+// A token alone: record_bytes(format) contiguous bytes, i.e. the token of a page of one
+// (model1_fp8: 576 record bytes, then its 8 scale bytes; the page padding excluded).
 void encode_record(const uint16_t* latent, const uint16_t* rope, KvFormat format, ScaleMode mode,
                    uint8_t* record);
-// Decode one record -> bf16 bits [dequant_dim(format)] (576 or 512).
 void decode_record(const uint8_t* record, KvFormat format, uint16_t* out);
 
 // ---- C1-C3 (host pointers; same semantics as the GPU ops) -----------------------------------

@@ -230,6 +230,70 @@ TEST(CacheChecks, GatherRejectsEachBadArgument) {
   }
 }
 
+// model1_fp8: page_size 64 -> 64 * 584 = 37376 bytes, padded to 65 * 576 = 37440.
+WriteKvCacheParams good_write_model1() {
+  auto p = good_write();
+  p.format = KvFormat::kModel1Fp8;
+  p.latent_row_stride = 448;
+  p.block_stride_bytes = 65 * 576;
+  return p;
+}
+
+GatherKvParams good_gather_model1() {
+  auto p = good_gather();
+  p.format = KvFormat::kModel1Fp8;
+  p.block_stride_bytes = 65 * 576;
+  p.out_row_stride = 512;
+  return p;
+}
+
+TEST(CacheChecks, Model1GoodParamsPass) {
+  Work w;
+  EXPECT_TRUE(cache::check_write_kv_cache(good_write_model1(), &w).ok());
+  EXPECT_EQ(w, Work::kLaunch);
+  EXPECT_TRUE(cache::check_gather_kv(good_gather_model1(), &w).ok());
+  EXPECT_EQ(w, Work::kLaunch);
+}
+
+TEST(CacheChecks, Model1WriteRejectsEachBadArgument) {
+  struct Case {
+    const char* arg;
+    std::function<void(WriteKvCacheParams&)> mutate;
+  };
+  const Case cases[] = {
+      {"scale_mode", [](auto& p) { p.scale_mode = ScaleMode::kAmax; }},  // UE8M0: pow2 only
+      {"block_stride_bytes", [](auto& p) { p.block_stride_bytes = 64 * 584; }},  // unpadded page
+      {"block_stride_bytes", [](auto& p) { p.block_stride_bytes = 65 * 576 + 8; }},
+      {"latent_row_stride", [](auto& p) { p.latent_row_stride = 440; }},  // rows are 448 wide
+      {"latent_row_stride", [](auto& p) { p.latent_row_stride = 452; }},
+      {"rope", [](auto& p) { p.rope = nullptr; }},  // model1_fp8 carries RoPE
+      {"rope_row_stride", [](auto& p) { p.rope_row_stride = 63; }},
+  };
+  for (const auto& c : cases) {
+    auto p = good_write_model1();
+    c.mutate(p);
+    expect_rejected(&write_kv_cache, p, c.arg, c.arg);
+  }
+}
+
+TEST(CacheChecks, Model1GatherRejectsEachBadArgument) {
+  struct Case {
+    const char* arg;
+    std::function<void(GatherKvParams&)> mutate;
+  };
+  const Case cases[] = {
+      {"block_stride_bytes", [](auto& p) { p.block_stride_bytes = 64 * 584; }},
+      {"block_stride_bytes", [](auto& p) { p.block_stride_bytes = 65 * 576 - 16; }},
+      {"out_row_stride", [](auto& p) { p.out_row_stride = 448; }},  // rows are 512 wide
+      {"out_row_stride", [](auto& p) { p.out_row_stride = 511; }},
+  };
+  for (const auto& c : cases) {
+    auto p = good_gather_model1();
+    c.mutate(p);
+    expect_rejected(&gather_kv_bf16, p, c.arg, c.arg);
+  }
+}
+
 // Zero-size work returns Ok before any CUDA call (this binary may have no GPU).
 TEST(CacheChecks, ZeroSizeWorkIsOkWithoutLaunch) {
   auto w = good_write();

@@ -79,6 +79,53 @@ __global__ void vector_codec_kernel(const uint16_t* bf16_in, uint8_t* enc, const
   reinterpret_cast<uint4*>(dec)[g] = dev::dequant_e4m3x8(q, scale[g]);
 }
 
+// UE8M0: every byte through the device twin; every code x every scale byte through the reader
+// rule (model1_fp8's dequant); the pow2 scale -> byte encoding on the device.
+__global__ void ue8m0_kernel(float* scale_of, uint16_t* dequant, uint8_t* enc, const float* amax, int n_amax) {
+  const int b = blockIdx.x, code = threadIdx.x;  // 256 x 256
+  const float s = dev::ue8m0_to_float(uint32_t(b));
+  if (code == 0) scale_of[b] = s;
+  dequant[b * 256 + code] = dev::dequant_e4m3(uint8_t(code), s);
+  for (int i = b * 256 + code; i < n_amax; i += 256 * 256) {
+    enc[i] = codec::float_to_ue8m0(codec::tile_scale(amax[i], ScaleMode::kPow2));
+  }
+}
+
+TEST(DeviceCodecGpu, Ue8m0MatchesCodec) {
+  SELKV_REQUIRE_GPU();
+  SEED_TRACE("");
+  auto rng = make_rng(5);
+  std::vector<float> amax(1 << 16);
+  std::uniform_int_distribution<uint32_t> bits(0, 0x7f800000u);  // every non-negative float up to inf
+  for (auto& a : amax) a = codec::bits_float(bits(rng));
+  amax[0] = 0.f;
+  amax[1] = std::numeric_limits<float>::infinity();
+  DevBuf dsc(256 * 4), ddq(256 * 256 * 2), denc(amax.size()), damax(amax.size() * 4);
+  damax.upload(amax);
+  ue8m0_kernel<<<256, 256>>>(dsc.as<float>(), ddq.as<uint16_t>(), denc.as<uint8_t>(), damax.as<float>(),
+                             int(amax.size()));
+  CUDA_OK(cudaDeviceSynchronize());
+  const auto sc = dsc.download<float>();
+  auto dq = ddq.download<uint16_t>();
+  const auto enc = denc.download<uint8_t>();
+  for (auto& w : dq) if ((w & 0x7fff) > 0x7f80) w = 0x7fff;  // NaN: both sides must be NaN
+  std::vector<float> want_sc(256);
+  std::vector<uint16_t> want_dq(256 * 256);
+  std::vector<uint8_t> want_enc(amax.size());
+  for (int b = 0; b < 256; ++b) {
+    want_sc[size_t(b)] = codec::ue8m0_to_float(uint8_t(b));
+    for (int c = 0; c < 256; ++c) {
+      uint16_t w = codec::dequant_e4m3(uint8_t(c), want_sc[size_t(b)]);
+      if ((w & 0x7fff) > 0x7f80) w = 0x7fff;  // NaN results: compared as NaN, payload aside
+      want_dq[size_t(b) * 256 + size_t(c)] = w;
+    }
+  }
+  for (size_t i = 0; i < amax.size(); ++i) want_enc[i] = codec::float_to_ue8m0(codec::tile_scale(amax[i], ScaleMode::kPow2));
+  EXPECT_TRUE(same_bits(want_sc, sc));
+  EXPECT_TRUE(same_bits(want_dq, dq));
+  EXPECT_TRUE(same_bits(want_enc, enc));
+}
+
 float next_up(float f) { return std::nextafter(f, std::numeric_limits<float>::infinity()); }
 float next_down(float f) { return std::nextafter(f, -std::numeric_limits<float>::infinity()); }
 
@@ -258,12 +305,13 @@ void run_write_case(const WriteCase& c, uint64_t salt) {
   SEED_TRACE("page_size=" + std::to_string(c.page_size) + " format=" + std::to_string(int(c.format)) +
              " mode=" + std::to_string(int(c.mode)) + " extra=" + std::to_string(c.extra_stride));
   auto rng = make_rng(salt);
-  const int rb = fmt::record_bytes(c.format);
   const int64_t num_blocks = c.min_blocks + int64_t(rng() % 4);
-  const int64_t stride = int64_t(c.page_size) * rb + c.extra_stride;
+  // page_size * record_bytes for the in-record formats; model1_fp8: padded to a multiple of 576.
+  const int64_t stride = fmt::page_bytes(c.format, c.page_size) + c.extra_stride;
   const int64_t num_slots = num_blocks * c.page_size;
   const int64_t T = std::min<int64_t>(num_slots, c.min_blocks > 5 ? num_slots : 150) + 12;
-  // kv rows as vLLM lays them out: [T, 576] with latent then RoPE (rope pointer = row + 512).
+  // kv rows as vLLM lays them out: [T, 576] with latent then RoPE (rope pointer = row + 512;
+  // model1_fp8 reads the first 448 latent values of each row).
   const int64_t row_stride = 576 + 8 * int64_t(rng() % 3);
   const auto kv = make_kv_rows(T, row_stride, rng);
 
@@ -335,6 +383,18 @@ TEST(WriteKvCacheGpu, BitExactVsOracle) {
       }
     }
   }
+}
+
+// model1_fp8 (pow2 only): records, the scale tails and the page padding (the poison must
+// survive there) byte for byte against the oracle; page 1 too (one token per padded page).
+TEST(WriteKvCacheGpu, Model1BitExactVsOracle) {
+  SELKV_REQUIRE_GPU();
+  uint64_t salt = 160;
+  for (int ps : {1, 2, 4, 61, 64, 69}) {
+    run_write_case({ps, KvFormat::kModel1Fp8, ScaleMode::kPow2, 0}, ++salt);
+    run_write_case({ps, KvFormat::kModel1Fp8, ScaleMode::kPow2, 32}, ++salt);
+  }
+  run_write_case({64, KvFormat::kModel1Fp8, ScaleMode::kPow2, 0, 1200}, ++salt);  // many tokens per warp
 }
 
 // Far more tokens than resident warps: every warp walks several tokens (prefetch path).
@@ -514,7 +574,8 @@ struct GatherCase {
 };
 
 // Builds a cache where only the records the requests read hold valid encodings; every other
-// byte is a NaN pattern (E4M3 0xFF, scale 0xFFFFFFFF), so a stray read shows in the output.
+// byte is a NaN pattern (E4M3 0xFF, scale 0xFFFFFFFF; model1_fp8: UE8M0 0xFF is NaN too), so a
+// stray read shows in the output.
 struct GatherSetup {
   std::vector<uint8_t> cache;
   std::vector<int32_t> bt, starts, lens, ws;
@@ -524,11 +585,10 @@ struct GatherSetup {
 
 GatherSetup make_gather(const GatherCase& c, std::mt19937_64& rng) {
   GatherSetup g;
-  const int rb = fmt::record_bytes(c.format);
   const int max_len = c.max_len;
   g.max_blocks = (max_len + 2 * c.page_size) / c.page_size + 1;
   g.num_blocks = int64_t(c.num_reqs) * g.max_blocks + 3;
-  g.stride = int64_t(c.page_size) * rb + c.extra_stride;
+  g.stride = fmt::page_bytes(c.format, c.page_size) + c.extra_stride;
   g.bt_stride = g.max_blocks + int64_t(rng() % 3);
   g.cache.assign(size_t(g.num_blocks * g.stride), 0xFF);
   std::vector<int32_t> perm(g.num_blocks);
@@ -575,9 +635,9 @@ GatherSetup make_gather(const GatherCase& c, std::mt19937_64& rng) {
       const float mag = std::ldexp(1.f, int(rng() % 24) - 12);
       for (auto& x : lat) x = test::bf16(nd(rng) * mag);
       for (auto& x : rope) x = test::bf16(nd(rng));
-      ref::encode_record(lat.data(), rope.data(), c.format,
-                         (rng() & 1) ? ScaleMode::kPow2 : ScaleMode::kAmax,
-                         g.cache.data() + id * g.stride + (pos % c.page_size) * rb);
+      const ScaleMode m = (rng() & 1) && c.format != KvFormat::kModel1Fp8 ? ScaleMode::kAmax : ScaleMode::kPow2;
+      ref::encode_token(lat.data(), rope.data(), c.format, m, g.cache.data() + id * g.stride, c.page_size,
+                        pos % c.page_size);
     }
   }
   return g;
@@ -646,6 +706,18 @@ TEST(GatherKvGpu, BitExactVsOracle) {
       run_gather_case({ps, f, 9, 70, 32}, ++salt);
     }
   }
+}
+
+// model1_fp8: scales from the page tail, 448 + 64 wide rows, NaN-poisoned unreferenced bytes.
+TEST(GatherKvGpu, Model1BitExactVsOracle) {
+  SELKV_REQUIRE_GPU();
+  uint64_t salt = 360;
+  for (int ps : {1, 2, 4, 61, 64, 69}) {
+    run_gather_case({ps, KvFormat::kModel1Fp8, 1 + int(ps % 5), 200, 0}, ++salt);
+    run_gather_case({ps, KvFormat::kModel1Fp8, 9, 70, 32}, ++salt);
+  }
+  run_gather_case({64, KvFormat::kModel1Fp8, 700, 12, 0}, ++salt);   // many requests
+  run_gather_case({61, KvFormat::kModel1Fp8, 3, 15000, 16}, ++salt); // long requests
 }
 
 // More requests than threads per CTA (multi-entry prefix runs) and the request limit.

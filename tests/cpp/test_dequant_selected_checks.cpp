@@ -170,4 +170,80 @@ TEST(DequantSelectedOracle, SelectedAndFullPoolSemantics) {
   }
 }
 
+// ---- model1_fp8 ---------------------------------------------------------------------------------
+
+struct Model1Fixture {
+  // 4 blocks of page 4: page_bytes = round_up(4 * 584, 576) = 2880; stride 2880 + 32.
+  static constexpr int64_t kStride = 2880 + 32;
+  alignas(16) uint8_t cache[4 * kStride] = {};
+  alignas(16) int32_t idx[2 * 64] = {};
+  alignas(16) int32_t out_idx[2 * 64] = {};
+  alignas(16) uint16_t ws[16 * 512] = {};
+  DequantSelectedParams p;
+  Model1Fixture() {
+    p.cache = PagedKvCache{cache, 4, 4, kStride, KvFormat::kModel1Fp8};  // P = 16
+    p.indices = idx;
+    p.indices_row_stride = 64;
+    p.num_tokens = 1;
+    p.topk = 8;
+    p.workspace = ws;
+    p.workspace_rows = 8;
+    p.workspace_row_stride = 512;
+    p.out_indices = out_idx;
+    p.out_indices_row_stride = 64;
+  }
+};
+
+TEST(DequantSelectedChecks, Model1Rules) {
+  { Model1Fixture f; EXPECT_TRUE(check_dequant_selected(f.p).ok()) << check_dequant_selected(f.p).to_string(); }
+  { Model1Fixture f; f.p.cache.block_stride_bytes = 4 * 584; expect_invalid(f.p, "cache.block_stride_bytes"); }
+  { Model1Fixture f; f.p.cache.block_stride_bytes = 2880 - 16; expect_invalid(f.p, "cache.block_stride_bytes"); }
+  { Model1Fixture f; f.p.workspace_row_stride = 448; expect_invalid(f.p, "workspace_row_stride"); }
+  { Model1Fixture f; f.p.cache.format = KvFormat(5); expect_invalid(f.p, "cache.format"); }
+  // The oracle applies the same rules.
+  { Model1Fixture f; f.p.cache.block_stride_bytes = 4 * 584;
+    EXPECT_EQ(ref::dequant_selected(f.p).code(), StatusCode::kInvalidArgument); }
+  { Model1Fixture f; f.p.workspace_row_stride = 448;
+    EXPECT_EQ(ref::dequant_selected(f.p).code(), StatusCode::kInvalidArgument); }
+}
+
+// Oracle C4 on model1_fp8: rows decode the token bytes where DESIGN §1 puts them (record at
+// in_page * 576, scales at page_size * 576 + in_page * 8 of the slot's block), both modes.
+TEST(DequantSelectedOracle, Model1SelectedAndFullPool) {
+  Model1Fixture f;
+  std::mt19937_64 rng(11);
+  std::vector<uint16_t> lat(448), rope(64);
+  std::vector<std::vector<uint8_t>> alone(16, std::vector<uint8_t>(584));
+  for (int s = 0; s < 16; ++s) {
+    for (auto& x : lat) x = test::bf16(float(int(rng() % 200) - 100) / 16.f);
+    for (auto& x : rope) x = test::bf16(float(int(rng() % 200) - 100) / 16.f);
+    ref::encode_record(lat.data(), rope.data(), KvFormat::kModel1Fp8, ScaleMode::kPow2, alone[size_t(s)].data());
+    uint8_t* page = f.cache + (s / 4) * Model1Fixture::kStride;
+    std::memcpy(page + (s % 4) * 576, alone[size_t(s)].data(), 576);
+    std::memcpy(page + 4 * 576 + (s % 4) * 8, alone[size_t(s)].data() + 576, 8);
+  }
+  const int32_t row[8] = {3, -1, 16, 3, INT_MAX, 15, INT_MIN, 6};
+  for (int k = 0; k < 8; ++k) f.idx[k] = row[k];
+  for (auto& w : f.ws) w = 0xABCD;
+  ASSERT_TRUE(ref::dequant_selected(f.p).ok());
+  const int32_t want[8] = {0, -1, -1, 3, -1, 5, -1, 7};
+  uint16_t dec[512];
+  for (int k = 0; k < 8; ++k) {
+    EXPECT_EQ(f.out_idx[k], want[k]) << k;
+    if (want[k] >= 0) {
+      ref::decode_record(alone[size_t(row[k])].data(), KvFormat::kModel1Fp8, dec);
+      EXPECT_EQ(0, std::memcmp(dec, f.ws + size_t(k) * 512, sizeof(dec))) << k;
+    } else {
+      EXPECT_EQ(f.ws[size_t(k) * 512], 0xABCD) << "invalid row must stay untouched " << k;
+    }
+  }
+  f.p.num_tokens = 2;  // N = 16 >= P: full pool
+  f.p.workspace_rows = 16;
+  ASSERT_TRUE(ref::dequant_selected(f.p).ok());
+  for (int s = 0; s < 16; ++s) {
+    ref::decode_record(alone[size_t(s)].data(), KvFormat::kModel1Fp8, dec);
+    EXPECT_EQ(0, std::memcmp(dec, f.ws + size_t(s) * 512, sizeof(dec))) << s;
+  }
+}
+
 }  // namespace

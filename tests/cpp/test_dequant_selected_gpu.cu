@@ -39,22 +39,27 @@ void run_case(const Case& c, uint64_t salt, bool graph = false) {
                            " K=" + std::to_string(c.K) + " dyn=" + std::to_string(c.dynamic);
   SCOPED_TRACE("SELKV_TEST_SEED=" + std::to_string(test_seed()) + " " + what);
   std::mt19937_64 rng(test_seed() * 1000003ull + salt);
-  const int rb = fmt::record_bytes(c.format);
   const int D = fmt::dequant_dim(c.format);
-  const int64_t stride = int64_t(c.page) * rb + 16 * int64_t(rng() % 3);
+  const bool m1 = c.format == KvFormat::kModel1Fp8;
+  // page_size * record_bytes for the in-record formats; model1_fp8: padded to a multiple of 576.
+  const int64_t stride = fmt::page_bytes(c.format, c.page) + 16 * int64_t(rng() % 3);
   const int64_t P = c.num_blocks * c.page;
   const PagedKvCache host_view{nullptr, c.num_blocks, c.page, stride, c.format};
 
-  // Cache: garbage bytes everywhere, real records at every slot (pow2 and amax scales mixed).
+  // Cache: garbage bytes everywhere, real records at every slot (pow2 and amax scales mixed;
+  // model1_fp8: pow2, tile magnitudes 2^-12 .. 2^11).
   std::vector<uint8_t> cache(size_t(c.num_blocks * stride));
   for (auto& b : cache) b = uint8_t(rng());
   std::vector<uint16_t> lat(512), rope(64);
   std::normal_distribution<float> nd(0.f, 1.f);
   for (int64_t s = 0; s < P; ++s) {
-    for (auto& x : lat) x = test::bf16(nd(rng));
+    for (int i = 0; i < 512; ++i) {
+      const float mag = m1 ? std::ldexp(1.f, int((s * 7 + i / 64) % 24) - 12) : 1.f;
+      lat[size_t(i)] = test::bf16(nd(rng) * mag);
+    }
     for (auto& x : rope) x = test::bf16(nd(rng));
-    ref::encode_record(lat.data(), rope.data(), c.format, (s & 1) ? ScaleMode::kAmax : ScaleMode::kPow2,
-                       cache.data() + host_view.slot_offset(s));
+    ref::encode_slot(lat.data(), rope.data(), (s & 1) && !m1 ? ScaleMode::kAmax : ScaleMode::kPow2, host_view,
+                     cache.data(), s);
   }
   const int64_t idx_stride = c.K + (c.in_place || c.dense ? 0 : 3);
   std::vector<int32_t> idx(size_t(std::max<int64_t>(c.T, 1) * idx_stride), 0x5a5a5a5a);
@@ -67,6 +72,21 @@ void run_case(const Case& c, uint64_t salt, bool graph = false) {
       else if (r == 1 && k > 0) v = idx[size_t(t * idx_stride + k - 1)];  // duplicate
       idx[size_t(t * idx_stride + k)] = v;
     }
+  // model1_fp8, selected mode: every slot no index names gets NaN bytes (E4M3 0xFF codes, RoPE
+  // 0xFFFF, UE8M0 0xFF scales), so a read of the wrong record or scale group shows up as NaN.
+  if (m1 && dequant_selected_mode(c.T, c.K, P) == DequantMode::kSelected) {
+    std::vector<char> named(size_t(P), 0);
+    for (int64_t t = 0; t < c.T; ++t)
+      for (int k = 0; k < c.K; ++k) {
+        const int32_t v = idx[size_t(t * idx_stride + k)];
+        if (v >= 0 && v < P) named[size_t(v)] = 1;
+      }
+    for (int64_t s = 0; s < P; ++s) {
+      if (named[size_t(s)]) continue;
+      std::memset(cache.data() + host_view.slot_offset(s), 0xFF, 576);
+      std::memset(cache.data() + host_view.scale_offset(s), 0xFF, 8);
+    }
+  }
   std::vector<int32_t> len(size_t(std::max<int64_t>(c.T, 1)));
   for (auto& l : len) {
     const int r = int(rng() % 4);
@@ -199,6 +219,24 @@ TEST(DequantSelectedGpu, DenseStridesAndMultiTaskWarps) {
 }
 
 // The size check runs before any device call: no GPU needed.
+// model1_fp8: 448 codes in 7 UE8M0-scaled tiles read from the page tail, rows of 512; odd pages.
+TEST(DequantSelectedGpu, Model1BitExact) {
+  SELKV_REQUIRE_GPU();
+  uint64_t salt = 500;
+  for (int page : {1, 2, 61, 64, 69})
+    for (bool dyn : {false, true}) {
+      run_case({KvFormat::kModel1Fp8, page, 4096 / page + 3, 13, 160, dyn}, salt++);  // selected
+      run_case({KvFormat::kModel1Fp8, page, 600 / page + 1, 21, 64, dyn}, salt++);   // full pool
+    }
+  run_case({KvFormat::kModel1Fp8, 61, 600 / 61 + 1, 21, 64, true, false, false, /*dense=*/true}, salt++);
+  run_case({KvFormat::kModel1Fp8, 64, 41, 13, 160, true, false, false, /*dense=*/true}, salt++);
+  run_case({KvFormat::kModel1Fp8, 61, 50, 7, 128, false, /*all_invalid=*/true}, salt++);
+  run_case({KvFormat::kModel1Fp8, 61, 40, 3, 333, true, false, /*in_place=*/true}, salt++);
+  run_case({KvFormat::kModel1Fp8, 2, 200, 9, 64, false, false, /*in_place=*/true}, salt++);
+  run_case({KvFormat::kModel1Fp8, 64, 70, 11, 256, true}, salt++, /*graph=*/true);
+  run_case({KvFormat::kModel1Fp8, 64, 2600, 80, 2048, true, false, false, /*dense=*/true}, salt++);  // N = 160K
+}
+
 TEST(DequantSelectedGpu, WorkspaceTooSmallIsReported) {
   DequantSelectedParams p;
   p.cache = PagedKvCache{reinterpret_cast<void*>(uintptr_t(4096)), 100, 64, 64 * 528, KvFormat::kNopeFp8};

@@ -1,11 +1,13 @@
 // Codec unit tests (bf16, E4M3, tile scale) and the golden record vectors (DESIGN §1).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <random>
+#include <stdexcept>
 #include <vector>
 
 #include "common/dispatch.h"
@@ -348,18 +350,167 @@ TEST(FormatTraits, MatchDesignLayout) {
                 Nope::kRecordBytes == 528 && Nope::kDequantDim == 512 && !Nope::kHasRope && Nope::kRopeDim == 0);
   static_assert(Ds::kNumTiles * Ds::kTileElems == Ds::kNopeDim && Nope::kNumTiles == 4);
   static_assert(Ds::record_offset(3) == 3 * 656 && Nope::record_offset(3) == 3 * 528);
+  // The in-record formats: scales at the record's kScaleOffset, pages of page_size records (the
+  // page_size argument of scale_offset is unused).
+  static_assert(Ds::scale_offset(3, 61) == 3 * 656 + 512 && Nope::scale_offset(3, 2) == 3 * 528 + 512);
+  static_assert(Ds::page_bytes(61) == 61 * 656 && Nope::page_bytes(69) == 69 * 528);
+  static_assert(Ds::kRecordStride == 656 && Nope::kRecordStride == 528);
+  // model1_fp8 (FlashMLA's quant.py, MODEL1_FP8Sparse): 448 NoPE codes + 64 bf16 RoPE per
+  // 576-byte record, 7 UE8M0 scales + 1 pad byte per token after the page's records, pages
+  // padded to a multiple of 576.
+  using M1 = KvFormatTraits<KvFormat::kModel1Fp8>;
+  static_assert(M1::kNopeDim == 448 && M1::kTileElems == 64 && M1::kNumTiles == 7 && M1::kRopeDim == 64 &&
+                M1::kHasRope && M1::kNopeOffset == 0 && M1::kRopeOffset == 448 && M1::kRecordStride == 576 &&
+                M1::kRecordBytes == 584 && M1::kDequantDim == 512 && !M1::kScalesInRecord &&
+                sizeof(M1::Scale) == 1);
+  static_assert(M1::record_offset(3) == 3 * 576 && M1::scale_offset(3, 61) == 61 * 576 + 3 * 8 &&
+                M1::scale_offset(0, 1) == 576);
+  static_assert(M1::page_bytes(1) == 1152 && M1::page_bytes(2) == 1728 && M1::page_bytes(61) == 35712 &&
+                M1::page_bytes(64) == 37440 && M1::page_bytes(72) == 73 * 576);
   // The runtime helpers are the traits, one format at a time.
-  for (const KvFormat f : {KvFormat::kDsMlaFp8, KvFormat::kNopeFp8}) {
+  for (const KvFormat f : {KvFormat::kDsMlaFp8, KvFormat::kNopeFp8, KvFormat::kModel1Fp8}) {
     dispatch_format(f, [&](auto t) {
       using T = decltype(t);
       EXPECT_EQ(T::kFormat, f);
       EXPECT_EQ(fmt::record_bytes(f), T::kRecordBytes);
+      EXPECT_TRUE(fmt::known_format(f));
+      for (int64_t ps : {1, 2, 61, 64, 69}) EXPECT_EQ(fmt::page_bytes(f, ps), T::page_bytes(ps));
       EXPECT_EQ(fmt::has_rope(f), T::kHasRope);
       EXPECT_EQ(fmt::dequant_dim(f), T::kDequantDim);
       EXPECT_EQ(fmt::nope_dim(f), T::kNopeDim);
       EXPECT_EQ(fmt::rope_dim(f), T::kRopeDim);
     });
   }
+}
+
+// ---- model1_fp8 (FlashMLA MODEL1) ----------------------------------------------------------------
+
+TEST(CodecUe8m0, AllBytesAndPow2Scales) {
+  for (int b = 0; b < 256; ++b) {
+    const float s = codec::ue8m0_to_float(uint8_t(b));
+    if (b == 255) {
+      EXPECT_TRUE(std::isnan(s));
+      continue;
+    }
+    EXPECT_EQ(double(s), std::ldexp(1.0, b - 127)) << b;  // 2^(b - 127), b = 0 a subnormal
+    EXPECT_EQ(codec::float_to_ue8m0(s), b) << b;          // round trip of every scale
+  }
+  EXPECT_EQ(codec::float_to_ue8m0(std::numeric_limits<float>::infinity()), 0xff);
+  EXPECT_EQ(codec::float_to_ue8m0(std::numeric_limits<float>::quiet_NaN()), 0xff);
+  // Every pow2 scale the writer can produce is a UE8M0 value (2^-13 .. 2^127, or inf -> NaN).
+  for (float amax : {0.f, 1e-30f, 0.0448f, 1.f, 448.f, 449.f, 3e38f}) {
+    const float s = codec::tile_scale(amax, ScaleMode::kPow2);
+    EXPECT_EQ(codec::ue8m0_to_float(codec::float_to_ue8m0(s)), s) << amax;
+  }
+  EXPECT_EQ(codec::float_to_ue8m0(codec::tile_scale(0.f, ScaleMode::kPow2)), 114);  // 2^-13 (the 1e-4 floor)
+}
+
+// Independent model of one MODEL1 token (FlashMLA quant.py semantics): per 64-value tile
+// s = 2^ceil(log2(max(amax / 448, 1e-4))) in fp64 log2, UE8M0 byte = log2(s) + 127, codes by
+// exhaustive nearest-even search (slow_e4m3) of x / s; RoPE bytes verbatim; pad byte 0.
+void model1_expected_token(const uint16_t* latent, const uint16_t* rope, std::vector<uint8_t>& page,
+                           int64_t page_size, int64_t t) {
+  for (int k = 0; k < 7; ++k) {
+    double amax = 0;
+    for (int i = 0; i < 64; ++i) amax = std::max(amax, std::fabs(double(bf16_to_float(latent[64 * k + i]))));
+    const int e = int(std::ceil(std::log2(std::max(amax / 448.0, double(1e-4f)))));
+    page[size_t(page_size * 576 + 8 * t + k)] = uint8_t(e + 127);
+    for (int i = 0; i < 64; ++i) {
+      page[size_t(t * 576 + 64 * k + i)] = slow_e4m3(float(std::ldexp(double(bf16_to_float(latent[64 * k + i])), -e)));
+    }
+  }
+  page[size_t(page_size * 576 + 8 * t + 7)] = 0;
+  for (int i = 0; i < 64; ++i) {
+    page[size_t(t * 576 + 448 + 2 * i)] = uint8_t(rope[i] & 0xff);
+    page[size_t(t * 576 + 448 + 2 * i + 1)] = uint8_t(rope[i] >> 8);
+  }
+}
+
+class Model1Golden : public ::testing::TestWithParam<int> {};
+
+// A whole page written token by token through encode_token: every byte as the independent model
+// says, the padding after the scale tail untouched; decode_token bit-exact against
+// bf16(e4m3 * 2^e) computed in fp64.
+TEST_P(Model1Golden, PageBytesAndDecode) {
+  const int64_t P = GetParam();
+  const int64_t pb = fmt::page_bytes(KvFormat::kModel1Fp8, P);
+  ASSERT_EQ(pb, (P * 584 + 575) / 576 * 576);
+  std::mt19937_64 rng(test::test_seed() + uint64_t(P));
+  std::vector<uint16_t> latent = test::randn_bf16(size_t(P) * 448, 1.f, rng);
+  const std::vector<uint16_t> rope = test::randn_bf16(size_t(P) * 64, 1.f, rng);
+  // Tiles of varied magnitude: a zero tile (the 1e-4 floor), a huge and a tiny one, a tile whose
+  // amax is exactly 448 * 2^k (s = 2^k exactly), values that saturate nothing.
+  for (int64_t t = 0; t < P; ++t) {
+    uint16_t* x = &latent[size_t(t) * 448];
+    const int kind = int(t % 4);
+    for (int i = 0; i < 64; ++i) {
+      if (kind == 0) x[64 + i] = 0;                                          // tile 1 zero
+      if (kind == 1) x[128 + i] = test::bf16(test::f32(x[128 + i]) * 1e4f);  // tile 2 big
+      if (kind == 2) x[192 + i] = test::bf16(test::f32(x[192 + i]) * 1e-6f); // tile 3 tiny
+    }
+    if (kind == 3) x[256 + 5] = test::bf16(-448.f * 4.f);  // tile 4: amax = 448 * 2^2
+  }
+  std::vector<uint8_t> page(size_t(pb), 0xcd), want(size_t(pb), 0xcd);
+  for (int64_t t = 0; t < P; ++t) {
+    ref::encode_token(&latent[size_t(t) * 448], &rope[size_t(t) * 64], KvFormat::kModel1Fp8, ScaleMode::kPow2,
+                      page.data(), P, t);
+    model1_expected_token(&latent[size_t(t) * 448], &rope[size_t(t) * 64], want, P, t);
+  }
+  for (int64_t i = 0; i < pb; ++i) ASSERT_EQ(page[size_t(i)], want[size_t(i)]) << "page " << P << " byte " << i;
+  for (int64_t i = P * 584; i < pb; ++i) ASSERT_EQ(page[size_t(i)], 0xcd) << "padding byte " << i;
+
+  std::vector<uint16_t> out(512);
+  for (int64_t t = 0; t < P; ++t) {
+    ref::decode_token(page.data(), KvFormat::kModel1Fp8, P, t, out.data());
+    for (int i = 0; i < 448; ++i) {
+      const int e = int(page[size_t(P * 576 + 8 * t + i / 64)]) - 127;
+      const uint8_t c = page[size_t(t * 576 + i)];
+      const double v = (c & 0x80 ? -1.0 : 1.0) * std::ldexp(e4m3_magnitude(c & 0x7f), e);
+      ASSERT_EQ(out[size_t(i)], slow_bf16(float(v))) << "token " << t << " element " << i;
+      // pow2 scales make the round trip exact in bf16 wherever the code is not subnormal
+    }
+    ASSERT_EQ(std::memcmp(&out[448], &rope[size_t(t) * 64], 128), 0) << "rope of token " << t;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(PageSizes, Model1Golden, ::testing::Values(1, 2, 61, 64));
+
+// Hand-built bytes for known inputs: page_size 2, token 1.
+TEST(Model1Golden, HandBuiltToken) {
+  std::vector<uint16_t> latent(448, 0), rope(64);
+  for (int i = 0; i < 64; ++i) latent[i] = test::bf16(1.f);     // tile 0: amax 1 -> s = 2^-8 (byte 119)
+  latent[64] = test::bf16(-448.f);                               // tile 1: amax 448 -> s = 1 (byte 127)
+  latent[65] = test::bf16(3.f);
+  // tile 2 zero: s = 2^-13 (byte 114); tiles 3-6: one value 0.5 -> s = 2^-9 (byte 118)
+  for (int k = 3; k < 7; ++k) latent[64 * k + 7] = test::bf16(0.5f);
+  for (int i = 0; i < 64; ++i) rope[i] = uint16_t(0x3f80 + i);
+  std::vector<uint8_t> page(size_t(fmt::page_bytes(KvFormat::kModel1Fp8, 2)), 0xcd);
+  ASSERT_EQ(page.size(), 1728u);
+  ref::encode_token(latent.data(), rope.data(), KvFormat::kModel1Fp8, ScaleMode::kPow2, page.data(), 2, 1);
+  const uint8_t* rec = &page[576];  // token 1's record
+  EXPECT_EQ(rec[0], 0x78);          // 1 / 2^-8 = 256 = 2^8: e4m3 exponent field 15
+  EXPECT_EQ(rec[63], 0x78);
+  EXPECT_EQ(rec[64], 0xfe);         // -448
+  EXPECT_EQ(rec[65], 0x44);         // 3 = 1.5 * 2^1
+  EXPECT_EQ(rec[66], 0x00);
+  EXPECT_EQ(rec[128], 0x00);        // zero tile
+  EXPECT_EQ(rec[64 * 3 + 7], 0x78); // 0.5 / 2^-9 = 256
+  EXPECT_EQ(rec[448], 0x80);        // rope[0] = 0x3f80, little endian
+  EXPECT_EQ(rec[449], 0x3f);
+  EXPECT_EQ(rec[575], 0x3f);        // rope[63] = 0x3fbf
+  const uint8_t want_scales[8] = {119, 127, 114, 118, 118, 118, 118, 0};
+  EXPECT_EQ(std::memcmp(&page[2 * 576 + 8], want_scales, 8), 0);  // token 1's scales
+  for (size_t i = 0; i < 576; ++i) EXPECT_EQ(page[i], 0xcd) << "token 0 record byte " << i;
+  for (size_t i = 1152; i < 1160; ++i) EXPECT_EQ(page[i], 0xcd) << "token 0 scale byte " << i;
+  for (size_t i = 1168; i < 1728; ++i) EXPECT_EQ(page[i], 0xcd) << "padding byte " << i;
+  // encode_record: the token alone, the page_size-1 layout (576 record bytes, then 8 scale bytes).
+  std::vector<uint8_t> rec1(584);
+  ref::encode_record(latent.data(), rope.data(), KvFormat::kModel1Fp8, ScaleMode::kPow2, rec1.data());
+  EXPECT_EQ(std::memcmp(rec1.data(), rec, 576), 0);
+  EXPECT_EQ(std::memcmp(rec1.data() + 576, want_scales, 8), 0);
+  // UE8M0 holds powers of two only.
+  EXPECT_THROW(ref::encode_record(latent.data(), rope.data(), KvFormat::kModel1Fp8, ScaleMode::kAmax, rec1.data()),
+               std::invalid_argument);
 }
 
 TEST(Dispatch, PicksTheMatchingConstant) {

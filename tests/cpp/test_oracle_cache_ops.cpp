@@ -28,6 +28,27 @@ struct Tokens {
   }
 };
 
+// Bytes a page occupies, spelled out per DESIGN §1 (model1_fp8: 584 bytes a token, padded to a
+// multiple of 576).
+int64_t page_bytes_of(KvFormat f, int64_t page) {
+  return f == KvFormat::kModel1Fp8 ? (page * 584 + 575) / 576 * 576 : page * fmt::record_bytes(f);
+}
+
+// Places a token's record_bytes(f) bytes (as encode_record lays them out alone) into a paged
+// buffer: contiguous for the in-record formats; model1_fp8's 576 record bytes at in_page * 576
+// and its 8 scale bytes at page * 576 + in_page * 8.
+void place_token(std::vector<uint8_t>& buf, KvFormat f, int64_t page, int64_t stride, int64_t slot,
+                 const std::vector<uint8_t>& rec) {
+  uint8_t* base = &buf[size_t((slot / page) * stride)];
+  const int64_t in_page = slot % page;
+  if (f == KvFormat::kModel1Fp8) {
+    std::memcpy(base + in_page * 576, rec.data(), 576);
+    std::memcpy(base + page * 576 + in_page * 8, rec.data() + 576, 8);
+  } else {
+    std::memcpy(base + in_page * int64_t(rec.size()), rec.data(), rec.size());
+  }
+}
+
 bool is_invalid_argument(const Status& st, const std::string& op, const std::string& arg) {
   return st.code() == StatusCode::kInvalidArgument &&
          st.message().find(op) != std::string::npos && st.message().find(arg) != std::string::npos;
@@ -42,7 +63,7 @@ TEST_P(WriteKvCache, WritesValidSlotsOnly) {
   std::mt19937_64 rng(test::test_seed());
   const int rb = fmt::record_bytes(format);
   const int64_t num_blocks = 3, num_slots = num_blocks * page;
-  const int64_t stride = int64_t(page) * rb + 48;  // padded blocks: the padding stays untouched
+  const int64_t stride = page_bytes_of(format, page) + 48;  // padded blocks: the padding stays untouched
   std::vector<uint8_t> cache(num_blocks * stride, kSentinel);
   const std::vector<int64_t> slots = {0, -1, num_slots - 1, num_slots, -7, 1, INT64_MAX,
                                       num_slots + 5, INT64_MIN};
@@ -72,7 +93,8 @@ TEST_P(WriteKvCache, WritesValidSlotsOnly) {
   std::vector<uint8_t> expected(cache.size(), kSentinel);
   auto place = [&](int64_t slot, int64_t t) {
     const auto r = tok.record(t, format, ScaleMode::kPow2);
-    std::memcpy(&expected[(slot / page) * stride + (slot % page) * rb], r.data(), rb);
+    ASSERT_EQ(int64_t(r.size()), rb);
+    place_token(expected, format, page, stride, slot, r);
   };
   place(0, 0);
   place(num_slots - 1, 2);
@@ -81,8 +103,42 @@ TEST_P(WriteKvCache, WritesValidSlotsOnly) {
 }
 
 INSTANTIATE_TEST_SUITE_P(FormatsAndPages, WriteKvCache,
-                         ::testing::Combine(::testing::Values(KvFormat::kDsMlaFp8, KvFormat::kNopeFp8),
-                                            ::testing::Values(1, 2, 61, 69)));
+                         ::testing::Combine(::testing::Values(KvFormat::kDsMlaFp8, KvFormat::kNopeFp8,
+                                                                KvFormat::kModel1Fp8),
+                                            ::testing::Values(1, 2, 61, 64, 69)));
+
+// model1_fp8 argument rules of C1 (the oracle; the GPU op's checks: test_cache_checks.cpp).
+TEST(WriteKvCacheArgs, Model1RejectsBadParams) {
+  std::vector<uint16_t> latent(448), rope(64);
+  std::vector<int64_t> slots = {0};
+  const int64_t pb = page_bytes_of(KvFormat::kModel1Fp8, 4);  // 4 * 584 = 2336 -> 2880
+  ASSERT_EQ(pb, 2880);
+  std::vector<uint8_t> cache(static_cast<size_t>(pb));
+  WriteKvCacheParams p;
+  p.latent = latent.data();
+  p.latent_row_stride = 448;
+  p.rope = rope.data();
+  p.rope_row_stride = 64;
+  p.slot_mapping = slots.data();
+  p.num_tokens = 1;
+  p.cache = cache.data();
+  p.num_blocks = 1;
+  p.page_size = 4;
+  p.block_stride_bytes = pb;
+  p.format = KvFormat::kModel1Fp8;
+  ASSERT_TRUE(ref::write_kv_cache(p).ok());
+  const std::string op = "selkv::ref::write_kv_cache";
+  auto q = p; q.scale_mode = ScaleMode::kAmax;  // UE8M0 holds powers of two only
+  EXPECT_TRUE(is_invalid_argument(ref::write_kv_cache(q), op, "scale_mode"));
+  q = p; q.latent_row_stride = 447;
+  EXPECT_TRUE(is_invalid_argument(ref::write_kv_cache(q), op, "latent_row_stride"));
+  q = p; q.rope = nullptr;
+  EXPECT_TRUE(is_invalid_argument(ref::write_kv_cache(q), op, "rope"));
+  q = p; q.block_stride_bytes = 4 * 584;  // the unpadded page: too small
+  EXPECT_TRUE(is_invalid_argument(ref::write_kv_cache(q), op, "block_stride_bytes"));
+  q = p; q.format = KvFormat(3);
+  EXPECT_TRUE(is_invalid_argument(ref::write_kv_cache(q), op, "format"));
+}
 
 TEST(WriteKvCacheArgs, RejectsBadParams) {
   std::vector<uint16_t> latent(512), rope(64);
@@ -246,7 +302,7 @@ struct FilledCache {
   std::vector<uint8_t> bytes;
   FilledCache(KvFormat f, int page_size, int64_t blocks, std::mt19937_64& rng)
       : format(f), page(page_size), num_blocks(blocks),
-        stride(int64_t(page_size) * fmt::record_bytes(f) + 16), tok(blocks * page_size, rng),
+        stride(page_bytes_of(f, page_size) + 16), tok(blocks * page_size, rng),
         bytes(blocks * stride, kSentinel) {
     std::vector<int64_t> slots(num_blocks * page);
     for (size_t i = 0; i < slots.size(); ++i) slots[i] = int64_t(i);
@@ -368,7 +424,25 @@ TEST_P(GatherKv, Page2StartInsidePage) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, GatherKv,
-                         ::testing::Values(KvFormat::kDsMlaFp8, KvFormat::kNopeFp8));
+                         ::testing::Values(KvFormat::kDsMlaFp8, KvFormat::kNopeFp8, KvFormat::kModel1Fp8));
+
+// The oracle's reader against the independent layout: every slot of a model1_fp8 cache written by
+// the oracle's C1 decodes (C3) to the token's record decoded alone, and the bytes sit where
+// DESIGN §1 puts them.
+TEST(GatherKv, Model1PagedBytesAndRows) {
+  std::mt19937_64 rng(test::test_seed() + 7);
+  for (int page : {1, 2, 61, 64}) {
+    FilledCache c(KvFormat::kModel1Fp8, page, 3, rng);
+    std::vector<uint8_t> want(c.bytes.size(), kSentinel);
+    for (int64_t s = 0; s < 3 * page; ++s) {
+      place_token(want, c.format, page, c.stride, s, c.tok.record(s, c.format, ScaleMode::kPow2));
+    }
+    for (int64_t b = 0; b < 3; ++b) {  // the zero pad byte of each token is written
+      for (int64_t i = 0; i < page; ++i) ASSERT_EQ(want[size_t(b * c.stride + page * 576 + 8 * i + 7)], 0);
+    }
+    ASSERT_EQ(c.bytes, want) << "page " << page;
+  }
+}
 
 TEST(GatherKvArgs, RejectsBadParams) {
   std::mt19937_64 rng(1);
@@ -396,6 +470,30 @@ TEST(GatherKvArgs, RejectsBadParams) {
   EXPECT_TRUE(is_invalid_argument(ref::gather_kv_bf16(q), op, "seq_lens"));
   q = p; q.out_rows = -1;
   EXPECT_TRUE(is_invalid_argument(ref::gather_kv_bf16(q), op, "out_rows"));
+}
+
+TEST(GatherKvArgs, Model1RejectsBadParams) {
+  std::mt19937_64 rng(2);
+  FilledCache c(KvFormat::kModel1Fp8, 4, 1, rng);
+  const std::vector<int32_t> bt = {0}, starts = {0}, lens = {4}, ws = {0};
+  std::vector<uint16_t> out(4 * 512);
+  GatherKvParams p = c.params();
+  p.block_table = bt.data();
+  p.block_table_row_stride = 1;
+  p.max_blocks_per_req = 1;
+  p.seq_starts = starts.data();
+  p.seq_lens = lens.data();
+  p.ws_starts = ws.data();
+  p.num_reqs = 1;
+  p.out = out.data();
+  p.out_row_stride = 512;
+  p.out_rows = 4;
+  ASSERT_TRUE(ref::gather_kv_bf16(p).ok());
+  const std::string op = "selkv::ref::gather_kv_bf16";
+  auto q = p; q.out_row_stride = 448;  // rows are 448 NoPE + 64 RoPE = 512 wide
+  EXPECT_TRUE(is_invalid_argument(ref::gather_kv_bf16(q), op, "out_row_stride"));
+  q = p; q.block_stride_bytes = 4 * 584;  // unpadded page
+  EXPECT_TRUE(is_invalid_argument(ref::gather_kv_bf16(q), op, "block_stride_bytes"));
 }
 
 }  // namespace

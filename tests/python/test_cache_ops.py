@@ -540,7 +540,7 @@ def test_write_errors_name_argument(selkv, device):
         op(latent, rope, slots, cache[..., :528].contiguous(), "ds_mla_fp8", "pow2")
     with pytest.raises(RuntimeError, match=prefix + "cache: expected dtype Byte"):
         op(latent, rope, slots, cache.to(torch.int8), "ds_mla_fp8", "pow2")
-    with pytest.raises(RuntimeError, match=prefix + "format: expected 'ds_mla_fp8' or 'nope_fp8'"):
+    with pytest.raises(RuntimeError, match=prefix + "format: expected 'ds_mla_fp8', 'nope_fp8' or 'model1_fp8'"):
         op(latent, rope, slots, cache, "fp8", "pow2")
     with pytest.raises(RuntimeError, match=prefix + "scale_mode: expected 'pow2' or 'amax'"):
         op(latent, rope, slots, cache, "ds_mla_fp8", "max")

@@ -27,12 +27,16 @@ WriteKvCacheParams write_params(const at::Tensor& latent, const std::optional<at
   WriteKvCacheParams p;
   p.format = parse_format(kOp, format);
   p.scale_mode = parse_scale_mode(kOp, scale_mode);
+  TORCH_CHECK(p.format != KvFormat::kModel1Fp8 || p.scale_mode == ScaleMode::kPow2, kOp,
+              ": scale_mode: model1_fp8 stores UE8M0 (power-of-two) scales: scale_mode must be 'pow2', got '",
+              scale_mode, "'");
 
-  TensorArg(kOp, "latent", latent, "[num_tokens, 512]")
-      .dtype(at::kBFloat16).dims(2).size(1, fmt::kNopeDim).inner_contiguous();
+  const int nope = fmt::nope_dim(p.format);
+  TensorArg(kOp, "latent", latent, nope == 448 ? "[num_tokens, 448] for model1_fp8" : "[num_tokens, 512]")
+      .dtype(at::kBFloat16).dims(2).size(1, nope).inner_contiguous();
   const int64_t num_tokens = latent.size(0);
   if (fmt::has_rope(p.format)) {
-    TORCH_CHECK(rope.has_value(), kOp, ": rope: required for format 'ds_mla_fp8'");
+    TORCH_CHECK(rope.has_value(), kOp, ": rope: required for format '", fmt::format_name(p.format), "'");
     TensorArg(kOp, "rope", *rope, "[num_tokens, 64]")
         .dtype(at::kBFloat16).dims(2).size(0, num_tokens).size(1, fmt::kRopeDim)
         .inner_contiguous();
@@ -162,7 +166,7 @@ GatherKvParams gather_params(const at::Tensor& cache, const at::Tensor& block_ta
       .dtype(at::kInt).dims(2).min_size(0, num_reqs).inner_contiguous();
   const int dim = fmt::dequant_dim(p.format);
   const char* out_doc =
-      dim == fmt::kQkDim ? "[rows, 576] for ds_mla_fp8" : "[rows, 512] for nope_fp8";
+      dim == fmt::kQkDim ? "[rows, 576] for ds_mla_fp8" : "[rows, 512] for nope_fp8 and model1_fp8";
   TensorArg(kOp, "out", out, out_doc).dtype(at::kBFloat16).dims(2).size(1, dim).inner_contiguous();
 
   p.cache = data_or_null(cache);

@@ -65,7 +65,8 @@ inline void throw_if_error(const Status& st) {
 inline KvFormat parse_format(const char* op, std::string_view s) {
   if (s == "ds_mla_fp8") return KvFormat::kDsMlaFp8;
   if (s == "nope_fp8") return KvFormat::kNopeFp8;
-  TORCH_CHECK(false, op, ": format: expected 'ds_mla_fp8' or 'nope_fp8', got '", s, "'");
+  if (s == "model1_fp8") return KvFormat::kModel1Fp8;
+  TORCH_CHECK(false, op, ": format: expected 'ds_mla_fp8', 'nope_fp8' or 'model1_fp8', got '", s, "'");
 }
 
 inline ScaleMode parse_scale_mode(const char* op, std::string_view s) {
@@ -76,7 +77,9 @@ inline ScaleMode parse_scale_mode(const char* op, std::string_view s) {
 
 // The paged FP8 cache tensor: uint8 [num_blocks, page_size, record_bytes(format)], each page
 // dense; the block stride is taken from cache.stride(0) (it may exceed a page, e.g. a slice of
-// a larger per-layer allocation).
+// a larger per-layer allocation). model1_fp8: [num_blocks, page_size, 584] rows are a view of the
+// page bytes (FlashMLA's convention; records then the scale tail), the block stride must cover
+// the padded page (fmt::page_bytes, a multiple of 576).
 struct CacheTensorView {
   int64_t num_blocks = 0;
   int32_t page_size = 0;
@@ -86,8 +89,9 @@ struct CacheTensorView {
 inline CacheTensorView check_cache_tensor(const char* op, const char* name, const at::Tensor& cache,
                                           KvFormat format) {
   const int rb = fmt::record_bytes(format);
-  const char* doc = format == KvFormat::kDsMlaFp8 ? "[num_blocks, page_size, 656] for ds_mla_fp8"
-                                                  : "[num_blocks, page_size, 528] for nope_fp8";
+  const char* doc = format == KvFormat::kDsMlaFp8    ? "[num_blocks, page_size, 656] for ds_mla_fp8"
+                    : format == KvFormat::kModel1Fp8 ? "[num_blocks, page_size, 584] for model1_fp8"
+                                                     : "[num_blocks, page_size, 528] for nope_fp8";
   TensorArg(op, name, cache, doc).dtype(at::kByte).dims(3).size(2, rb).inner_contiguous();
   CacheTensorView v;
   v.num_blocks = cache.size(0);
@@ -96,7 +100,7 @@ inline CacheTensorView check_cache_tensor(const char* op, const char* name, cons
               ": each page must be dense (stride ", rb, " in dim 1), got strides ",
               cache.strides());
   // The stride of a dim of size 1 carries no information: use the dense value then.
-  const int64_t dense = int64_t(v.page_size) * rb;
+  const int64_t dense = fmt::page_bytes(format, v.page_size);
   v.block_stride_bytes = v.num_blocks <= 1 ? std::max(cache.stride(0), dense) : cache.stride(0);
   return v;
 }

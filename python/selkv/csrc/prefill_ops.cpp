@@ -52,7 +52,8 @@ void dequant_selected(const at::Tensor& cache, const at::Tensor& indices,
   if (topk_length.has_value())
     TensorArg(kOp, "topk_length", *topk_length, "[num_tokens]").dtype(at::kInt).dims(1).size(0, T).contiguous();
   const int D = fmt::dequant_dim(f);
-  TensorArg(kOp, "workspace", workspace, D == 576 ? "[rows, 576] for ds_mla_fp8" : "[rows, 512] for nope_fp8")
+  TensorArg(kOp, "workspace", workspace,
+            D == 576 ? "[rows, 576] for ds_mla_fp8" : "[rows, 512] for nope_fp8 and model1_fp8")
       .dtype(at::kBFloat16).dims(2).size(1, D).inner_contiguous();
   TensorArg(kOp, "out_indices", out_indices, "[num_tokens, topk]")
       .dtype(at::kInt).dims(2).size(0, T).size(1, K).inner_contiguous();
