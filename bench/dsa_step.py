@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import os
 import statistics
 import subprocess
 import sys
@@ -137,10 +138,12 @@ def main(argv=None):
     if not torch.cuda.is_available():
         print("bench/dsa_step.py needs a CUDA GPU (SM90)")
         return 2
-    try:
-        git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    except OSError:
-        git = "?"
+    git = os.environ.get("SELKV_GIT_HASH", "")  # a device copy has no .git of its own
+    if not git:
+        try:
+            git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        except OSError:
+            git = "?"
     gpu = torch.cuda.get_device_name()
     flush = torch.empty(512 << 20, dtype=torch.uint8, device="cuda")
     rows = []

@@ -188,12 +188,23 @@ def _torch_reference(b, cache, sm_scale):
 
 
 def _check_tol(out, lse, r_out, r_lse):
+    """DESIGN §5 in its scale-free form (KV ~ 2 randn here, not the calibrated randn / 10 where the
+    per-element 1e-3 floor applies): no element off by more than 8 bf16 ulps of its row's max |ref|,
+    cosine distance < 1e-5, relative L2 < 5e-3; lse within 1e-5 (+ 1e-5 relative); empty rows
+    (-inf) exact."""
     o = out.double().cpu()
     r = r_out.to(torch.bfloat16).double()
     assert not torch.isnan(o).any()
     err = (o - r).abs()
-    ok = (err < 1e-3) | (err < 3.01 / 128 * r.abs())
-    assert ok.all(), f"out: {(~ok).sum().item()} elements off, max err {err.max().item()}"
+    row_max = r.abs().amax(-1, keepdim=True)
+    ulp = torch.where(row_max > 0, torch.exp2(torch.floor(torch.log2(row_max.clamp_min(1e-300))) - 7), 0.0)
+    ok = err <= 8 * ulp
+    assert ok.all(), f"out: {(~ok).sum().item()} elements off by more than 8 ulps of the row max, max err {err.max().item()}"
+    xy, xx, yy = (o * r).sum(), (o * o).sum(), (r * r).sum()
+    if xx + yy > 0:
+        cos = 1 - 2 * xy / (xx + yy)
+        assert cos.item() < 1e-5, f"cosine distance {cos.item()}"
+        assert (((o - r) ** 2).sum() / yy).sqrt().item() < 5e-3, "relative L2"
     l, rl = lse.double().cpu(), r_lse
     inf = torch.isinf(rl)
     assert torch.equal(torch.isinf(l), inf)
@@ -397,7 +408,8 @@ def test_decode_step_graph_replay_cuda(selkv, gen, cuda_device, policy, s_q):
     b = Batch(gen, [(s_q, 300), (s_q, 1000), (s_q, 64), (s_q, 5000)], num_decodes=4, pad_reqs=2,
               H=128, K=512, page=64).to(cuda_device)
     attn = _make(selkv, b, cuda_device, sm_scale=SCALE, policy=selkv.DsaPolicy(**policy))
-    attn.plan(b.qsl, b.seq_lens, b.block_table, b.slot_mapping)
+    # (num_decodes given: with S_q > decode_max_query_len the plan cannot infer the decode rows)
+    attn.plan(b.qsl, b.seq_lens, b.block_table, b.slot_mapping, num_decodes=b.num_decodes)
     cache_e, cache_g = b.cache.clone(), b.cache.clone()
     out_e = torch.empty(b.T, b.H, 512, dtype=torch.bfloat16, device=cuda_device)
     lse_e = torch.empty(b.T, b.H, dtype=torch.float32, device=cuda_device)
