@@ -12,3 +12,4 @@
 #include "selkv/prefill.h"
 #include "selkv/composed.h"
 #include "selkv/merge.h"
+#include "selkv/qsa.h"

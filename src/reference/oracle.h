@@ -4,13 +4,16 @@
 // pointers. Used by the tests, the main job's sample check, and the torch CPU ops.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "selkv/cache_ops.h"
 #include "selkv/dequant.h"
 #include "selkv/formats.h"
 #include "selkv/merge.h"
 #include "selkv/packed.h"
+#include "selkv/qsa.h"
 #include "selkv/status.h"
 
 namespace selkv::ref {
@@ -149,5 +152,28 @@ Status check_lse_merge_args(const float* outs, const float* lses, int num_shards
 // inputs widened to fp32, lse_merge, out rounded to the dtype. The GPU op's argument rules,
 // less its alignment rules.
 Status merge_attn_states(const MergeAttnStatesParams& p);
+
+// ---- C8 QSA sparse prefill (fp64) and its virtual page-4 plan --------------------------------
+// On selkv::qsa_sparse_prefill's Params with host pointers (selkv/qsa.h has the semantics): the
+// valid entries of each row in selection order, fp64 scores and softmax, out rounded to the
+// dtype, lse (natural log) as fp32; a row / head without a valid entry gives 0 / -inf, a NaN
+// score NaN / NaN. The GPU op's argument rules, less its alignment rules; p.metadata, p.force_simple
+// are ignored. Rows run on `threads` threads (0: all cores); results do not depend on it.
+Status qsa_sparse_prefill(const QsaSparsePrefillParams& p, int threads = 0);
+
+// One valid entry of a row: logical token t at (page, slot) of the caches.
+struct QsaEntry {
+  int64_t token;
+  int32_t page;
+  int32_t slot;
+};
+// The valid entries of row r in selection order (what the row attends to). No argument check:
+// p must have passed the oracle's checks and r < p.num_rows.
+std::vector<QsaEntry> qsa_row_entries(const QsaSparsePrefillParams& p, int64_t r);
+
+// CPU reference of selkv::qsa_plan: the virtual page-4 plan of p's selection into `metadata`
+// (host, qsa_metadata_size(num_rows, max_blocks) bytes), in the layout of src/qsa/qsa_layout.h.
+// Every byte of that size is written (unused entries 0). Reads only the plan's inputs.
+Status qsa_plan(const QsaSparsePrefillParams& p, void* metadata, size_t metadata_bytes);
 
 }  // namespace selkv::ref
