@@ -1,0 +1,443 @@
+// C8 QSA oracle (ref::qsa_sparse_prefill) and page-4 plan reference (ref::qsa_plan) against
+// hand-computed cases. Most cases use K = 0 (every score 0, a uniform softmax), so out is the plain
+// mean of the V rows the row may use and lse = log(count): which tokens are used shows directly.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <tuple>
+#include <vector>
+
+#include "qsa/qsa_layout.h"
+#include "qsa_test_util.h"
+#include "reference/oracle.h"
+
+namespace {
+
+using namespace selkv;
+using qsa_test::Problem;
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// V of token slot (page, slot) of every head and dim = value(page, slot); K = 0.
+float tag(int64_t page, int64_t slot) { return float(page * 64 + slot % 64) * 0.25f; }
+void tag_v(Problem& pr) {
+  for (int64_t pg = 0; pg < pr.pages; ++pg)
+    for (int64_t s = 0; s < pr.P; ++s)
+      for (int h = 0; h < pr.Hkv; ++h) {
+        uint16_t* v = pr.vptr(pg, s, h);
+        for (int d = 0; d < pr.D; ++d) v[d] = pr.h(tag(pg, s) + float(h) * 100.f);
+      }
+}
+
+// The uniform-softmax expectation of row r, head h: mean of V over the given (page, slot) list.
+void expect_mean(const Problem& pr, int64_t r, int h, const std::vector<std::pair<int, int>>& used) {
+  const int kvh = h / (pr.Hq / pr.Hkv);
+  const float* lse = pr.lse.data() + r * pr.Hq + h;
+  const uint16_t* o = pr.out.data() + (r * pr.Hq + h) * pr.D;
+  if (used.empty()) {
+    EXPECT_EQ(*lse, kNegInf) << "row " << r << " head " << h;
+    for (int d = 0; d < pr.D; ++d) ASSERT_EQ(o[d], 0) << "row " << r << " head " << h << " d " << d;  // exact +0
+    return;
+  }
+  double sum = 0;
+  for (auto [pg, s] : used) sum += pr.f(pr.h(tag(pg, s) + float(kvh) * 100.f));
+  const uint16_t want = pr.h(float(sum / double(used.size())));
+  EXPECT_FLOAT_EQ(*lse, float(std::log(double(used.size())))) << "row " << r << " head " << h;
+  for (int d = 0; d < pr.D; ++d) ASSERT_EQ(o[d], want) << "row " << r << " head " << h << " d " << d;
+}
+
+std::vector<std::pair<int, int>> tokens_on(const std::vector<int32_t>& table, int P, std::vector<int64_t> toks) {
+  std::vector<std::pair<int, int>> v;
+  for (int64_t t : toks) v.push_back({table[size_t(t / P)], int(t % P)});
+  return v;
+}
+
+// Both forms give the same result; returns after running the expanded one.
+void run_both(Problem& pr) {
+  pr.p.form = QsaSelectionForm::kCompact;
+  ASSERT_TRUE(ref::qsa_sparse_prefill(pr.p, 1).ok());
+  const auto out_c = pr.out;
+  const auto lse_c = pr.lse;
+  pr.p.form = QsaSelectionForm::kExpanded;
+  const Status st = ref::qsa_sparse_prefill(pr.p, 2);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  EXPECT_EQ(pr.out, out_c) << "expanded != compact";
+  EXPECT_EQ(0, std::memcmp(pr.lse.data(), lse_c.data(), lse_c.size() * 4)) << "expanded != compact (lse)";
+}
+
+TEST(OracleQsa, PartialTailsZeroToThreeAndGqa) {
+  Problem pr;
+  pr.R = 4;
+  pr.Hq = 4;
+  pr.Hkv = 2;
+  pr.build();
+  pr.table = {2, 0, 3, 1};
+  pr.lens[0] = 64;
+  tag_v(pr);
+  // Position 7: blocks {0, 1} complete, tail 8..7 empty; 8, 9, 10: tails of 1, 2, 3 tokens.
+  for (int r = 0; r < 4; ++r) pr.select(r, 0, 7 + r, {1, 0});
+  run_both(pr);
+  for (int r = 0; r < 4; ++r) {
+    std::vector<int64_t> toks = {4, 5, 6, 7, 0, 1, 2, 3};
+    for (int t = 8; t <= 7 + r; ++t) toks.push_back(t);
+    for (int h = 0; h < 4; ++h) expect_mean(pr, r, h, tokens_on(pr.table, pr.P, toks));  // kv head h / 2
+    EXPECT_EQ(ref::qsa_row_entries(pr.p, r).size(), toks.size());
+  }
+}
+
+TEST(OracleQsa, StalePositionsBadRequestsAndBadTableEntries) {
+  Problem pr;
+  pr.R = 7;
+  pr.num_req = 2;
+  pr.width = 3;
+  pr.build();
+  // Row stride 4 > width 3: the padding column holds real pages, and t / P >= width must not read it.
+  pr.table = {1, -1, 2, 0,   // request 0: logical page 1 unmapped
+              3, 4, 0, 2};   // request 1: logical page 1 -> page 4 = num_pages: out of range
+  pr.p.block_table = pr.table.data();
+  pr.p.block_table_stride = 4;
+  pr.lens = {40, 64};
+  tag_v(pr);
+  pr.select(0, 0, 33, {1});          // seq 40 but the row is stale: fine, tokens < 40 all valid
+  pr.select(1, 0, 45, {2, 9});       // tail 44, 45 past seq_len; block 2 (8..11) fine, block 9 (36..39) logical page 2
+  pr.lens[0] = 38;                   // ... and now only 36, 37 of block 9 are live
+  pr.select(2, 0, 20, {4, 1});       // block 4 = tokens 16..19 -> logical page 1 = -1: skipped
+  pr.select(3, 1, 20, {4, 0});       // request 1: logical page 1 -> 4 (out of range): skipped; tail 20 too
+  pr.select(4, -1, 9, {0, 1});       // bad request ids: inert
+  pr.select(5, 2, 9, {0, 1});
+  pr.select(6, 1, 9, {12, 13});      // t / P >= width (48.. / 16 = 3)
+  run_both(pr);
+  for (int h = 0; h < pr.Hq; ++h) {
+    expect_mean(pr, 0, h, tokens_on(pr.table, 16, {4, 5, 6, 7, 32, 33}));
+    expect_mean(pr, 1, h, tokens_on(pr.table, 16, {8, 9, 10, 11, 36, 37}));
+    expect_mean(pr, 2, h, tokens_on(pr.table, 16, {4, 5, 6, 7}));
+    expect_mean(pr, 3, h, {{3, 0}, {3, 1}, {3, 2}, {3, 3}});
+    expect_mean(pr, 4, h, {});
+    expect_mean(pr, 5, h, {});
+    expect_mean(pr, 6, h, {{3, 8}, {3, 9}});  // only the tail 8, 9 of request 1
+  }
+}
+
+TEST(OracleQsa, ExpandedEntriesAreEachOneTerm) {
+  // The expanded form is read entry by entry: -1 and garbage columns are skipped, a repeated token
+  // counts twice.
+  Problem pr;
+  pr.R = 1;
+  pr.build();
+  pr.lens[0] = 64;
+  tag_v(pr);
+  pr.p.form = QsaSelectionForm::kExpanded;
+  int32_t* s = pr.sel.data();
+  s[0] = 5;
+  s[1] = -1;
+  s[2] = 5;
+  s[3] = 1 << 30;
+  s[4] = std::numeric_limits<int32_t>::min();
+  s[18] = 17;  // the last column
+  ASSERT_TRUE(ref::qsa_sparse_prefill(pr.p).ok());
+  expect_mean(pr, 0, 0, {{0, 5}, {0, 5}, {1, 1}});
+}
+
+TEST(OracleQsa, EmptyRowsAreExactZeroAndMinusInf) {
+  Problem pr;
+  pr.build();  // every selection -1, positions 0 (tail: token 0), lens 0: nothing is live
+  std::mt19937_64 rng(1);
+  pr.fill_random(rng);
+  run_both(pr);
+  for (int r = 0; r < pr.R; ++r)
+    for (int h = 0; h < pr.Hq; ++h) {
+      EXPECT_EQ(pr.lse[size_t(r * pr.Hq + h)], kNegInf);
+      for (int d = 0; d < pr.D; ++d) EXPECT_EQ(pr.out[size_t((r * pr.Hq + h) * pr.D + d)], 0);
+    }
+}
+
+// Independent fp64 attention over an explicit token list (random data, real scores).
+void expect_attention(const Problem& pr, int64_t r, const std::vector<std::pair<int, int>>& used) {
+  Problem& m = const_cast<Problem&>(pr);
+  for (int h = 0; h < pr.Hq; ++h) {
+    const int kvh = h / (pr.Hq / pr.Hkv);
+    std::vector<double> s;
+    for (auto [pg, sl] : used) {
+      double dot = 0;
+      const uint16_t* k = m.kptr(pg, sl, kvh);
+      for (int d = 0; d < pr.D; ++d) dot += double(pr.f(pr.q[size_t((r * pr.Hq + h) * pr.D + d)])) * pr.f(k[d]);
+      s.push_back(dot * double(pr.p.scale));
+    }
+    const double mx = *std::max_element(s.begin(), s.end());
+    double sum = 0;
+    for (double x : s) sum += std::exp(x - mx);
+    EXPECT_NEAR(pr.lse[size_t(r * pr.Hq + h)], mx + std::log(sum), 1e-5);
+    for (int d = 0; d < pr.D; ++d) {
+      double o = 0;
+      for (size_t i = 0; i < used.size(); ++i) o += std::exp(s[i] - mx) * pr.f(m.vptr(used[i].first, used[i].second, kvh)[d]);
+      ASSERT_EQ(pr.out[size_t((r * pr.Hq + h) * pr.D + d)], pr.h(float(o / sum))) << "row " << r << " h " << h << " d " << d;
+    }
+  }
+}
+
+class OracleQsaPages : public ::testing::TestWithParam<std::tuple<int, QsaDtype, int>> {};
+
+TEST_P(OracleQsaPages, InterleavedEqualsSeparateAndMatchesDirectAttention) {
+  const auto [P, dtype, D] = GetParam();
+  std::vector<uint16_t> outs[2];
+  std::vector<float> lses[2];
+  for (int il = 0; il < 2; ++il) {
+    Problem pr;
+    pr.dtype = dtype;
+    pr.D = D;
+    pr.P = P;
+    pr.R = 3;
+    pr.Hq = 6;
+    pr.Hkv = 1;
+    pr.pages = 5;
+    pr.width = 4;
+    pr.K = 8;
+    pr.interleaved = il == 1;
+    pr.build();
+    pr.table = {3, 0, 4, 1};  // nonmonotonic
+    pr.lens[0] = 3 * P + 6;
+    std::mt19937_64 rng(42);
+    pr.fill_random(rng);
+    const int64_t last = 3 * P + 5;
+    pr.select(0, 0, 10, {2, 0, 1});
+    pr.select(1, 0, int32_t(last), {int32_t(P / 4), int32_t(3 * P / 4), 0, int32_t(last / 4) - 1});
+    pr.select(2, 0, int32_t(P + 1), {int32_t(P / 4) - 1});
+    run_both(pr);
+    auto on = [&](std::vector<int64_t> t) { return tokens_on(pr.table, P, t); };
+    expect_attention(pr, 0, on({8, 9, 10, 11, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10}));
+    std::vector<int64_t> t1;
+    for (int64_t b : {int64_t(P / 4), int64_t(3 * P / 4), int64_t(0), last / 4 - 1})
+      for (int i = 0; i < 4; ++i) t1.push_back(4 * b + i);
+    for (int64_t t = 4 * ((last + 1) / 4); t <= last; ++t) t1.push_back(t);
+    expect_attention(pr, 1, on(t1));
+    expect_attention(pr, 2, on({P - 4, P - 3, P - 2, P - 1, P, P + 1}));
+    outs[il] = pr.out;
+    lses[il] = pr.lse;
+  }
+  EXPECT_EQ(outs[0], outs[1]) << "interleaved != separate";
+  EXPECT_EQ(0, std::memcmp(lses[0].data(), lses[1].data(), lses[0].size() * 4));
+}
+
+INSTANTIATE_TEST_SUITE_P(Geometry, OracleQsaPages,
+                         ::testing::Values(std::make_tuple(16, QsaDtype::kFp16, 256), std::make_tuple(16, QsaDtype::kBf16, 128),
+                                           std::make_tuple(784, QsaDtype::kFp16, 256), std::make_tuple(784, QsaDtype::kBf16, 128)));
+
+TEST(OracleQsa, NanOutsideTheSelectionDoesNotLeakNanInsideDoes) {
+  Problem pr;
+  pr.Hq = 4;
+  pr.Hkv = 2;
+  pr.R = 2;
+  pr.build();
+  pr.lens[0] = 30;
+  std::mt19937_64 rng(7);
+  pr.fill_random(rng);
+  pr.select(0, 0, 9, {1});   // tokens 4..7, 8, 9
+  pr.select(1, 0, 13, {0});  // tokens 0..3, 12, 13
+  ASSERT_TRUE(ref::qsa_sparse_prefill(pr.p).ok());
+  const auto clean_out = pr.out;
+  const auto clean_lse = pr.lse;
+  // NaN in every unselected slot of K and V (pages 1..3 entirely, slots 10, 11, 14, 15 of page 0),
+  // and in unselected tokens past seq_len that the table maps (page 1 = logical page 1).
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (int64_t pg = 0; pg < pr.pages; ++pg)
+    for (int64_t s = 0; s < pr.P; ++s) {
+      const bool used = pg == 0 && s <= 13 && s != 10 && s != 11;
+      if (used) continue;
+      for (int h = 0; h < pr.Hkv; ++h)
+        for (int d = 0; d < pr.D; ++d) pr.kptr(pg, s, h)[d] = pr.vptr(pg, s, h)[d] = pr.h(nan);
+    }
+  ASSERT_TRUE(ref::qsa_sparse_prefill(pr.p).ok());
+  EXPECT_EQ(pr.out, clean_out);
+  EXPECT_EQ(0, std::memcmp(pr.lse.data(), clean_lse.data(), clean_lse.size() * 4));
+  // NaN in K of a selected token (row 0's token 9, kv head 1): heads 2, 3 of row 0 NaN (out, lse).
+  pr.kptr(0, 9, 1)[5] = pr.h(nan);
+  // NaN in V of a selected token of row 1 (token 12, kv head 0): out NaN, lse finite, heads 0, 1.
+  pr.vptr(0, 12, 0)[3] = pr.h(nan);
+  ASSERT_TRUE(ref::qsa_sparse_prefill(pr.p).ok());
+  for (int r = 0; r < 2; ++r)
+    for (int h = 0; h < 4; ++h) {
+      const bool nan_row = r == 0 && h >= 2;       // K: the whole row / head, lse too
+      const bool nan_d3 = r == 1 && h < 2;         // V: the dims the NaN sits in
+      EXPECT_EQ(std::isnan(pr.lse[size_t(r * 4 + h)]), nan_row) << r << " " << h;
+      for (int d = 0; d < pr.D; ++d) {
+        const float o = pr.f(pr.out[size_t((r * 4 + h) * pr.D + d)]);
+        if (nan_row || (nan_d3 && d == 3)) {
+          ASSERT_TRUE(std::isnan(o)) << r << " " << h << " " << d;
+        } else {
+          ASSERT_EQ(pr.out[size_t((r * 4 + h) * pr.D + d)], clean_out[size_t((r * 4 + h) * pr.D + d)]);
+        }
+      }
+    }
+  // NaN in q of one head: that head only.
+  pr.vptr(0, 12, 0)[3] = 0;
+  pr.kptr(0, 9, 1)[5] = 0;
+  pr.q[size_t((1 * 4 + 3) * pr.D)] = pr.h(nan);
+  ASSERT_TRUE(ref::qsa_sparse_prefill(pr.p).ok());
+  for (int h = 0; h < 4; ++h) EXPECT_EQ(std::isnan(pr.lse[size_t(4 + h)]), h == 3);
+}
+
+TEST(OracleQsa, FullWidthSelection2051) {
+  Problem pr;
+  pr.R = 2;
+  pr.K = 512;
+  pr.P = 64;
+  pr.pages = 40;
+  pr.width = 40;
+  pr.build();
+  std::mt19937_64 rng(3);
+  pr.fill_random(rng, 0.1f);
+  pr.lens[0] = 2500;
+  std::vector<int32_t> blocks;
+  for (int b = 0; b < 512; ++b) blocks.push_back(511 - b);
+  pr.select(0, 0, 2049, blocks);  // tail 2048, 2049
+  pr.select(1, 0, 2050, blocks);  // tail 2048..2050: all 2051 columns used
+  EXPECT_EQ(pr.sel[2 * 2051 - 1], 2050);
+  run_both(pr);
+  EXPECT_EQ(ref::qsa_row_entries(pr.p, 1).size(), 2051u);
+  std::vector<std::pair<int, int>> used;
+  for (auto e : ref::qsa_row_entries(pr.p, 1)) used.push_back({e.page, e.slot});
+  expect_attention(pr, 1, used);
+}
+
+// ---- the page-4 plan --------------------------------------------------------------------------
+
+struct Entry {
+  int32_t page, base, mask;
+  bool operator==(const Entry&) const = default;
+};
+std::vector<Entry> plan_row(const std::vector<int32_t>& md, int64_t R, int64_t K, int64_t r, int32_t* count) {
+  *count = md[size_t(qsa::counts_offset() + r)];
+  std::vector<Entry> v;
+  for (int32_t c = 0; c < *count; ++c) {
+    const int32_t* e = md.data() + qsa::entry_offset(R, K, r, c);
+    v.push_back({e[0], qsa::word_slot_base(e[1]), qsa::word_mask(e[1])});
+  }
+  return v;
+}
+
+std::vector<int32_t> make_plan(Problem& pr) {
+  std::vector<int32_t> md(qsa_metadata_size(pr.R, pr.K) / 4, 0x55555555);
+  const Status st = ref::qsa_plan(pr.p, md.data(), md.size() * 4);
+  EXPECT_TRUE(st.ok()) << st.to_string();
+  return md;
+}
+
+TEST(OracleQsaPlan, SortedByPhysicalAddressPartialLastInvalidDropped) {
+  Problem pr;
+  pr.R = 4;
+  pr.num_req = 2;
+  pr.width = 4;
+  pr.pages = 6;
+  pr.K = 6;
+  pr.build();
+  pr.table = {3, 1, 5, -1,  // request 0
+              2, 0, 4, 1};
+  pr.lens = {60, 30};
+  pr.select(0, 0, 42, {9, 1, 5, 0, 13});  // pages: 9->(5? no: 36/16=2 -> 5, slot 4), 1->(3, 4), 5->(1, 4), 0->(3, 0), 13->(1, 4... )
+  pr.select(1, 0, 50, {12, 14});          // logical page 3 = -1: both dropped; tail 48..50 (page -1) dropped
+  pr.select(2, 1, 29, {7, 6});            // request 1, len 30: tail 28, 29; block 7 = 28..31 partially live
+  pr.select(3, 5, 9, {0, 1});             // bad request: empty
+  for (auto form : {QsaSelectionForm::kExpanded, QsaSelectionForm::kCompact}) {
+    pr.p.form = form;
+    const auto md = make_plan(pr);
+    EXPECT_EQ(md[0], qsa::kMagic);
+    EXPECT_EQ(md[1], 4);
+    EXPECT_EQ(md[2], pr.K);
+    EXPECT_EQ(md[3], pr.K + 1);
+    int32_t n;
+    // Row 0: blocks 9 (t 36: page 5 slot 4), 1 (page 3 slot 4), 5 (t 20: page 1 slot 4), 0 (page 3 slot 0),
+    // 13 (t 52: page -1: dropped); tail 40..42 (page 5, slot 8, 3 tokens) last.
+    EXPECT_EQ(plan_row(md, 4, pr.K, 0, &n),
+              (std::vector<Entry>{{1, 4, 15}, {3, 0, 15}, {3, 4, 15}, {5, 4, 15}, {5, 8, 7}}));
+    EXPECT_EQ(plan_row(md, 4, pr.K, 1, &n), std::vector<Entry>{});
+    EXPECT_EQ(n, 0);
+    // Row 2: request 1 (table 2, 0, 4, 1), len 30: block 6 = 24..27 (page 0, slot 8), tail 28, 29 (page 0, slot 12)
+    // last; block 7 = 28..31 -> 28, 29 live (page 0, slot 12, mask 3) sorted before it.
+    EXPECT_EQ(plan_row(md, 4, pr.K, 2, &n), (std::vector<Entry>{{0, 8, 15}, {0, 12, 3}, {0, 12, 3}}));
+    EXPECT_EQ(plan_row(md, 4, pr.K, 3, &n), std::vector<Entry>{});
+  }
+}
+
+TEST(OracleQsaPlan, IrregularExpandedRowsAreFlagged) {
+  Problem pr;
+  pr.R = 3;
+  pr.build();
+  pr.lens[0] = 64;
+  pr.p.form = QsaSelectionForm::kExpanded;
+  int32_t* s = pr.sel.data();
+  s[0] = 4, s[1] = 5, s[2] = 9;             // row 0: one group spans blocks 1 and 2
+  s[19 + 0] = 4, s[19 + 1] = 4;             // row 1: a repeated token in one group
+  s[38 + 0] = 6, s[38 + 1] = -1, s[38 + 2] = 4;  // row 2: holes and any order within a block are fine
+  s[38 + 4] = 0;
+  pr.pos[2] = 30;  // tail block 7: not selected
+  const auto md = make_plan(pr);
+  int32_t n;
+  plan_row(md, 3, pr.K, 0, &n);
+  EXPECT_EQ(n, qsa::kIrregular);
+  plan_row(md, 3, pr.K, 1, &n);
+  EXPECT_EQ(n, qsa::kIrregular);
+  EXPECT_EQ(plan_row(md, 3, pr.K, 2, &n), (std::vector<Entry>{{0, 0, 1}, {0, 4, 5}}));
+}
+
+TEST(OracleQsaPlan, PlanCoversExactlyTheOracleEntries) {
+  // Random selections (duplicates, out-of-range ids, stale positions, bad requests): for every row
+  // the plan's tokens are the multiset of the oracle's valid entries, sorted, the tail block last.
+  std::mt19937_64 rng(11);
+  Problem pr;
+  pr.R = 64;
+  pr.num_req = 3;
+  pr.width = 6;
+  pr.pages = 9;
+  pr.P = 16;
+  pr.K = 24;
+  pr.form = QsaSelectionForm::kCompact;
+  pr.build();
+  std::uniform_int_distribution<int> u(0, 1 << 20);
+  for (auto& t : pr.table) t = u(rng) % 11 - 1;  // some -1 and some >= pages
+  pr.lens = {70, 96, 5};
+  for (int64_t r = 0; r < pr.R; ++r) {
+    const int rq = u(rng) % 4;  // 3 is a bad request
+    const int32_t position = u(rng) % 110 - 3;
+    std::vector<int32_t> blocks;
+    const int nb = u(rng) % (pr.K + 1);
+    for (int i = 0; i < nb; ++i) blocks.push_back(u(rng) % 30 - 2);
+    pr.select(r, rq, position, blocks);
+    if (u(rng) % 5 == 0) pr.counts[size_t(r)] = pr.K + 7;  // clamped to K
+  }
+  for (auto form : {QsaSelectionForm::kCompact, QsaSelectionForm::kExpanded}) {
+    pr.p.form = form;
+    const auto md = make_plan(pr);
+    for (int64_t r = 0; r < pr.R; ++r) {
+      int32_t n;
+      const auto row = plan_row(md, pr.R, pr.K, r, &n);
+      ASSERT_GE(n, 0) << r;
+      std::vector<std::pair<int, int>> got, want;
+      for (const Entry& e : row) {
+        ASSERT_NE(e.mask, 0);
+        for (int i = 0; i < 4; ++i)
+          if (e.mask >> i & 1) got.push_back({e.page, e.base + i});
+      }
+      for (auto e : ref::qsa_row_entries(pr.p, r)) want.push_back({e.page, e.slot});
+      std::sort(got.begin(), got.end());
+      std::sort(want.begin(), want.end());
+      ASSERT_EQ(got, want) << "row " << r;
+      // Non-tail entries ascending by (page, base); the tail block's entries (its physical place) last.
+      const int64_t tail_tok = 4 * ((int64_t(pr.pos[size_t(r)]) + 1 + 4000) / 4 - 1000);
+      const int rq = pr.req[size_t(r)];
+      std::pair<int, int> tail_key{-7, -7};
+      if (rq < pr.num_req && tail_tok >= 0 && tail_tok / pr.P < pr.width)
+        tail_key = {pr.table[size_t(rq * pr.width + tail_tok / pr.P)], int(tail_tok % pr.P)};
+      size_t end = row.size();
+      while (end > 0 && std::make_pair(row[end - 1].page, row[end - 1].base) == tail_key) --end;
+      for (size_t i = 0; i + 1 < end; ++i)
+        ASSERT_LE(std::make_pair(row[i].page, row[i].base), std::make_pair(row[i + 1].page, row[i + 1].base))
+            << "row " << r << " entry " << i;
+    }
+  }
+}
+
+}  // namespace
