@@ -13,6 +13,8 @@ Modules:
                                a packed KV buffer (sparse_mla_decode_packed)
     :mod:`selkv.merge`      -- LSE merge of partial attention results (and vLLM's form)
     :mod:`selkv.packed`     -- packed selected-KV buffers: pack the selected records, patch entries
+    :mod:`selkv.qsa`        -- QSA sparse prefill over selected 4-token blocks of a paged fp16 / bf16
+                               cache (CPU reference; CUDA kernels pending)
     :mod:`selkv.flash_mla`  -- FlashMLA-compatible names (drop-in import)
     :mod:`selkv.dsa`        -- one DSA attention step for a mixed batch (plan / run)
 """
@@ -24,7 +26,7 @@ from ._ops import load_library as _load_library
 _load_library()
 
 from . import decode, flash_mla, formats  # noqa: E402
-from . import dsa, merge, packed, prefill  # noqa: E402
+from . import dsa, merge, packed, prefill, qsa  # noqa: E402
 from ._ops import library_path  # noqa: E402
 from .cache_ops import (  # noqa: E402
     convert_req_indices_to_slots,
@@ -41,6 +43,7 @@ from .decode import (  # noqa: E402
 )
 from .dsa import DsaAttention, DsaPlan, DsaPolicy  # noqa: E402
 from .merge import merge_attn_states, merge_attn_states_vllm  # noqa: E402
+from .qsa import qsa_sparse_prefill  # noqa: E402
 from .packed import pack_selected_kv, packed_kv_workspace_size, patch_packed_kv  # noqa: E402
 from .prefill import dequant_prefill_workspace_size, dequant_selected, dequant_selected_workspace_rows, dequant_sparse_prefill, gather_prefill_workspace_size, gather_sparse_prefill, sparse_prefill  # noqa: E402,E501
 from .formats import (  # noqa: E402
@@ -90,6 +93,8 @@ __all__ = [
     "packed",
     "packed_kv_workspace_size",
     "patch_packed_kv",
+    "qsa",
+    "qsa_sparse_prefill",
     "record_bytes",
     "sparse_mla_decode",
     "sparse_mla_decode_packed",

@@ -1,0 +1,183 @@
+// torch op for C8 (include/selkv/qsa.h): selkv::qsa_sparse_prefill.
+// Out-variant: q [R, Hq, D] (fp16 / bf16), k_cache and v_cache [num_pages, P, Hkv, D] views with
+// any strides and a dense last dim (an interleaved [pages, 2, P, Hkv, D] buffer is passed as its
+// two views [:, 0] and [:, 1]), int32 block_table [num_req, width], seq_lens [num_req],
+// req_ids [R], positions [R], and the selection in one of its two forms: expanded int32
+// selection [R, 4K + 3], or compact int32 block_ids [R, K] with block_counts [R]. out [R, Hq, D]
+// of q's dtype, optional fp32 lse [R, Hq]. CPU runs the oracle on the same Params, Meta the C++
+// checks on stand-in pointers, CUDA the C++ API on the current stream (which returns
+// kUnsupported for now: NotImplementedError in Python).
+#include <ATen/core/Tensor.h>
+#include <torch/library.h>
+
+#include <optional>
+#include <vector>
+
+#include "op_utils.h"
+#include "reference/oracle.h"
+#include "selkv/qsa.h"
+#include "tensor_checks.h"
+
+namespace selkv::torch_ext {
+namespace {
+
+constexpr const char* kQsaOp = "selkv::qsa_sparse_prefill";
+
+// The stride of a dim of size <= 1 carries no information; 0 keeps the C++ rules from tripping on it.
+int64_t stride_or_zero(const at::Tensor& t, int64_t d) { return t.size(d) <= 1 ? 0 : t.stride(d); }
+
+QsaDtype qsa_dtype(const at::Tensor& q) {
+  switch (q.scalar_type()) {
+    case at::kHalf: return QsaDtype::kFp16;
+    case at::kBFloat16: return QsaDtype::kBf16;
+    default: break;
+  }
+  TORCH_CHECK(false, kQsaOp, ": q: expected dtype Half or BFloat16, got ", q.scalar_type());
+}
+
+QsaCacheView cache_view(const at::Tensor& c) {
+  QsaCacheView v;
+  v.data = data_or_null(c);
+  v.page_stride = stride_or_zero(c, 0);
+  v.slot_stride = stride_or_zero(c, 1);
+  v.head_stride = stride_or_zero(c, 2);
+  return v;
+}
+
+template <Backend B>
+void qsa_sparse_prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                        const at::Tensor& block_table, const at::Tensor& seq_lens, const at::Tensor& req_ids,
+                        const at::Tensor& positions, const std::optional<at::Tensor>& selection,
+                        const std::optional<at::Tensor>& block_ids, const std::optional<at::Tensor>& block_counts,
+                        double scale, bool force_simple, const at::Tensor& out, const std::optional<at::Tensor>& lse) {
+  constexpr const char* kOp = kQsaOp;
+  check_devices(kOp, device_type(B),
+                {{"out", out}, {"lse", lse}, {"q", q}, {"k_cache", k_cache}, {"v_cache", v_cache},
+                 {"block_table", block_table}, {"seq_lens", seq_lens}, {"req_ids", req_ids},
+                 {"positions", positions}, {"selection", selection}, {"block_ids", block_ids},
+                 {"block_counts", block_counts}});
+
+  QsaSparsePrefillParams p;
+  p.dtype = qsa_dtype(q);
+  TensorArg(kOp, "q", q, "[R, Hq, D]").dims(3).inner_contiguous();
+  const int64_t R = q.size(0), Hq = q.size(1), D = q.size(2);
+  TensorArg(kOp, "k_cache", k_cache, "[num_pages, P, Hkv, D]")
+      .dtype(q.scalar_type()).dims(4).size(3, D).inner_contiguous();
+  const int64_t pages = k_cache.size(0), P = k_cache.size(1), Hkv = k_cache.size(2);
+  TensorArg(kOp, "v_cache", v_cache, "[num_pages, P, Hkv, D] like k_cache")
+      .dtype(q.scalar_type()).dims(4).size(0, pages).size(1, P).size(2, Hkv).size(3, D).inner_contiguous();
+  TensorArg(kOp, "block_table", block_table, "[num_req, width]").dtype(at::kInt).dims(2).inner_contiguous();
+  const int64_t num_req = block_table.size(0);
+  TensorArg(kOp, "seq_lens", seq_lens, "[num_req]").dtype(at::kInt).dims(1).size(0, num_req).contiguous();
+  TensorArg(kOp, "req_ids", req_ids, "[R]").dtype(at::kInt).dims(1).size(0, R).contiguous();
+  TensorArg(kOp, "positions", positions, "[R]").dtype(at::kInt).dims(1).size(0, R).contiguous();
+
+  TORCH_CHECK(selection.has_value() != block_ids.has_value(), kOp,
+              ": selection, block_ids: expected exactly one selection form (selection [R, 4K + 3], or "
+              "block_ids [R, K] with block_counts [R]), got ",
+              selection.has_value() ? "both" : "neither");
+  TORCH_CHECK(block_ids.has_value() == block_counts.has_value(), kOp,
+              ": block_counts: expected together with block_ids (compact form) and absent otherwise");
+  if (selection.has_value()) {
+    TensorArg(kOp, "selection", *selection, "[R, 4K + 3]").dtype(at::kInt).dims(2).size(0, R).inner_contiguous();
+    const int64_t cols = selection->size(1);
+    TORCH_CHECK(cols >= 7 && (cols - 3) % 4 == 0, kOp, ": selection: expected 4K + 3 columns (K >= 1 blocks), got ",
+                cols);
+    p.form = QsaSelectionForm::kExpanded;
+    p.max_blocks = to_int32(kOp, "max_blocks ((selection.size(1) - 3) / 4)", (cols - 3) / 4);
+    p.selection = static_cast<const int32_t*>(data_or_null(*selection));
+    p.selection_stride = stride_or_zero(*selection, 0);
+  } else {
+    TensorArg(kOp, "block_ids", *block_ids, "[R, K]").dtype(at::kInt).dims(2).size(0, R).inner_contiguous();
+    TensorArg(kOp, "block_counts", *block_counts, "[R]").dtype(at::kInt).dims(1).size(0, R).contiguous();
+    p.form = QsaSelectionForm::kCompact;
+    p.max_blocks = to_int32(kOp, "max_blocks (block_ids.size(1))", block_ids->size(1));
+    p.block_ids = static_cast<const int32_t*>(data_or_null(*block_ids));
+    p.block_ids_stride = stride_or_zero(*block_ids, 0);
+    p.block_counts = static_cast<const int32_t*>(data_or_null(*block_counts));
+  }
+
+  TensorArg(kOp, "out", out, "[R, Hq, D] like q")
+      .dtype(q.scalar_type()).dims(3).size(0, R).size(1, Hq).size(2, D).inner_contiguous();
+  if (lse.has_value()) {
+    TensorArg(kOp, "lse", *lse, "[R, Hq]").dtype(at::kFloat).dims(2).size(0, R).size(1, Hq);
+    p.lse = static_cast<float*>(mutable_data_or_null(*lse));
+    p.lse_row_stride = stride_or_zero(*lse, 0);
+    p.lse_head_stride = stride_or_zero(*lse, 1);
+  }
+
+  p.num_rows = R;
+  p.num_q_heads = to_int32(kOp, "num_q_heads (q.size(1))", Hq);
+  p.num_kv_heads = to_int32(kOp, "num_kv_heads (k_cache.size(2))", Hkv);
+  p.head_dim = to_int32(kOp, "head_dim (q.size(2))", D);
+  p.q = data_or_null(q);
+  p.q_row_stride = stride_or_zero(q, 0);
+  p.q_head_stride = stride_or_zero(q, 1);
+  p.k_cache = cache_view(k_cache);
+  p.v_cache = cache_view(v_cache);
+  p.num_pages = pages;
+  p.page_size = to_int32(kOp, "page_size (k_cache.size(1))", P);
+  p.block_table = static_cast<const int32_t*>(data_or_null(block_table));
+  p.block_table_stride = stride_or_zero(block_table, 0);
+  p.num_req = to_int32(kOp, "num_req (block_table.size(0))", num_req);
+  p.block_table_width = to_int32(kOp, "block_table_width (block_table.size(1))", block_table.size(1));
+  p.seq_lens = static_cast<const int32_t*>(data_or_null(seq_lens));
+  p.req_ids = static_cast<const int32_t*>(data_or_null(req_ids));
+  p.positions = static_cast<const int32_t*>(data_or_null(positions));
+  p.scale = to_float(kOp, "scale", scale);
+  p.force_simple = force_simple;
+  p.out = mutable_data_or_null(out);
+  p.out_row_stride = stride_or_zero(out, 0);
+  p.out_head_stride = stride_or_zero(out, 1);
+
+  if constexpr (B == Backend::kMeta) {
+    // Never dereferenced; one 16 TiB region each, so the overlap checks see distinct tensors.
+    auto stand_in = [](uintptr_t region) { return reinterpret_cast<void*>(region << 44); };
+    QsaSparsePrefillParams m = p;
+    m.q = stand_in(1);
+    m.k_cache.data = stand_in(2);
+    m.v_cache.data = stand_in(3);
+    m.block_table = static_cast<const int32_t*>(stand_in(4));
+    m.seq_lens = static_cast<const int32_t*>(stand_in(5));
+    m.req_ids = static_cast<const int32_t*>(stand_in(6));
+    m.positions = static_cast<const int32_t*>(stand_in(7));
+    if (selection.has_value()) m.selection = static_cast<const int32_t*>(stand_in(8));
+    if (block_ids.has_value()) {
+      m.block_ids = static_cast<const int32_t*>(stand_in(9));
+      m.block_counts = static_cast<const int32_t*>(stand_in(10));
+    }
+    m.out = stand_in(11);
+    m.lse = lse.has_value() ? static_cast<float*>(stand_in(12)) : nullptr;
+    throw_if_error(selkv::check_qsa_sparse_prefill(m));
+    return;
+  }
+  if constexpr (B == Backend::kCuda) {
+    const CudaScope scope(out);
+    throw_if_error(selkv::qsa_sparse_prefill(p, scope.stream()));
+  } else if constexpr (B == Backend::kCpu) {
+    throw_if_error(selkv::ref::qsa_sparse_prefill(p));
+  }
+}
+
+}  // namespace
+}  // namespace selkv::torch_ext
+
+// ---- registration ------------------------------------------------------------------------------
+TORCH_LIBRARY_FRAGMENT(selkv, m) {
+  const std::vector<at::Tag> tags = {at::Tag::pt2_compliant_tag};
+  m.def(
+      "qsa_sparse_prefill(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor seq_lens, "
+      "Tensor req_ids, Tensor positions, Tensor? selection, Tensor? block_ids, Tensor? block_counts, "
+      "float scale, bool force_simple, Tensor(a!) out, Tensor(b!)? lse) -> ()",
+      tags);
+}
+
+#define SELKV_REGISTER_QSA_OPS(KEY, BACKEND)                                      \
+  TORCH_LIBRARY_IMPL(selkv, KEY, m) {                                             \
+    using namespace ::selkv::torch_ext;                                           \
+    m.impl("qsa_sparse_prefill", TORCH_FN(qsa_sparse_prefill<BACKEND>));          \
+  }
+
+SELKV_REGISTER_QSA_OPS(CUDA, Backend::kCuda)
+SELKV_REGISTER_QSA_OPS(CPU, Backend::kCpu)
+SELKV_REGISTER_QSA_OPS(Meta, Backend::kMeta)

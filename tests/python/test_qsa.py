@@ -1,0 +1,382 @@
+"""Tests of the C8 QSA sparse prefill through torch: torch.ops.selkv.qsa_sparse_prefill and
+selkv.qsa_sparse_prefill.
+
+- CPU op (the C++ oracle) against an independent fp64 torch model written here, over fp16 / bf16,
+  D 128 / 256, page sizes 16 / 784, GQA groups, both selection forms (expanded == compact),
+  interleaved == separate caches, stale positions, bad request ids, bad block-table entries and
+  NaN in every cache slot outside the selection (must not leak);
+- empty rows give 0 / -inf exactly; a NaN in q of a row with entries gives NaN;
+- errors name the op and the argument; opcheck on the CPU op;
+- CUDA raises NotImplementedError (kernels pending; skips without a GPU).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+INF = float("inf")
+NAN = float("nan")
+OP = "selkv::qsa_sparse_prefill"
+
+
+# ---- independent fp64 model ---------------------------------------------------------------------
+def row_tokens_compact(ids, count, pos):
+    """Logical tokens of a compact row: the first clamp(count, 0, K) blocks, then the partial block."""
+    k = ids.numel()
+    n = min(max(int(count), 0), k)
+    toks = []
+    for b in ids[:n].tolist():
+        toks += [4 * b + i for i in range(4)]
+    start = 4 * ((pos + 1) // 4)
+    toks += list(range(start, pos + 1)) if pos >= 0 else []
+    return toks
+
+
+def valid_slot(t, req, seq_lens, table, num_pages, page_size):
+    """(page, slot) of logical token t of request req, or None when the entry is invalid."""
+    num_req, width = table.shape
+    if not (0 <= req < num_req) or t < 0 or t >= int(seq_lens[req]) or t // page_size >= width:
+        return None
+    pg = int(table[req, t // page_size])
+    if not (0 <= pg < num_pages):
+        return None
+    return pg, t % page_size
+
+
+def model(q, k_cache, v_cache, table, seq_lens, req_ids, positions, rows_tokens, scale):
+    """fp64 reference: q [R, Hq, D], caches [pages, P, Hkv, D]; rows_tokens[r] the row's listed
+    logical tokens in order. Returns (out fp64 [R, Hq, D], lse fp64 [R, Hq], used (page, slot) set)."""
+    R, Hq, D = q.shape
+    pages, P, Hkv, _ = k_cache.shape
+    group = Hq // Hkv
+    out = torch.zeros((R, Hq, D), dtype=torch.float64)
+    lse = torch.full((R, Hq), -INF, dtype=torch.float64)
+    used = set()
+    for r in range(R):
+        req = int(req_ids[r])
+        ents = [valid_slot(t, req, seq_lens, table, pages, P) for t in rows_tokens[r]]
+        ents = [e for e in ents if e is not None]
+        if not ents:
+            continue
+        used.update(ents)
+        pg = torch.tensor([e[0] for e in ents])
+        sl = torch.tensor([e[1] for e in ents])
+        kk = k_cache[pg, sl].double()  # [n, Hkv, D]
+        vv = v_cache[pg, sl].double()
+        for h in range(Hq):
+            s = scale * (kk[:, h // group] @ q[r, h].double())
+            m = s.max()
+            w = torch.exp(s - m)
+            out[r, h] = (w[:, None] * vv[:, h // group]).sum(0) / w.sum()
+            lse[r, h] = m + torch.log(w.sum())
+    return out, lse, used
+
+
+# ---- problems ----------------------------------------------------------------------------------
+def make_problem(gen, dtype, D, P, Hq=4, Hkv=2, R=9, num_req=3, pages=None, width=None, K=6):
+    """A problem exercising every invalid-entry rule; returns a dict of CPU tensors.
+
+    Request 0 has stale positions past its live length, request 2 a block table with -1 and
+    out-of-range pages; rows include bad request ids (-1, num_req); counts include <= 0 and > K."""
+    pages = pages if pages is not None else (4 if P <= 64 else 3)
+    width = width if width is not None else (6 if P <= 64 else 2)
+    cap = width * P
+    table = torch.randint(0, pages, (num_req, width), generator=gen, dtype=torch.int32)
+    table[2, 0] = -1
+    if width > 1:
+        table[2, 1] = pages  # out of range
+    seq_lens = torch.randint(cap // 2, cap + 1, (num_req,), generator=gen, dtype=torch.int32)
+    seq_lens[0] = max(8, int(seq_lens[0]) // 3)
+    req_ids = torch.randint(0, num_req, (R,), generator=gen, dtype=torch.int32)
+    req_ids[1] = -1
+    req_ids[2] = num_req
+    positions = torch.empty(R, dtype=torch.int32)
+    for r in range(R):
+        req = int(req_ids[r])
+        hi = int(seq_lens[req]) if 0 <= req < num_req else cap
+        positions[r] = int(torch.randint(0, hi, (1,), generator=gen))
+    positions[0] = cap + 5  # stale: past every live length (its blocks too)
+    req_ids[3] = 0
+    positions[3] = int(seq_lens[0]) + 6  # stale position of request 0, partial block invalid
+    counts = torch.randint(1, K + 1, (R,), generator=gen, dtype=torch.int32)
+    counts[4] = 0
+    counts[5] = K + 3  # clamped to K
+    counts[6] = -2
+    ids = torch.empty((R, K), dtype=torch.int32)
+    for r in range(R):
+        # causal blocks mostly, some past the position / live length (stale), duplicates allowed
+        hi = max(1, (int(positions[r]) + 1) // 4 + 3)
+        ids[r] = torch.randint(0, hi, (K,), generator=gen, dtype=torch.int32)
+    ids[7, -1] = 10**6  # far out of range (past the count for most rows; still invalid otherwise)
+
+    rows_tokens = [row_tokens_compact(ids[r], counts[r], int(positions[r])) for r in range(R)]
+    cols = 4 * K + 3
+    selection = torch.full((R, cols), -1, dtype=torch.int32)
+    for r, toks in enumerate(rows_tokens):
+        selection[r, : len(toks)] = torch.tensor(toks, dtype=torch.int32)
+
+    q = (torch.randn((R, Hq, D), generator=gen) * 0.5).to(dtype)
+    kv = torch.randn((pages, 2, P, Hkv, D), generator=gen).to(dtype)
+    scale = 1.0 / math.sqrt(D)
+    # NaN in every cache slot no valid entry reads: it must never leak.
+    _, _, used = model(q, kv[:, 0], kv[:, 1], table, seq_lens, req_ids, positions, rows_tokens, scale)
+    mask = torch.ones((pages, P), dtype=torch.bool)
+    for pg, sl in used:
+        mask[pg, sl] = False
+    kv[:, 0][mask] = NAN
+    kv[:, 1][mask] = NAN
+    return dict(q=q, kv=kv, table=table, seq_lens=seq_lens, req_ids=req_ids, positions=positions,
+                selection=selection, ids=ids, counts=counts, rows_tokens=rows_tokens, scale=scale,
+                used=used)
+
+
+def run_op(selkv, pb, form="expanded", interleaved=True, return_lse=True, **kw):
+    kv = pb["kv"]
+    if interleaved:
+        k, v = kv[:, 0], kv[:, 1]
+    else:
+        k, v = kv[:, 0].contiguous(), kv[:, 1].contiguous()
+    sel = dict(selection=pb["selection"]) if form == "expanded" else dict(block_ids=pb["ids"], block_counts=pb["counts"])
+    return selkv.qsa_sparse_prefill(
+        pb["q"], k, v, pb["table"], pb["seq_lens"], pb["req_ids"], pb["positions"],
+        scale=pb["scale"], return_lse=return_lse, **sel, **kw,
+    )
+
+
+def check_against_model(pb, out, lse):
+    kv = pb["kv"]
+    ref_out, ref_lse, _ = model(pb["q"], kv[:, 0], kv[:, 1], pb["table"], pb["seq_lens"], pb["req_ids"],
+                                pb["positions"], pb["rows_tokens"], pb["scale"])
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any()
+    empty = ref_lse == -INF
+    assert torch.equal(lse == -INF, empty)
+    assert (out.float()[empty] == 0).all()
+    torch.testing.assert_close(out.float(), ref_out.to(out.dtype).float(), rtol=2e-2, atol=2e-3)
+    torch.testing.assert_close(lse.double(), ref_lse, rtol=1e-5, atol=1e-5)
+
+
+# ---- CPU op against the model ------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("D", [128, 256])
+@pytest.mark.parametrize("P", [16, 784])
+def test_cpu_matches_model(selkv, gen, dtype, D, P):
+    pb = make_problem(gen, dtype, D, P)
+    assert len(pb["used"]) > 0
+    out, lse = run_op(selkv, pb, "expanded", interleaved=True)
+    check_against_model(pb, out, lse)
+    # every row kind is present: some empty (bad req / stale), some live
+    assert (lse == -INF).all(1)[[1, 2]].all()
+    assert (lse > -INF).any()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("P", [16, 784])
+def test_forms_and_layouts_agree(selkv, gen, dtype, P):
+    pb = make_problem(gen, dtype, 128, P, Hq=8, Hkv=1)
+    ref_out, ref_lse = run_op(selkv, pb, "expanded", interleaved=True)
+    for form in ("expanded", "compact"):
+        for interleaved in (True, False):
+            out, lse = run_op(selkv, pb, form, interleaved=interleaved)
+            assert torch.equal(out, ref_out), (form, interleaved)
+            assert torch.equal(lse, ref_lse), (form, interleaved)
+    check_against_model(pb, ref_out, ref_lse)
+
+
+def test_gqa_groups_and_out_variant(selkv, gen):
+    for hq, hkv in ((1, 1), (8, 8), (16, 2), (6, 3)):
+        pb = make_problem(gen, torch.bfloat16, 128, 16, Hq=hq, Hkv=hkv)
+        out = torch.full_like(pb["q"], 7.0)
+        got = run_op(selkv, pb, "compact", return_lse=False, out=out)
+        assert got is out
+        _, lse = run_op(selkv, pb, "compact")
+        check_against_model(pb, out, lse)
+
+
+def test_strided_q_out_and_padded_pages(selkv, gen):
+    pb = make_problem(gen, torch.float16, 128, 16)
+    ref_out, ref_lse = run_op(selkv, pb)
+    R, Hq, D = pb["q"].shape
+    qbig = torch.zeros((R, Hq + 2, D), dtype=pb["q"].dtype)
+    qbig[:, 1 : Hq + 1] = pb["q"]
+    kv = pb["kv"]
+    big = torch.full((kv.shape[0], 3, *kv.shape[2:]), NAN, dtype=kv.dtype)  # pages padded by 1 slab
+    big[:, :2] = kv
+    obig = torch.zeros((R, Hq + 1, D), dtype=pb["q"].dtype)
+    lsebig = torch.zeros((Hq, R), dtype=torch.float32)
+    torch.ops.selkv.qsa_sparse_prefill(
+        qbig[:, 1 : Hq + 1], big[:, 0], big[:, 1], pb["table"], pb["seq_lens"], pb["req_ids"],
+        pb["positions"], pb["selection"], None, None, pb["scale"], False, obig[:, :Hq], lsebig.t())
+    assert torch.equal(obig[:, :Hq], ref_out)
+    assert torch.equal(lsebig.t(), ref_lse)
+
+
+def test_default_scale(selkv, gen):
+    pb = make_problem(gen, torch.bfloat16, 256, 16)
+    pb["scale"] = 1.0 / math.sqrt(256)
+    a = run_op(selkv, pb, return_lse=False)
+    sel = pb["selection"]
+    b = selkv.qsa_sparse_prefill(pb["q"], pb["kv"][:, 0], pb["kv"][:, 1], pb["table"], pb["seq_lens"],
+                                 pb["req_ids"], pb["positions"], selection=sel)
+    assert torch.equal(a, b)
+
+
+def test_nan_in_q_of_live_row(selkv, gen):
+    pb = make_problem(gen, torch.float16, 128, 16)
+    _, lse0 = run_op(selkv, pb)
+    live = [r for r in range(lse0.shape[0]) if (lse0[r] > -INF).all()]
+    dead = [r for r in range(lse0.shape[0]) if (lse0[r] == -INF).all()]
+    assert live and dead
+    pb["q"][live[0], 0, 3] = NAN
+    pb["q"][dead[0], 0, 3] = NAN
+    out, lse = run_op(selkv, pb)
+    assert torch.isnan(out[live[0], 0]).all() and torch.isnan(lse[live[0], 0])
+    assert not torch.isnan(out[live[0], 1:]).any()
+    assert (out[dead[0]] == 0).all() and (lse[dead[0]] == -INF).all()  # empty stays 0 / -inf
+
+
+def test_hand_case(selkv):
+    """One row, two tokens with known scores: out and lse by hand."""
+    D = 128
+    q = torch.zeros((1, 1, D), dtype=torch.float16)
+    q[0, 0, 0] = 1.0
+    k = torch.zeros((1, 16, 1, D), dtype=torch.float16)
+    v = torch.zeros((1, 16, 1, D), dtype=torch.float16)
+    k[0, 0, 0, 0] = 1.0  # score 1
+    k[0, 1, 0, 0] = 0.0  # score 0
+    v[0, 0, 0, :] = 1.0
+    v[0, 1, 0, :] = -1.0
+    sel = torch.full((1, 7), -1, dtype=torch.int32)
+    sel[0, 0], sel[0, 1] = 0, 1
+    out, lse = selkv.qsa_sparse_prefill(
+        q, k, v, torch.zeros((1, 1), dtype=torch.int32), torch.tensor([16], dtype=torch.int32),
+        torch.tensor([0], dtype=torch.int32), torch.tensor([15], dtype=torch.int32),
+        selection=sel, scale=1.0, return_lse=True)
+    e = math.e
+    assert out[0, 0, 5].item() == pytest.approx((e - 1) / (e + 1), abs=1e-3)
+    assert lse.item() == pytest.approx(math.log(e + 1), rel=1e-6)
+
+
+def test_zero_rows(selkv):
+    q = torch.empty((0, 2, 128), dtype=torch.bfloat16)
+    kv = torch.zeros((1, 16, 1, 128), dtype=torch.bfloat16)
+    i0 = torch.empty(0, dtype=torch.int32)
+    out, lse = selkv.qsa_sparse_prefill(q, kv, kv, torch.zeros((1, 1), dtype=torch.int32),
+                                        torch.zeros(1, dtype=torch.int32), i0, i0,
+                                        selection=torch.empty((0, 7), dtype=torch.int32), return_lse=True)
+    assert out.shape == (0, 2, 128) and lse.shape == (0, 2)
+
+
+def test_model_sanity():
+    """The model's validity rule on hand-picked entries."""
+    table = torch.tensor([[1, -1, 5]], dtype=torch.int32)
+    lens = torch.tensor([40], dtype=torch.int32)
+    assert valid_slot(3, 0, lens, table, 4, 16) == (1, 3)
+    assert valid_slot(17, 0, lens, table, 4, 16) is None  # page -1
+    assert valid_slot(33, 0, lens, table, 4, 16) is None  # page 5 >= num_pages
+    assert valid_slot(48, 0, lens, table, 8, 16) is None  # past the live length
+    assert valid_slot(-1, 0, lens, table, 4, 16) is None
+    assert valid_slot(3, 1, lens, table, 4, 16) is None  # bad request
+    assert row_tokens_compact(torch.tensor([2, 0]), 1, 9) == [8, 9, 10, 11, 8, 9]
+    assert row_tokens_compact(torch.tensor([2, 0]), 5, 2) == [8, 9, 10, 11, 0, 1, 2, 3, 0, 1, 2]
+
+
+# ---- errors, opcheck -----------------------------------------------------------------------------
+def _args(dtype=torch.bfloat16, D=128, P=16, Hq=2, Hkv=1, R=3, K=2):
+    q = torch.randn((R, Hq, D)).to(dtype)
+    kv = torch.randn((2, 2, P, Hkv, D)).to(dtype)
+    return dict(
+        q=q, k_cache=kv[:, 0], v_cache=kv[:, 1], block_table=torch.zeros((1, 2), dtype=torch.int32),
+        seq_lens=torch.tensor([P], dtype=torch.int32), req_ids=torch.zeros(R, dtype=torch.int32),
+        positions=torch.arange(R, dtype=torch.int32),
+        selection=torch.full((R, 4 * K + 3), -1, dtype=torch.int32), block_ids=None, block_counts=None,
+        scale=0.1, force_simple=False, out=torch.empty_like(q), lse=torch.empty((R, Hq)),
+    )
+
+
+def _call(a):
+    torch.ops.selkv.qsa_sparse_prefill(*a.values())
+
+
+@pytest.mark.parametrize(
+    "change, pattern",
+    [
+        (dict(q=lambda a: a["q"].float()), r"q: expected dtype Half or BFloat16"),
+        (dict(k_cache=lambda a: a["k_cache"].half()), r"k_cache: expected dtype BFloat16"),
+        (dict(v_cache=lambda a: a["v_cache"][:, :8]), r"v_cache: expected size 16 in dim 1"),
+        (dict(k_cache=lambda a: a["k_cache"][..., :64]), r"k_cache: expected size 128 in dim 3"),
+        (dict(block_table=lambda a: a["block_table"].long()), r"block_table: expected dtype Int"),
+        (dict(seq_lens=lambda a: torch.zeros(2, dtype=torch.int32)), r"seq_lens: expected size 1 in dim 0"),
+        (dict(req_ids=lambda a: a["req_ids"][:2]), r"req_ids: expected size 3"),
+        (dict(positions=lambda a: a["positions"].float()), r"positions: expected dtype Int"),
+        (dict(selection=lambda a: a["selection"][:, :8]), r"selection: expected 4K \+ 3 columns"),
+        (dict(block_ids=lambda a: torch.zeros((3, 2), dtype=torch.int32),
+              block_counts=lambda a: torch.zeros(3, dtype=torch.int32)), r"selection, block_ids: expected exactly one"),
+        (dict(selection=lambda a: None), r"selection, block_ids: expected exactly one"),
+        (dict(selection=lambda a: None, block_ids=lambda a: torch.zeros((3, 2), dtype=torch.int32)),
+         r"block_counts: expected together with block_ids"),
+        (dict(out=lambda a: torch.empty((3, 2, 128), dtype=torch.float16)), r"out: expected dtype BFloat16"),
+        (dict(lse=lambda a: torch.empty((3, 3))), r"lse: expected size 2 in dim 1"),
+        (dict(scale=lambda a: -1.0), r"scale: must be finite and > 0"),
+        (dict(q=lambda a: a["q"][..., :64].contiguous(), out=lambda a: a["out"][..., :64].contiguous(),
+              k_cache=lambda a: a["k_cache"][..., :64], v_cache=lambda a: a["v_cache"][..., :64]), r"head_dim"),
+        (dict(k_cache=lambda a: a["k_cache"][:, :6], v_cache=lambda a: a["v_cache"][:, :6]), r"page_size"),
+        (dict(out=lambda a: a["q"]), r"out: .*q"),
+    ],
+)
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_errors_name_argument(selkv, change, pattern, device):
+    a = _args()
+    for name, f in change.items():
+        a[name] = f(a)
+    if device == "meta":
+        if pattern.startswith("out: .*q"):
+            pytest.skip("overlap needs real addresses (meta tensors have none)")
+        a = {n: (t.to("meta") if isinstance(t, torch.Tensor) else t) for n, t in a.items()}
+    with pytest.raises(RuntimeError, match=OP + ": " + pattern):
+        _call(a)
+
+
+def test_wrapper_errors(selkv):
+    a = _args()
+    with pytest.raises(RuntimeError, match=OP + r": k_cache: expected a 4-d tensor"):
+        selkv.qsa_sparse_prefill(a["q"], a["k_cache"][0], a["v_cache"], a["block_table"], a["seq_lens"],
+                                 a["req_ids"], a["positions"], selection=a["selection"])
+    with pytest.raises(RuntimeError, match=OP + r": (out|req_ids): expected a (CPU|META) tensor, got one on"):
+        selkv.qsa_sparse_prefill(a["q"], a["k_cache"], a["v_cache"], a["block_table"], a["seq_lens"],
+                                 a["req_ids"].to("meta"), a["positions"], selection=a["selection"])
+
+
+def test_meta_shapes(selkv, gen):
+    pb = make_problem(gen, torch.bfloat16, 128, 16)
+    m = {k: (v.to("meta") if isinstance(v, torch.Tensor) else v) for k, v in pb.items()}
+    out, lse = run_op(selkv, m, "compact")
+    assert out.device.type == "meta" and out.shape == pb["q"].shape and lse.shape == pb["q"].shape[:2]
+
+
+def test_opcheck(selkv, gen):
+    pb = make_problem(gen, torch.bfloat16, 128, 16)
+    kv = pb["kv"]
+    q = pb["q"]
+    base = (q, kv[:, 0], kv[:, 1], pb["table"], pb["seq_lens"], pb["req_ids"], pb["positions"])
+    out = torch.empty_like(q)
+    lse = torch.empty(q.shape[:2])
+    torch.library.opcheck(torch.ops.selkv.qsa_sparse_prefill.default,
+                          (*base, pb["selection"], None, None, pb["scale"], False, out, lse))
+    torch.library.opcheck(torch.ops.selkv.qsa_sparse_prefill.default,
+                          (*base, None, pb["ids"], pb["counts"], pb["scale"], True, out, None))
+
+
+# ---- CUDA ---------------------------------------------------------------------------------------
+def test_cuda_not_implemented(selkv, cuda_device, gen):
+    pb = make_problem(gen, torch.bfloat16, 128, 16)
+    c = {k: (v.to(cuda_device) if isinstance(v, torch.Tensor) else v) for k, v in pb.items()}
+    with pytest.raises(NotImplementedError, match=OP + r": not yet implemented on CUDA"):
+        run_op(selkv, c)
+    with pytest.raises(RuntimeError, match=OP + r": q: expected a CUDA tensor"):
+        selkv.qsa_sparse_prefill(pb["q"], c["kv"][:, 0], c["kv"][:, 1], c["table"], c["seq_lens"],
+                                 c["req_ids"], c["positions"], selection=c["selection"],
+                                 out=torch.empty_like(c["q"]))
