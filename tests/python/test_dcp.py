@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 
 import pytest
 
@@ -199,8 +200,11 @@ def _run_distributed(selkv, gen, backend, dynamic, device):
                                      nprocs=2, join=False, start_method="spawn")
         except (OSError, RuntimeError) as e:  # platform cannot spawn
             pytest.skip(f"cannot spawn worker processes: {e}")
-        try:
-            finished = ctx.join(timeout=120)  # raises if a worker failed
+        deadline = time.monotonic() + 120
+        finished = False
+        try:  # join() returns False until every worker is done; it raises if one failed
+            while not finished and time.monotonic() < deadline:
+                finished = ctx.join(timeout=max(1.0, deadline - time.monotonic()))
         finally:
             for p in ctx.processes:  # never leave a hung worker behind
                 if p.is_alive():
