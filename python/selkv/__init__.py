@@ -17,6 +17,7 @@ Modules:
                                cache (CPU reference; CUDA kernels pending)
     :mod:`selkv.flash_mla`  -- FlashMLA-compatible names (drop-in import)
     :mod:`selkv.dsa`        -- one DSA attention step for a mixed batch (plan / run)
+    :mod:`selkv.dcp`        -- decode context parallelism: sharded cache, all-gather + C9 merge
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from ._ops import load_library as _load_library
 _load_library()
 
 from . import decode, flash_mla, formats  # noqa: E402
-from . import dsa, merge, packed, prefill, qsa  # noqa: E402
+from . import dcp, dsa, merge, packed, prefill, qsa  # noqa: E402
 from ._ops import library_path  # noqa: E402
 from .cache_ops import (  # noqa: E402
     convert_req_indices_to_slots,
@@ -76,6 +77,7 @@ __all__ = [
     "FORMATS",
     "SCALE_MODES",
     "convert_req_indices_to_slots",
+    "dcp",
     "decode",
     "decode_metadata_size",
     "dsa",
