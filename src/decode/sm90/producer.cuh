@@ -298,12 +298,10 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
   issue_loads(s0, x0);
   // Round 1's records to L2 now, alongside round 0's, not in step 0 after round 0 landed: the first
   // block of an H = 64 part needs both rounds (docs/perf-log.md: decode prologue prefetch).
-  constexpr int kPackedAhead = DecodeTraits<kNumHeads>::kPackedPrefetchAhead;
-  static_assert(kPackedAhead == 0 || kPackedAhead == 2 || kPackedAhead == 3, "prefetch from an index slot");
-  if (!kPacked || kPackedAhead > 0) prefetch_record(s1);
+  constexpr bool kL2Prefetch = !kPacked || DecodeTraits<kNumHeads>::kPackedL2Prefetch;
+  if constexpr (kL2Prefetch) prefetch_record(s1);
   v2_0 = valid2(s0p);
   load_index(s0, s0p);  // round 2
-  if (kPacked && kPackedAhead == 3) prefetch_record(s0);
 
   // One step: convert round n from `cx` while loading the records of round n + 1 into `nx`
   // (index slot `ni`, peer `ni2`) and prefetching round n + 2's into L2 (slot `pi`), then load
@@ -313,11 +311,9 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
     const bool more = n + 1 < total_rounds;
     const uint8_t* nrec = record_of(more ? ni : -1, nx.valid);  // !more: nothing loaded
     if (more) v2n = valid2(ni2);
-    if (!kPacked || kPackedAhead == 2) prefetch_record(pi);
+    if constexpr (kL2Prefetch) prefetch_record(pi);
     convert(n, cx, v2c, nx, nrec);
     load_index(ni, ni2);
-    // (packed: the entries are arithmetic, so round n + 3's are known here, with no load to wait on)
-    if (kPacked && kPackedAhead == 3) prefetch_record(ni);
   };
 #pragma unroll 1
   for (int32_t n = 0; n < total_rounds; n += 2) {
