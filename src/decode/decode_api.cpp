@@ -148,18 +148,28 @@ Status make_decode_metadata(const DecodeShape& shape, void* buffer, size_t buffe
   return Status::Ok();
 }
 
-void set_contiguous_strides(SparseDecodeParams* p) {
+namespace {
+
+// The contiguous [B, S_q, H, *] strides of q, out and lse (both decode params types).
+template <class P>
+void set_contiguous_qol_strides(P* p) {
   const int64_t H = p->num_heads;
   p->q_head_stride = fmt::kQkDim;
   p->q_seq_stride = H * fmt::kQkDim;
   p->q_batch_stride = int64_t(p->seq_q) * H * fmt::kQkDim;
-  p->indices_seq_stride = p->topk;
-  p->indices_batch_stride = int64_t(p->seq_q) * p->topk;
   p->out_head_stride = fmt::kVDim;
   p->out_seq_stride = H * fmt::kVDim;
   p->out_batch_stride = int64_t(p->seq_q) * H * fmt::kVDim;
   p->lse_seq_stride = H;
   p->lse_batch_stride = int64_t(p->seq_q) * H;
+}
+
+}  // namespace
+
+void set_contiguous_strides(SparseDecodeParams* p) {
+  set_contiguous_qol_strides(p);
+  p->indices_seq_stride = p->topk;
+  p->indices_batch_stride = int64_t(p->seq_q) * p->topk;
 }
 
 namespace {
@@ -413,17 +423,7 @@ Status sparse_mla_decode(const SparseDecodeParams& p, const DecodeMetadata& md, 
 
 // ---- C6: the same decode over a packed KV buffer (selkv/packed.h) ----------------------------
 
-void set_contiguous_strides(PackedDecodeParams* p) {
-  const int64_t H = p->num_heads;
-  p->q_head_stride = fmt::kQkDim;
-  p->q_seq_stride = H * fmt::kQkDim;
-  p->q_batch_stride = int64_t(p->seq_q) * H * fmt::kQkDim;
-  p->out_head_stride = fmt::kVDim;
-  p->out_seq_stride = H * fmt::kVDim;
-  p->out_batch_stride = int64_t(p->seq_q) * H * fmt::kVDim;
-  p->lse_seq_stride = H;
-  p->lse_batch_stride = int64_t(p->seq_q) * H;
-}
+void set_contiguous_strides(PackedDecodeParams* p) { set_contiguous_qol_strides(p); }
 
 Status check_sparse_mla_decode_packed(const PackedDecodeParams& p, const DecodeMetadata& md,
                                       size_t workspace_bytes) {

@@ -1,6 +1,7 @@
 // CPU oracle of C6's decode: the packed buffer's validity bits become indices into its own
 // records, then the C5 oracle (sparse_decode) runs unchanged.
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "common/check.h"
@@ -33,8 +34,8 @@ void sparse_decode_packed(const SparseDecodePackedRefArgs& a) {
   const uint8_t* words = a.packed_kv + packed::packed_validity_offset(rows, a.K);
   std::vector<int32_t> indices(size_t(entries), -1);
   for (int64_t e = 0; e < entries; ++e) {
-    const uint32_t w = uint32_t(words[4 * (e / 32)]) | uint32_t(words[4 * (e / 32) + 1]) << 8 |
-                       uint32_t(words[4 * (e / 32) + 2]) << 16 | uint32_t(words[4 * (e / 32) + 3]) << 24;
+    uint32_t w;
+    std::memcpy(&w, words + 4 * (e / 32), 4);  // little endian, as the device writes it
     if ((w >> (e % 32)) & 1u) indices[size_t(e)] = int32_t(e);
   }
   SparseDecodeRefArgs d;
