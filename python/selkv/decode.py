@@ -272,7 +272,7 @@ def sparse_mla_decode_packed(
     metadata: DecodeMetadata,
     sm_scale: float | None = None,
     *,
-    topk: int,
+    topk: int | None = None,
     topk_length: torch.Tensor | None = None,
     attn_sink: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
@@ -292,7 +292,7 @@ def sparse_mla_decode_packed(
             ``(B, S_q, H, topk, topk_length)``: the same plan a native decode takes.
         sm_scale: as for :func:`sparse_mla_decode` (default ``576 ** -0.5``).
         topk: ``K``, the entries per query row the buffer was packed with (the buffer does not
-            record it), a positive multiple of 64.
+            record it); default: the plan's ``K`` (a different value is a plan mismatch).
         topk_length: optional int32 ``[B]``; must be the tensor the plan was made with. Pass the
             lengths the buffer was packed with: entries at or past the planned length are not
             attended, and entries the pack marked invalid never are.
@@ -311,6 +311,8 @@ def sparse_mla_decode_packed(
         the plan's included); NotImplementedError on a GPU other than SM90.
     """
     sm_scale, out, lse, workspace = _call_args(q, metadata, sm_scale, out, lse, workspace)
+    if topk is None:
+        topk = _plan_field(metadata.plan, "topk")
     _ops.sparse_mla_decode_packed(
         q,
         packed_kv,

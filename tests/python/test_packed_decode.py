@@ -152,6 +152,9 @@ def test_decode_masks_by_the_plan_lengths(selkv, gen, device):
     b = selkv.sparse_mla_decode_packed(q, cut, md, SM_SCALE, topk=256, topk_length=tl)
     assert _same_bits(a[0], b[0]) and _same_bits(a[1], b[1])
     assert torch.isneginf(a[1][3]).all() and (a[0][3] == 0).all()  # length 0: an empty row
+    # topk defaults to the plan's K
+    c = selkv.sparse_mla_decode_packed(q, cut, md, SM_SCALE, topk_length=tl)
+    assert _same_bits(c[0], b[0]) and _same_bits(c[1], b[1])
 
 
 # ---- CUDA: packed vs native, vs CPU -------------------------------------------------------------
