@@ -27,6 +27,47 @@ struct PackedRun {
   std::vector<uint8_t> buffer;  // the packed KV buffer as the decode read it
 };
 
+// The pack of a native decode's cache and indices, and the packed decode of the same call
+// (q, outputs, lengths, sink and scale as in `sp`), over the buffer `pk`.
+PackSelectedKvParams pack_params_of(const SparseDecodeParams& sp, void* pk, size_t bytes) {
+  PackSelectedKvParams p;
+  p.cache = sp.cache;
+  p.indices = sp.indices;
+  p.indices_batch_stride = sp.indices_batch_stride;
+  p.indices_seq_stride = sp.indices_seq_stride;
+  p.batch = sp.batch;
+  p.seq_q = sp.seq_q;
+  p.topk = sp.topk;
+  p.topk_length = sp.topk_length;
+  p.packed_kv = pk;
+  p.packed_kv_bytes = bytes;
+  return p;
+}
+PackedDecodeParams packed_params_of(const SparseDecodeParams& sp, const void* pk, size_t bytes) {
+  PackedDecodeParams p;
+  p.q = sp.q;
+  p.q_batch_stride = sp.q_batch_stride;
+  p.q_seq_stride = sp.q_seq_stride;
+  p.q_head_stride = sp.q_head_stride;
+  p.batch = sp.batch;
+  p.seq_q = sp.seq_q;
+  p.num_heads = sp.num_heads;
+  p.packed_kv = pk;
+  p.packed_kv_bytes = bytes;
+  p.topk = sp.topk;
+  p.topk_length = sp.topk_length;
+  p.attn_sink = sp.attn_sink;
+  p.sm_scale = sp.sm_scale;
+  p.out = sp.out;
+  p.out_batch_stride = sp.out_batch_stride;
+  p.out_seq_stride = sp.out_seq_stride;
+  p.out_head_stride = sp.out_head_stride;
+  p.lse = sp.lse;
+  p.lse_batch_stride = sp.lse_batch_stride;
+  p.lse_seq_stride = sp.lse_seq_stride;
+  return p;
+}
+
 // One plan; the native decode on `stream`; the pack on a second stream (an event orders the
 // decode after it); the packed decode with the same plan and workspace. False on any failure.
 bool run_native_and_packed(const DecodeProblem& p, const DecodeRunOpts& o, PackedRun* r, const std::string& what) {
@@ -58,42 +99,12 @@ bool run_native_and_packed(const DecodeProblem& p, const DecodeRunOpts& o, Packe
     ok = sync_or_abort(stream, what + " native") && ok;
     if (ok) r->native = d.read(what + " native");
 
-    PackSelectedKvParams pk;
-    pk.cache = d.sp.cache;
-    pk.indices = d.sp.indices;
-    pk.indices_batch_stride = d.sp.indices_batch_stride;
-    pk.indices_seq_stride = d.sp.indices_seq_stride;
-    pk.batch = p.B;
-    pk.seq_q = p.S;
-    pk.topk = p.K;
-    pk.topk_length = d.sp.topk_length;
-    pk.packed_kv = dpk.ptr;
-    pk.packed_kv_bytes = pbytes;
+    const PackSelectedKvParams pk = pack_params_of(d.sp, dpk.ptr, pbytes);
     check(pack_selected_kv(pk, side), "pack");
     EXPECT_EQ(cudaEventRecord(packed_ev, side), cudaSuccess);
     EXPECT_EQ(cudaStreamWaitEvent(stream, packed_ev, 0), cudaSuccess);
 
-    PackedDecodeParams pd;
-    pd.q = d.sp.q;
-    pd.q_batch_stride = d.sp.q_batch_stride;
-    pd.q_seq_stride = d.sp.q_seq_stride;
-    pd.q_head_stride = d.sp.q_head_stride;
-    pd.batch = p.B;
-    pd.seq_q = p.S;
-    pd.num_heads = p.H;
-    pd.packed_kv = dpk.ptr;
-    pd.packed_kv_bytes = pbytes;
-    pd.topk = p.K;
-    pd.topk_length = d.sp.topk_length;
-    pd.attn_sink = d.sp.attn_sink;
-    pd.sm_scale = d.sp.sm_scale;
-    pd.out = d.sp.out;
-    pd.out_batch_stride = d.sp.out_batch_stride;
-    pd.out_seq_stride = d.sp.out_seq_stride;
-    pd.out_head_stride = d.sp.out_head_stride;
-    pd.lse = d.sp.lse;
-    pd.lse_batch_stride = d.sp.lse_batch_stride;
-    pd.lse_seq_stride = d.sp.lse_seq_stride;
+    const PackedDecodeParams pd = packed_params_of(d.sp, dpk.ptr, pbytes);
     d.poison_outputs(stream);
     check(sparse_mla_decode_packed(pd, md, dws.ptr, dws.bytes, stream), "packed decode");
     ok = sync_or_abort(stream, what + " packed") && ok;
@@ -224,17 +235,8 @@ TEST(PackedDecodeGpu, GraphReplayIsBitwiseEqual) {
     DecodeMetadata md;
     ASSERT_TRUE(make_decode_metadata(d.shape(), dmd.ptr, dmd.bytes, &md, stream).ok());
     DevBuf dws(decode_workspace_size(md));
-    PackSelectedKvParams pk;
-    pk.cache = d.sp.cache; pk.indices = d.sp.indices;
-    pk.indices_batch_stride = d.sp.indices_batch_stride; pk.indices_seq_stride = d.sp.indices_seq_stride;
-    pk.batch = p.B; pk.seq_q = p.S; pk.topk = p.K; pk.topk_length = d.sp.topk_length;
-    pk.packed_kv = dpk.ptr; pk.packed_kv_bytes = pbytes;
-    PackedDecodeParams pd;
-    pd.batch = p.B; pd.seq_q = p.S; pd.num_heads = p.H; pd.topk = p.K;
-    set_contiguous_strides(&pd);
-    pd.q = d.sp.q; pd.packed_kv = dpk.ptr; pd.packed_kv_bytes = pbytes;
-    pd.topk_length = d.sp.topk_length; pd.sm_scale = d.sp.sm_scale;
-    pd.out = d.sp.out; pd.lse = d.sp.lse;
+    const PackSelectedKvParams pk = pack_params_of(d.sp, dpk.ptr, pbytes);
+    const PackedDecodeParams pd = packed_params_of(d.sp, dpk.ptr, pbytes);
     auto step = [&] {
       EXPECT_TRUE(make_decode_metadata(d.shape(), dmd.ptr, dmd.bytes, &md, stream).ok());
       EXPECT_TRUE(pack_selected_kv(pk, stream).ok());
@@ -312,11 +314,7 @@ TEST(PackedDecodeGpu, PatchThenAttendEqualsNativeOverUpdatedCache) {
     DevBuf dpk(pbytes), dpos(positions.size() * 8), drec(records.size());
     up(dpos, positions);
     up(drec, records);
-    PackSelectedKvParams pk;
-    pk.cache = ds.sp.cache; pk.indices = ds.sp.indices;
-    pk.indices_batch_stride = ds.sp.indices_batch_stride; pk.indices_seq_stride = ds.sp.indices_seq_stride;
-    pk.batch = p.B; pk.seq_q = p.S; pk.topk = p.K; pk.topk_length = ds.sp.topk_length;
-    pk.packed_kv = dpk.ptr; pk.packed_kv_bytes = pbytes;
+    const PackSelectedKvParams pk = pack_params_of(ds.sp, dpk.ptr, pbytes);
     ASSERT_TRUE(pack_selected_kv(pk, stream).ok());
     PatchPackedKvParams pt;
     pt.packed_kv = dpk.ptr; pt.packed_kv_bytes = pbytes;
@@ -324,12 +322,10 @@ TEST(PackedDecodeGpu, PatchThenAttendEqualsNativeOverUpdatedCache) {
     pt.positions = dpos.as<int64_t>(); pt.num_records = int64_t(positions.size());
     pt.records = static_cast<const uint8_t*>(drec.ptr); pt.record_stride_bytes = fmt::kDsMlaRecordBytes;
     ASSERT_TRUE(patch_packed_kv(pt, stream).ok());
-    PackedDecodeParams pd;
-    pd.batch = p.B; pd.seq_q = p.S; pd.num_heads = p.H; pd.topk = p.K;
-    set_contiguous_strides(&pd);
-    pd.q = dn.sp.q; pd.packed_kv = dpk.ptr; pd.packed_kv_bytes = pbytes;
-    pd.topk_length = dn.sp.topk_length; pd.sm_scale = dn.sp.sm_scale;
-    pd.out = ds.sp.out; pd.lse = ds.sp.lse;
+    // q from the updated-cache problem (the same q), outputs in the stale device's buffers
+    PackedDecodeParams pd = packed_params_of(dn.sp, dpk.ptr, pbytes);
+    pd.out = ds.sp.out;
+    pd.lse = ds.sp.lse;
     ds.poison_outputs(stream);
     ASSERT_TRUE(sparse_mla_decode_packed(pd, md, dws.ptr, dws.bytes, stream).ok());
     dn.poison_outputs(stream);
