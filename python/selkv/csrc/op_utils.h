@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 #include "selkv/formats.h"
@@ -89,10 +90,9 @@ struct CacheTensorView {
 inline CacheTensorView check_cache_tensor(const char* op, const char* name, const at::Tensor& cache,
                                           KvFormat format) {
   const int rb = fmt::record_bytes(format);
-  const char* doc = format == KvFormat::kDsMlaFp8    ? "[num_blocks, page_size, 656] for ds_mla_fp8"
-                    : format == KvFormat::kModel1Fp8 ? "[num_blocks, page_size, 584] for model1_fp8"
-                                                     : "[num_blocks, page_size, 528] for nope_fp8";
-  TensorArg(op, name, cache, doc).dtype(at::kByte).dims(3).size(2, rb).inner_contiguous();
+  const std::string doc =
+      "[num_blocks, page_size, " + std::to_string(rb) + "] for " + fmt::format_name(format);
+  TensorArg(op, name, cache, doc.c_str()).dtype(at::kByte).dims(3).size(2, rb).inner_contiguous();
   CacheTensorView v;
   v.num_blocks = cache.size(0);
   v.page_size = to_int32(op, "page_size (cache.size(1))", cache.size(1));

@@ -94,8 +94,9 @@ void patch_packed_kv(const at::Tensor& packed_kv, int64_t batch, int64_t seq_q, 
   check_packed_tensor(kOp, packed_kv);
   TensorArg(kOp, "positions", positions, "[num_records]").dtype(at::kLong).dims(1).contiguous();
   const int64_t n = positions.size(0);
+  constexpr int64_t kRecord = KvFormatTraits<KvFormat::kDsMlaFp8>::kRecordBytes;  // the packed record
   TensorArg(kOp, "records", records, "[num_records, >= 656]")
-      .dtype(at::kByte).dims(2).size(0, n).min_size(1, 656).inner_contiguous();
+      .dtype(at::kByte).dims(2).size(0, n).min_size(1, kRecord).inner_contiguous();
 
   PatchPackedKvParams p;
   p.packed_kv = mutable_data_or_null(packed_kv);
@@ -107,7 +108,7 @@ void patch_packed_kv(const at::Tensor& packed_kv, int64_t batch, int64_t seq_q, 
   p.positions = static_cast<const int64_t*>(data_or_null(positions));
   p.records = static_cast<const uint8_t*>(data_or_null(records));
   // The stride of a dim of size <= 1 carries no information: the dense value then.
-  p.record_stride_bytes = n <= 1 ? std::max<int64_t>(records.stride(0), 656) : records.stride(0);
+  p.record_stride_bytes = n <= 1 ? std::max<int64_t>(records.stride(0), kRecord) : records.stride(0);
   p.num_records = n;
   if constexpr (B == Backend::kMeta) {
     meta_checks(kOp, batch, seq_q, topk, bytes);
