@@ -38,48 +38,44 @@ struct MergeKernelParams {
   bool pos_inf_is_empty;
 };
 
+// 16 bytes of T <-> floats. The 16-bit types share one body over their pair type (P: the pair
+// type and its two conversions).
 template <typename T>
 struct Vec;
-template <>
-struct Vec<__nv_bfloat16> {
+template <class P>
+struct PairVec {
   static constexpr int kElems = 8;
   __device__ static void to_float(const uint4& v, float* f) {
-    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+    const typename P::T2* h = reinterpret_cast<const typename P::T2*>(&v);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const float2 x = __bfloat1622float2(h[i]);
+      const float2 x = P::to_float2(h[i]);
       f[2 * i] = x.x;
       f[2 * i + 1] = x.y;
     }
   }
   __device__ static uint4 from_float(const float* f) {
     uint4 v;
-    __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&v);
+    typename P::T2* h = reinterpret_cast<typename P::T2*>(&v);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+    for (int i = 0; i < 4; ++i) h[i] = P::from_floats(f[2 * i], f[2 * i + 1]);
     return v;
   }
+};
+struct Bf16Pair {
+  using T2 = __nv_bfloat162;
+  __device__ static float2 to_float2(T2 h) { return __bfloat1622float2(h); }
+  __device__ static T2 from_floats(float a, float b) { return __floats2bfloat162_rn(a, b); }
+};
+struct HalfPair {
+  using T2 = __half2;
+  __device__ static float2 to_float2(T2 h) { return __half22float2(h); }
+  __device__ static T2 from_floats(float a, float b) { return __floats2half2_rn(a, b); }
 };
 template <>
-struct Vec<__half> {
-  static constexpr int kElems = 8;
-  __device__ static void to_float(const uint4& v, float* f) {
-    const __half2* h = reinterpret_cast<const __half2*>(&v);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 x = __half22float2(h[i]);
-      f[2 * i] = x.x;
-      f[2 * i + 1] = x.y;
-    }
-  }
-  __device__ static uint4 from_float(const float* f) {
-    uint4 v;
-    __half2* h = reinterpret_cast<__half2*>(&v);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) h[i] = __floats2half2_rn(f[2 * i], f[2 * i + 1]);
-    return v;
-  }
-};
+struct Vec<__nv_bfloat16> : PairVec<Bf16Pair> {};
+template <>
+struct Vec<__half> : PairVec<HalfPair> {};
 template <>
 struct Vec<float> {
   static constexpr int kElems = 4;
