@@ -6,12 +6,12 @@
 // It is not built yet (kPage4Built), so every call runs the exact simple kernel, which walks the
 // selection itself and needs no plan. When the page-4 kernel lands it must still serve the rows
 // the plan flags irregular (counts = -1) exactly, e.g. by a simple-kernel pass over those rows.
-#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
 #include "common/check.h"
 #include "common/cuda_check.h"
+#include "common/sm_scale.h"
 #include "qsa/qsa_checks.h"
 #include "qsa/qsa_kernel_params.h"
 #include "qsa/qsa_plan.h"
@@ -81,7 +81,7 @@ Status qsa_sparse_prefill(const QsaSparsePrefillParams& p, cudaStream_t stream) 
   k.v_page_stride = p.v_cache.page_stride;
   k.v_slot_stride = p.v_cache.slot_stride;
   k.v_head_stride = p.v_cache.head_stride;
-  k.scale_log2 = float(double(p.scale) * 1.4426950408889634);
+  k.scale_log2 = detail::sm_scale_log2(p.scale);
   k.out = p.out;
   k.out_row_stride = p.out_row_stride;
   k.out_head_stride = p.out_head_stride;
