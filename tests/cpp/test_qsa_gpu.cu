@@ -86,6 +86,10 @@ Problem make_problem(const Config& c, std::mt19937_64& rng) {
       if (coin(rng) < 8) e = bad_pages[coin(rng) % 4];
     }
   for (int q = 0; q < c.num_req; ++q) pr.lens[size_t(q)] = c.max_len - int32_t(coin(rng) % 17);
+  // Request 0 claims more live tokens than its table row covers: its tokens with t / P >= width
+  // are invalid although the entries after its row (request 1's) are real pages.
+  const int32_t covered = pr.width * c.P;
+  pr.lens[0] = covered + 2 * c.P;
 
   const int32_t bad_req[] = {-1, c.num_req, std::numeric_limits<int32_t>::max(), std::numeric_limits<int32_t>::min()};
   for (int64_t r = 0; r < c.R; ++r) {
@@ -107,6 +111,7 @@ Problem make_problem(const Config& c, std::mt19937_64& rng) {
       else if (kind < 9) b = (len + 3) / 4 + int32_t(coin(rng));  // past the live length
       else if (kind < 11) b = 1 << 27;                            // far past everything
       else if (kind < 13) b = -1 - int32_t(coin(rng) % 3);        // negative
+      else if (kind < 18 && len > covered) b = covered / 4 + int32_t(coin(rng) % (c.P / 2));  // past the width
       else if (complete > 0) b = int32_t(rng() % uint64_t(complete));
       else continue;
       if (b >= 0 && b < complete && !used.insert(b).second) continue;  // real blocks: distinct
