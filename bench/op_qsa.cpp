@@ -122,7 +122,7 @@ class QsaWorkload final : public Workload {
   }
   double flops() const override {
     // Per gathered token and query head: q.k and p.v, 2 * D FLOPs each.
-    return double(gathered_tokens_) * (s_.q_heads / s_.kv_heads) * s_.kv_heads * 4.0 * s_.dim / 1.0;
+    return double(gathered_tokens_) * s_.q_heads * 4.0 * s_.dim;
   }
   void run(cudaStream_t stream) override { throw_if_error(qsa_sparse_prefill(device_params(), stream)); }
 

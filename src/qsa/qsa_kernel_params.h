@@ -1,6 +1,6 @@
 // Device-side parameters of the C8 kernels (the plan kernel and the exact simple kernel), filled
 // by qsa_api.cpp from QsaSparsePrefillParams. Plain data, no CUDA or selkv headers, so the simple
-// kernel's translation unit compiles on its own for any target (the CI builds it for sm_70).
+// kernel's translation unit compiles on its own for any target (CI assembles it for sm_70).
 #pragma once
 
 #include <cstdint>

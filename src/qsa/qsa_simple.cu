@@ -1,7 +1,8 @@
 // Launcher of the C8 exact simple kernel (qsa_simple.cuh): one CTA per (row, kv head), the
 // (dtype, D, group) instantiation picked at run time. Self-contained (CUDA headers, the kernel and
 // its plain params; no selkv runtime code), so CI can compile this translation unit for sm_70
-// (tests/cmake/qsa_sm70.cmake) while the library itself builds it for sm_90a.
+// (ctest QsaSm70.SimpleKernelAssembles, cmake/qsa_sm70_check.cmake) while the library itself
+// builds it for sm_90a.
 #include "qsa/qsa_simple.h"
 
 #include <cuda_bf16.h>
