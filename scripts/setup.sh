@@ -179,7 +179,7 @@ else
   if [[ -z "$WHEEL" ]]; then
     log "downloading nvidia-cuda-nvcc-cu12==$NVCC12_VERSION (its ptxas is kept)"
     mkdir -p "$ROOT/.whl"
-    python3 -m pip download --quiet --no-deps --only-binary=:all: --platform manylinux2014_x86_64 \
+    python3 -m pip download --quiet --no-deps --only-binary=:all: \
       "nvidia-cuda-nvcc-cu12==$NVCC12_VERSION" -d "$ROOT/.whl" \
       || die "could not download the nvidia-cuda-nvcc-cu12 wheel (no network?). Put
         nvidia_cuda_nvcc_cu12-$NVCC12_VERSION-*.whl in .whl/ or set SELKV_NVCC12_WHEEL"
