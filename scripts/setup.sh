@@ -14,6 +14,8 @@
 #   BUILD_DIR (build)  BUILD_TYPE (Release)  JOBS ($(nproc))
 #   SELKV_CUTLASS_WHEEL  path to a local nvidia_cutlass-4.2.0.0 wheel (offline install)
 #   SELKV_TORCH_VENV     venv for --with-torch (${XDG_CACHE_HOME:-~/.cache}/selkv/torch-venv)
+#   SELKV_NVCC12_WHEEL   path to a local nvidia_cuda_nvcc_cu12-12.9.86 wheel (its ptxas runs the
+#                        sm_70 check of the QSA simple kernel; third_party/nvcc12)
 #
 # Idempotent: every step is skipped when its result is already there, so a second run only
 # rebuilds what changed. Works without a network once third_party/cutlass exists (that folder
@@ -155,6 +157,40 @@ fi
 if [[ "$CUTLASS_ONLY" == 1 ]]; then
   log "--cutlass-only: done"
   exit 0
+fi
+
+# ---- 3b. CUDA 12's ptxas for the sm_70 check of the C8 simple kernel ------------------------------
+# CUDA 13's nvcc cannot target sm_70 (V100), which the QSA simple kernel promises to serve. PyPI's
+# nvidia-cuda-nvcc-cu12 wheel holds only ptxas, libnvvm and libdevice (no nvcc driver, cicc or
+# fatbinary), so the ctest QsaSm70.SimpleKernelAssembles (cmake/qsa_sm70_check.cmake) compiles the
+# kernel's TU to PTX with CUDA 13's nvcc (compute_75, the lowest it knows), relabels it PTX 7.0 /
+# sm_70 and assembles it with this ptxas for sm_70: any instruction sm_70 lacks is an error.
+# Required like CUTLASS (CI has the network for torch anyway; a skipped check would let an
+# SM75+-only construct in unnoticed). Offline: put the wheel in .whl/ or set SELKV_NVCC12_WHEEL.
+NVCC12_VERSION="12.9.86"
+NVCC12_DIR="$ROOT/third_party/nvcc12"
+if [[ -x "$NVCC12_DIR/bin/ptxas" ]]; then
+  log "CUDA 12 ptxas (sm_70 check): $NVCC12_DIR/bin/ptxas"
+else
+  WHEEL="${SELKV_NVCC12_WHEEL:-}"
+  if [[ -z "$WHEEL" ]]; then
+    WHEEL="$(ls "$ROOT"/.whl/nvidia_cuda_nvcc_cu12-"$NVCC12_VERSION"-*.whl 2>/dev/null | head -n1 || true)"
+  fi
+  if [[ -z "$WHEEL" ]]; then
+    log "downloading nvidia-cuda-nvcc-cu12==$NVCC12_VERSION (its ptxas is kept)"
+    mkdir -p "$ROOT/.whl"
+    python3 -m pip download --quiet --no-deps --only-binary=:all: \
+      "nvidia-cuda-nvcc-cu12==$NVCC12_VERSION" -d "$ROOT/.whl" \
+      || die "could not download the nvidia-cuda-nvcc-cu12 wheel (no network?). Put
+        nvidia_cuda_nvcc_cu12-$NVCC12_VERSION-*.whl in .whl/ or set SELKV_NVCC12_WHEEL"
+    WHEEL="$(ls "$ROOT"/.whl/nvidia_cuda_nvcc_cu12-"$NVCC12_VERSION"-*.whl | head -n1)"
+  fi
+  mkdir -p "$NVCC12_DIR/bin"
+  python3 -c 'import sys, zipfile; sys.stdout.buffer.write(zipfile.ZipFile(sys.argv[1]).read("nvidia/cuda_nvcc/bin/ptxas"))' \
+    "$WHEEL" > "$NVCC12_DIR/bin/ptxas.tmp" || die "$WHEEL has no nvidia/cuda_nvcc/bin/ptxas"
+  chmod +x "$NVCC12_DIR/bin/ptxas.tmp" && mv "$NVCC12_DIR/bin/ptxas.tmp" "$NVCC12_DIR/bin/ptxas"
+  "$NVCC12_DIR/bin/ptxas" --version >/dev/null || die "the CUDA 12 ptxas does not run on this machine"
+  log "CUDA 12 ptxas installed: $NVCC12_DIR/bin/ptxas"
 fi
 
 # ---- 4. torch for the Python tests (--with-torch) ------------------------------------------------

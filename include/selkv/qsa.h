@@ -1,7 +1,8 @@
 // selkv/qsa.h — C8: QSA sparse prefill over selected 4-token blocks of a paged fp16 / bf16 KV
 // cache, through "virtual page-4" tables (DESIGN §3 C8, seed 002). Status: the contract, the
-// argument checks, the CPU oracle and the CPU reference of the page-4 plan exist; the CUDA
-// kernels do not yet (qsa_sparse_prefill and qsa_plan return kUnsupported after the checks).
+// argument checks, the CPU oracle, the page-4 plan (CPU reference and GPU kernel) and the exact
+// simple CUDA kernel exist; the SM90 page-4 attention kernel does not yet (every CUDA call runs
+// the simple kernel, see qsa_route).
 //
 // Rows. Row r (r < num_rows) is one query token of request req = req_ids[r] at causal position
 // p = positions[r]. q [R, Hq, D], out [R, Hq, D], lse [R, Hq] (optional, fp32, natural log).
@@ -117,8 +118,8 @@ struct QsaSparsePrefillParams {
   int64_t lse_row_stride = 0;
   int64_t lse_head_stride = 0;
 
-  // Routing (for the kernels to come): false lets the launcher pick the page-4 kernel for large
-  // row counts and the exact simple kernel otherwise; true always takes the simple kernel.
+  // Routing (qsa_route): false lets the launcher pick the page-4 kernel for large row counts and
+  // the exact simple kernel otherwise; true always takes the simple kernel.
   bool force_simple = false;
   // The page-4 kernel's plan (qsa_plan of the same selection); unused by the simple kernel and
   // the oracle. Null: the launcher cannot take the page-4 route.
@@ -130,8 +131,22 @@ struct QsaSparsePrefillParams {
 // the same checks.
 Status check_qsa_sparse_prefill(const QsaSparsePrefillParams& p);
 
-// Not yet implemented on CUDA: returns the checks' error, or kUnsupported.
+// Runs the checks, then the kernel qsa_route picks, asynchronously on `stream` (no host sync, no
+// allocation, graph capturable, deterministic).
 Status qsa_sparse_prefill(const QsaSparsePrefillParams& p, cudaStream_t stream);
+
+// The two C8 kernels: the exact simple kernel (one CTA per row and kv head, SIMT, SM70 and newer)
+// and the SM90 page-4 kernel over the plan (not built yet).
+enum class QsaKernel : int32_t { kSimple = 0, kPage4 = 1 };
+// Rows from which a call may take the page-4 kernel.
+inline constexpr int64_t kQsaPage4MinRows = 4096;
+// Whether p asks for the page-4 route: num_rows >= kQsaPage4MinRows, p.metadata given, not
+// p.force_simple, and the environment variable SELKV_QSA_PAGE4 is not "0". Host only, reads no
+// device memory.
+bool qsa_page4_wanted(const QsaSparsePrefillParams& p);
+// The kernel qsa_sparse_prefill runs for p (valid p): kPage4 when qsa_page4_wanted(p) and the
+// page-4 kernel is built, else kSimple. Today always kSimple.
+QsaKernel qsa_route(const QsaSparsePrefillParams& p);
 
 // Bytes of the page-4 plan of num_rows rows selecting up to max_blocks blocks (0 for invalid
 // sizes or zero rows). Layout: src/qsa/qsa_layout.h.
@@ -139,8 +154,8 @@ size_t qsa_metadata_size(int64_t num_rows, int64_t max_blocks);
 
 // Builds the plan of p's selection into `metadata` (device memory, qsa_metadata_size bytes,
 // 16-byte aligned). Reads the selection, req_ids, positions, seq_lens and block_table; never the
-// caches, q or out. Not yet implemented on CUDA: returns the checks' error, or kUnsupported.
-// (The CPU reference is selkv::ref::qsa_plan.)
+// caches, q or out. One CTA per row on `stream`: no host sync, graph capturable; the buffer is
+// byte-identical to the CPU reference selkv::ref::qsa_plan's (entries past a row's count are 0).
 Status qsa_plan(const QsaSparsePrefillParams& p, void* metadata, size_t metadata_bytes, cudaStream_t stream);
 
 }  // namespace selkv

@@ -16,7 +16,8 @@ Query head ``h`` reads KV head ``h // (Hq // Hkv)``. A row / head with no valid 
 ``out = 0`` and ``lse = -inf``. The semantics are those of ``include/selkv/qsa.h``.
 
 Wraps the out-variant operator ``torch.ops.selkv.qsa_sparse_prefill`` (CPU: the fp64 reference;
-Meta: checks only; CUDA: the kernels are not implemented yet, the op raises NotImplementedError).
+Meta: checks only; CUDA: the C++ API on the current stream, today the exact simple kernel for
+every batch; the SM90 page-4 kernel for large batches is planned).
 """
 
 from __future__ import annotations

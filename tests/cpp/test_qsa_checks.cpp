@@ -1,8 +1,9 @@
 // C8 QSA sparse prefill: CPU tests of every argument rule (selkv/qsa.h, src/qsa/qsa_checks.cpp),
-// the zero-row no-op, the plan size, and the CUDA entry points' kUnsupported until the kernels exist.
+// the zero-row no-op, the plan size, and the routing rule (qsa_page4_wanted / qsa_route).
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <limits>
 #include <string>
@@ -55,19 +56,45 @@ void expect_invalid(const std::function<void(Problem&)>& mutate, const char* arg
   }
 }
 
-TEST(QsaChecks, ValidProblemPassesAndGpuSaysUnsupported) {
+TEST(QsaChecks, ValidProblemPasses) {
   for (auto form : {QsaSelectionForm::kExpanded, QsaSelectionForm::kCompact}) {
     Problem pr = valid(form);
     EXPECT_TRUE(check_qsa_sparse_prefill(pr.p).ok()) << check_qsa_sparse_prefill(pr.p).to_string();
-    const Status st = qsa_sparse_prefill(pr.p, nullptr);
-    EXPECT_EQ(st.code(), StatusCode::kUnsupported) << st.to_string();
-    EXPECT_NE(st.message().find("not yet implemented on CUDA"), std::string::npos) << st.message();
     std::vector<int32_t> md(qsa_metadata_size(pr.R, pr.K) / 4);
-    const Status ps = qsa_plan(pr.p, md.data(), md.size() * 4, nullptr);
-    EXPECT_EQ(ps.code(), StatusCode::kUnsupported) << ps.to_string();
     EXPECT_TRUE(ref::qsa_sparse_prefill(pr.p).ok());
     EXPECT_TRUE(ref::qsa_plan(pr.p, md.data(), md.size() * 4).ok());
   }
+}
+
+// The route is decided on the host from the Params and the environment alone: 4096 rows with a
+// plan ask for page-4, 4095 rows, no plan, force_simple or SELKV_QSA_PAGE4=0 do not; until the
+// page-4 kernel is built every call runs the simple kernel.
+TEST(QsaChecks, RouteRule) {
+  const char* saved = std::getenv("SELKV_QSA_PAGE4");
+  const std::string saved_value = saved ? saved : "";
+  unsetenv("SELKV_QSA_PAGE4");
+  QsaSparsePrefillParams p;
+  alignas(16) static int32_t plan[4];
+  p.num_rows = kQsaPage4MinRows;
+  p.metadata = plan;
+  EXPECT_TRUE(qsa_page4_wanted(p));
+  p.num_rows = kQsaPage4MinRows - 1;
+  EXPECT_FALSE(qsa_page4_wanted(p));
+  p.num_rows = 1 << 20;
+  EXPECT_TRUE(qsa_page4_wanted(p));
+  p.force_simple = true;
+  EXPECT_FALSE(qsa_page4_wanted(p));
+  p.force_simple = false;
+  p.metadata = nullptr;
+  EXPECT_FALSE(qsa_page4_wanted(p));
+  p.metadata = plan;
+  setenv("SELKV_QSA_PAGE4", "0", 1);
+  EXPECT_FALSE(qsa_page4_wanted(p));
+  setenv("SELKV_QSA_PAGE4", "1", 1);
+  EXPECT_TRUE(qsa_page4_wanted(p));
+  EXPECT_EQ(qsa_route(p), QsaKernel::kSimple);  // the page-4 kernel is not built yet
+  if (saved) setenv("SELKV_QSA_PAGE4", saved_value.c_str(), 1);
+  else unsetenv("SELKV_QSA_PAGE4");
 }
 
 TEST(QsaChecks, ZeroRowsIsANoOpWithNullPointers) {

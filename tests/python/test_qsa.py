@@ -7,7 +7,8 @@ selkv.qsa_sparse_prefill.
   NaN in every cache slot outside the selection (must not leak);
 - empty rows give 0 / -inf exactly; a NaN in q of a row with entries gives NaN;
 - errors name the op and the argument; opcheck on the CPU op;
-- CUDA raises NotImplementedError (kernels pending; skips without a GPU).
+- CUDA (skips without a GPU): the CUDA op against the CPU op and the model, every form and layout
+  giving the same bits, GQA groups, force_simple, the out variant, CUDA-graph replay, errors.
 """
 
 from __future__ import annotations
@@ -371,12 +372,74 @@ def test_opcheck(selkv, gen):
 
 
 # ---- CUDA ---------------------------------------------------------------------------------------
-def test_cuda_not_implemented(selkv, cuda_device, gen):
+def _to(pb, device):
+    return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in pb.items()}
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("D", [128, 256])
+@pytest.mark.parametrize("P", [16, 784])
+def test_cuda_matches_cpu_op(selkv, cuda_device, gen, dtype, D, P):
+    """The CUDA op against the CPU op (the oracle) and the fp64 model: both forms, both layouts,
+    NaN in every unselected slot, empty rows exactly 0 / -inf."""
+    pb = make_problem(gen, dtype, D, P, Hq=8, Hkv=2)
+    ref_out, ref_lse = run_op(selkv, pb, "expanded")
+    c = _to(pb, cuda_device)
+    first = None
+    for form in ("expanded", "compact"):
+        for interleaved in (True, False):
+            out, lse = run_op(selkv, c, form, interleaved=interleaved)
+            assert out.device.type == "cuda" and lse.device.type == "cuda"
+            if first is None:
+                first = (out, lse)
+                check_against_model(pb, out.cpu(), lse.cpu())
+                torch.testing.assert_close(out.cpu().float(), ref_out.float(), rtol=2.01 / 128, atol=1e-3)
+                torch.testing.assert_close(lse.cpu(), ref_lse, rtol=8.01 / 65536, atol=1e-6)
+            else:  # same bits whatever the form and layout
+                assert torch.equal(out, first[0]), (form, interleaved)
+                assert torch.equal(lse, first[1]), (form, interleaved)
+
+
+def test_cuda_gqa_groups_force_simple_and_out_variant(selkv, cuda_device, gen):
+    for hq, hkv in ((1, 1), (6, 1), (16, 2), (8, 1)):
+        pb = make_problem(gen, torch.bfloat16, 256, 16, Hq=hq, Hkv=hkv)
+        c = _to(pb, cuda_device)
+        out = torch.full_like(c["q"], 7.0)
+        got = run_op(selkv, c, "compact", return_lse=False, out=out)
+        assert got is out
+        out2, lse = run_op(selkv, c, "compact", force_simple=True)
+        assert torch.equal(out, out2)
+        check_against_model(pb, out.cpu(), lse.cpu())
+
+
+def test_cuda_graph_replay_equals_eager(selkv, cuda_device, gen):
+    pb = make_problem(gen, torch.float16, 256, 16, Hq=6, Hkv=1)
+    c = _to(pb, cuda_device)
+    eager_out, eager_lse = run_op(selkv, c, "expanded")
+    out = torch.zeros_like(c["q"])
+    lse = torch.zeros(c["q"].shape[:2], dtype=torch.float32, device=cuda_device)
+    kv = c["kv"]
+    args = (c["q"], kv[:, 0], kv[:, 1], c["table"], c["seq_lens"], c["req_ids"], c["positions"],
+            c["selection"], None, None, float(c["scale"]), False, out, lse)
+    torch.ops.selkv.qsa_sparse_prefill(*args)  # warm-up outside the capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        torch.ops.selkv.qsa_sparse_prefill(*args)
+    out.zero_()
+    lse.zero_()
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager_out) and torch.equal(lse, eager_lse)
+
+
+def test_cuda_errors(selkv, cuda_device, gen):
     pb = make_problem(gen, torch.bfloat16, 128, 16)
-    c = {k: (v.to(cuda_device) if isinstance(v, torch.Tensor) else v) for k, v in pb.items()}
-    with pytest.raises(NotImplementedError, match=OP + r": not yet implemented on CUDA"):
-        run_op(selkv, c)
+    c = _to(pb, cuda_device)
     with pytest.raises(RuntimeError, match=OP + r": q: expected a CUDA tensor"):
         selkv.qsa_sparse_prefill(pb["q"], c["kv"][:, 0], c["kv"][:, 1], c["table"], c["seq_lens"],
                                  c["req_ids"], c["positions"], selection=c["selection"],
                                  out=torch.empty_like(c["q"]))
+    with pytest.raises(RuntimeError, match=OP + r": scale"):
+        selkv.qsa_sparse_prefill(c["q"], c["kv"][:, 0], c["kv"][:, 1], c["table"], c["seq_lens"],
+                                 c["req_ids"], c["positions"], selection=c["selection"], scale=-1.0)

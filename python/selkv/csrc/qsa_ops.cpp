@@ -5,8 +5,8 @@
 // req_ids [R], positions [R], and the selection in one of its two forms: expanded int32
 // selection [R, 4K + 3], or compact int32 block_ids [R, K] with block_counts [R]. out [R, Hq, D]
 // of q's dtype, optional fp32 lse [R, Hq]. CPU runs the oracle on the same Params, Meta the C++
-// checks on stand-in pointers, CUDA the C++ API on the current stream (which returns
-// kUnsupported for now: NotImplementedError in Python).
+// checks on stand-in pointers, CUDA the C++ API on the current stream (qsa_route picks the
+// kernel; today the exact simple kernel).
 #include <ATen/core/Tensor.h>
 #include <torch/library.h>
 

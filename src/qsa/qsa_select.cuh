@@ -1,0 +1,70 @@
+// The C8 selection walk on the device, shared by the plan kernel and the simple kernel: a row's
+// selection as a flat list of columns (expanded: the 4K + 3 columns as stored; compact: 4 columns
+// per counted block, then the causal partial block), each column one logical token, and the one
+// validity rule of selkv/qsa.h, applied before anything behind the token is read.
+#pragma once
+
+#include <cstdint>
+
+#include "qsa/qsa_kernel_params.h"
+
+namespace selkv::qsa {
+
+// What a row reads of its request, resolved once per row.
+struct RowSel {
+  int32_t len;           // live tokens (0 when the request id is out of range: every entry invalid)
+  const int32_t* table;  // the request's block-table row, or null
+  int32_t cols;          // columns of the flat list
+  int32_t count;         // compact: counted blocks (columns [0, 4 * count)); expanded: unused
+  int64_t tail_base;     // compact: first token of the causal partial block
+  const int32_t* sel;    // expanded: the row's selection; compact: its block ids
+};
+
+__device__ __forceinline__ int64_t floor_div4(int64_t x) { return x >= 0 ? x / 4 : -((-x + 3) / 4); }
+
+__device__ __forceinline__ RowSel row_sel(const QsaSelectionParams& s, int32_t r) {
+  RowSel rs;
+  const int32_t req = s.req_ids[r];
+  const bool ok = req >= 0 && req < s.num_req;
+  rs.len = ok ? s.seq_lens[req] : 0;
+  rs.table = ok && s.block_table_width > 0 ? s.block_table + int64_t(req) * s.block_table_stride : nullptr;
+  if (s.compact) {
+    int32_t cnt = s.block_counts[r];
+    cnt = cnt < 0 ? 0 : cnt > s.max_blocks ? s.max_blocks : cnt;
+    const int64_t pos = s.positions[r];
+    rs.tail_base = 4 * floor_div4(pos + 1);
+    rs.count = cnt;
+    rs.cols = 4 * cnt + int32_t(pos - rs.tail_base + 1);  // + 0..3 tail tokens
+    rs.sel = s.block_ids + int64_t(r) * s.block_ids_stride;
+  } else {
+    rs.tail_base = 0;
+    rs.count = 0;
+    rs.cols = 4 * s.max_blocks + 3;
+    rs.sel = s.selection + int64_t(r) * s.selection_stride;
+  }
+  return rs;
+}
+
+// Logical token of column c (c < rs.cols); any int64 (invalid ones included).
+__device__ __forceinline__ int64_t column_token(const QsaSelectionParams& s, const RowSel& rs, int32_t c) {
+  if (!s.compact) return rs.sel[c];
+  if (c < 4 * rs.count) return 4 * int64_t(rs.sel[c >> 2]) + (c & 3);
+  return rs.tail_base + (c - 4 * rs.count);
+}
+
+// The validity rule: token t -> (physical page, slot), or false. Reads only the block-table entry
+// of a token already known to be live.
+__device__ __forceinline__ bool resolve_token(const QsaSelectionParams& s, const RowSel& rs, int64_t t,
+                                              int32_t* page, int32_t* slot) {
+  if (t < 0 || t >= rs.len || rs.table == nullptr) return false;
+  const int32_t tt = int32_t(t);  // < len, an int32
+  const int32_t lp = tt / s.page_size;
+  if (lp >= s.block_table_width) return false;
+  const int32_t pg = rs.table[lp];
+  if (pg < 0 || int64_t(pg) >= s.num_pages) return false;
+  *page = pg;
+  *slot = tt - lp * s.page_size;
+  return true;
+}
+
+}  // namespace selkv::qsa

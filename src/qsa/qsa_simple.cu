@@ -1,0 +1,46 @@
+// Launcher of the C8 exact simple kernel (qsa_simple.cuh): one CTA per (row, kv head), the
+// (dtype, D, group) instantiation picked at run time. Self-contained (CUDA headers, the kernel and
+// its plain params; no selkv runtime code), so CI can compile this translation unit for sm_70
+// (ctest QsaSm70.SimpleKernelAssembles, cmake/qsa_sm70_check.cmake) while the library itself
+// builds it for sm_90a.
+#include "qsa/qsa_simple.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "qsa/qsa_simple.cuh"
+
+namespace selkv::qsa {
+namespace {
+
+template <typename T, int D>
+cudaError_t launch_group(const QsaSimpleParams& p, int64_t ctas, cudaStream_t stream) {
+  const dim3 grid{unsigned(ctas)}, block{unsigned(kSimpleThreads)};
+  switch (p.group) {
+    case 1: qsa_simple_kernel<T, D, 1><<<grid, block, 0, stream>>>(p); break;
+    case 2: qsa_simple_kernel<T, D, 2><<<grid, block, 0, stream>>>(p); break;
+    case 3: qsa_simple_kernel<T, D, 3><<<grid, block, 0, stream>>>(p); break;
+    case 4: qsa_simple_kernel<T, D, 4><<<grid, block, 0, stream>>>(p); break;
+    case 5: qsa_simple_kernel<T, D, 5><<<grid, block, 0, stream>>>(p); break;
+    case 6: qsa_simple_kernel<T, D, 6><<<grid, block, 0, stream>>>(p); break;
+    case 7: qsa_simple_kernel<T, D, 7><<<grid, block, 0, stream>>>(p); break;
+    case 8: qsa_simple_kernel<T, D, 8><<<grid, block, 0, stream>>>(p); break;
+    default: return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t launch_qsa_simple(const QsaSimpleParams& p, bool bf16, int head_dim, cudaStream_t stream) {
+  const int64_t ctas = int64_t(p.sel.num_rows) * p.num_kv_heads;
+  if (ctas <= 0) return cudaSuccess;
+  if (ctas > 0x7FFFFFFF) return cudaErrorInvalidConfiguration;
+  if (head_dim == 256)
+    return bf16 ? launch_group<__nv_bfloat16, 256>(p, ctas, stream) : launch_group<__half, 256>(p, ctas, stream);
+  if (head_dim == 128)
+    return bf16 ? launch_group<__nv_bfloat16, 128>(p, ctas, stream) : launch_group<__half, 128>(p, ctas, stream);
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace selkv::qsa

@@ -1,0 +1,14 @@
+// Host entry of the C8 exact simple kernel (qsa_simple.cu). The caller (qsa_api.cpp) has run
+// every argument check; this only launches.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "qsa/qsa_kernel_params.h"
+
+namespace selkv::qsa {
+
+// One CTA per (row, kv head) on `stream`; head_dim 128 or 256, p.group in [1, 8].
+cudaError_t launch_qsa_simple(const QsaSimpleParams& p, bool bf16, int head_dim, cudaStream_t stream);
+
+}  // namespace selkv::qsa
