@@ -1,7 +1,11 @@
 // selkv/decode.h — C5: FP8 sparse MLA decode on SM90 (DESIGN §3 C5, docs/decode-design.md).
 //
-//   q [B, S_q, H, 576] bf16, paged ds_mla_fp8 cache, indices [B, S_q, K] int32 physical slots
+//   q [B, S_q, H, D] bf16, paged FP8 cache, indices [B, S_q, K] int32 physical slots
 //   -> out [B, S_q, H, 512] bf16, lse [B, S_q, H] fp32 (natural log).
+//   ds_mla_fp8: D = 576 (V = the first 512 dims of K); model1_fp8: D = 512 (V = all of K).
+//   model1_fp8 only: an optional extra KV cache (FlashMLA's extra_k_cache) with its own page
+//   size, indices [B, S_q, K2] and extra_topk_length; one softmax over the valid entries of both
+//   selections (one out, one lse).
 //
 // Usage (all asynchronous on `stream`, no host sync, no allocation, CUDA-graph capturable):
 //   size_t mbytes = decode_metadata_size(B, S_q);            // caller allocates (device)
@@ -66,6 +70,11 @@ struct DecodeShape {
   // f16_partials_by_default: fp16 is faster on split calls of several rows and slower on
   // single-row calls, which write little). The torch ops always use kAuto.
   DecodePartials partials = DecodePartials::kAuto;
+  // Extra KV cache (model1_fp8 decodes only): K2 indices per row, 0 = none; a multiple of 64,
+  // <= 2^30. A row's blocks are ceil(len / 64) + ceil(len2 / 64) (fixed: K / 64 + K2 / 64), at
+  // least 1; B * S_q * (K + K2) / 64 <= 2^29.
+  int32_t extra_topk = 0;
+  const int32_t* extra_topk_length = nullptr;  // device [B] or null (needs extra_topk > 0)
 };
 
 // Host-side description of a metadata buffer (the buffer itself lives on the device).
@@ -94,12 +103,13 @@ Status make_decode_metadata(const DecodeShape& shape, void* buffer, size_t buffe
 size_t decode_workspace_size(const DecodeMetadata& metadata);
 
 struct SparseDecodeParams {
-  // q: bf16 [B, S_q, H, 576]; last dim contiguous; pointer and strides 16-byte aligned.
+  // q: bf16 [B, S_q, H, D] (D = 576 for ds_mla_fp8, 512 for model1_fp8); last dim contiguous;
+  // pointer and strides 16-byte aligned.
   const void* q = nullptr;
   int64_t q_batch_stride = 0, q_seq_stride = 0, q_head_stride = 0;  // in elements
   int32_t batch = 0, seq_q = 0, num_heads = 0;
 
-  PagedKvCache cache;  // format must be ds_mla_fp8
+  PagedKvCache cache;  // ds_mla_fp8 or model1_fp8
 
   // indices: int32 [B, S_q, K], last dim contiguous.
   const int32_t* indices = nullptr;
@@ -107,6 +117,17 @@ struct SparseDecodeParams {
   int32_t topk = 0;  // K, multiple of 64
 
   const int32_t* topk_length = nullptr;  // optional [B]: entries k >= topk_length[b] are invalid
+
+  // Optional extra KV cache (model1_fp8 only; FlashMLA's extra_k_cache): its valid entries join
+  // the main selection's in the same softmax. extra_topk == 0: none (extra_cache.data,
+  // extra_indices and extra_topk_length must then be null). DESIGN §2 applies to each cache with
+  // its own num_slots.
+  PagedKvCache extra_cache;  // same format as cache; its own page size, blocks and block stride
+  const int32_t* extra_indices = nullptr;  // int32 [B, S_q, K2], last dim contiguous
+  int64_t extra_indices_batch_stride = 0, extra_indices_seq_stride = 0;  // in elements
+  int32_t extra_topk = 0;                   // K2: 0 or a multiple of 64
+  const int32_t* extra_topk_length = nullptr;  // optional [B]: extra entries k >= len are invalid
+
   const float* attn_sink = nullptr;      // optional [H]: out *= 1 / (1 + exp(sink[h] - lse))
   float sm_scale = 0.f;  // finite, > 0, and sm_scale * log2(e) finite in fp32 (DESIGN §2)
 
@@ -118,7 +139,8 @@ struct SparseDecodeParams {
   int64_t lse_batch_stride = 0, lse_seq_stride = 0;  // in elements
 };
 
-// Fills the strides of a contiguous [B, S_q, H, *] layout (helper for callers and tests).
+// Fills the strides of a contiguous [B, S_q, H, *] layout (helper for callers and tests): q's
+// from cache.format, the extra indices' from extra_topk.
 void set_contiguous_strides(SparseDecodeParams* p);
 
 // Argument validation only (no launch); sparse_mla_decode runs the same checks.

@@ -1,4 +1,6 @@
-"""Sparse MLA decode over the paged FP8 ``ds_mla_fp8`` cache (DESIGN C5).
+"""Sparse MLA decode over a paged FP8 cache (DESIGN C5): ``ds_mla_fp8`` (DeepSeek-V3.2, q and K
+576 dims) or ``model1_fp8`` (FlashMLA's MODEL1, q and K 512 dims, V = all of K), the latter with an
+optional extra KV cache (its own pages, indices and top-k lengths) attended in the same softmax.
 
 Two steps, as in the C++ API (``include/selkv/decode.h``)::
 
@@ -92,6 +94,7 @@ class DecodeMetadata:
     plan: list[int]
     topk_length: torch.Tensor | None = None
     stream: torch.cuda.Stream | None = None
+    extra_topk_length: torch.Tensor | None = None
 
     def field(self, name: str) -> int:
         """The plan's field ``name`` (one of ``torch.ops.selkv.decode_plan_fields()``)."""
@@ -121,6 +124,10 @@ class DecodeMetadata:
     def min_blocks_per_part(self) -> int:
         return self.field("min_blocks_per_part")
 
+    @property
+    def extra_topk(self) -> int:
+        return self.field("extra_topk")
+
 
 def decode_metadata_size(batch: int, seq_q: int) -> int:
     """Number of int32 values of the metadata buffer for ``batch * seq_q`` query rows."""
@@ -138,6 +145,8 @@ def get_decode_metadata(
     min_blocks_per_part: int = 0,
     device: torch.device | str | None = None,
     out: DecodeMetadata | None = None,
+    extra_topk: int = 0,
+    extra_topk_length: torch.Tensor | None = None,
 ) -> DecodeMetadata:
     """Plans a sparse MLA decode (split-KV schedule, computed on the device).
 
@@ -158,6 +167,12 @@ def get_decode_metadata(
             CPU reference.
         out: a previous plan whose buffers are reused (when large enough), e.g. to remake the
             plan inside a CUDA graph without allocating.
+        extra_topk: ``K2``, index entries per query row of the extra KV cache (``model1_fp8``
+            decodes only), 0 (none) or a multiple of 64. A row's 64-token blocks are the main
+            cache's then the extra cache's.
+        extra_topk_length: optional int32 ``[B]``: only the first ``extra_topk_length[b]``
+            extra entries of row ``b`` are read (needs ``extra_topk > 0``); pass this same tensor
+            to the decode.
 
     Returns:
         a :class:`DecodeMetadata`.
@@ -171,6 +186,8 @@ def get_decode_metadata(
         dev = torch.device(device)
     elif topk_length is not None:
         dev = topk_length.device
+    elif extra_topk_length is not None:
+        dev = extra_topk_length.device
     else:
         dev = torch.device("cuda", torch.cuda.current_device())
     n = decode_metadata_size(batch, seq_q)
@@ -181,7 +198,16 @@ def get_decode_metadata(
     plan = [
         int(v)
         for v in _ops.get_decode_metadata(
-            batch, seq_q, num_heads, topk, topk_length, num_sms, metadata, min_blocks_per_part
+            batch,
+            seq_q,
+            num_heads,
+            topk,
+            topk_length,
+            num_sms,
+            metadata,
+            min_blocks_per_part,
+            extra_topk,
+            extra_topk_length,
         )
     ]
     ws_bytes = max(_plan_field(plan, "workspace_bytes"), 16)
@@ -198,8 +224,9 @@ def get_decode_metadata(
             topk_length,
             stream,
         )
+        out.extra_topk_length = extra_topk_length
         return out
-    return DecodeMetadata(metadata, workspace, plan, topk_length, stream)
+    return DecodeMetadata(metadata, workspace, plan, topk_length, stream, extra_topk_length)
 
 
 def sparse_mla_decode(
@@ -214,19 +241,24 @@ def sparse_mla_decode(
     out: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
     workspace: torch.Tensor | None = None,
+    extra_kv_cache: torch.Tensor | None = None,
+    extra_indices: torch.Tensor | None = None,
+    extra_topk_length: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sparse MLA decode: attention of each query row over its selected FP8 cache slots.
 
     Args:
-        q: bf16 ``[B, S_q, H, 576]`` (512 latent + 64 RoPE), last dim dense, 16-byte aligned
-            rows.
-        kv_cache: uint8 ``[num_blocks, page_size, 656]`` paged ``ds_mla_fp8`` cache (pages
-            dense; the block stride may be larger).
+        q: bf16 ``[B, S_q, H, D]``, ``D`` = 576 (``ds_mla_fp8``: 512 latent + 64 RoPE) or 512
+            (``model1_fp8``: 448 + 64), last dim dense, 16-byte aligned rows.
+        kv_cache: uint8 paged cache, pages dense, the block stride may be larger: ``[num_blocks,
+            page_size, 656]`` ``ds_mla_fp8``, or ``[num_blocks, page_size, 584]`` ``model1_fp8``
+            (a view of the padded pages, as FlashMLA's tests build it; see
+            :func:`selkv.empty_kv_cache`). The format follows from the last dim.
         indices: int32 ``[B, S_q, K]`` physical slots, last dim dense; invalid entries are
             skipped (see the module docstring).
         metadata: the plan from :func:`get_decode_metadata` for exactly this
             ``(B, S_q, H, K, topk_length)``.
-        sm_scale: softmax scale applied to ``q . k``; default ``576 ** -0.5``. Finite and
+        sm_scale: softmax scale applied to ``q . k``; default ``D ** -0.5``. Finite and
             ``> 0`` with ``sm_scale * log2(e)`` finite in fp32, else a RuntimeError naming it.
         topk_length: optional int32 ``[B]``; must be the tensor the plan was made with.
         attn_sink: optional fp32 ``[H]``: ``out *= 1 / (1 + exp(attn_sink[h] - lse))``
@@ -236,11 +268,17 @@ def sparse_mla_decode(
         workspace: optional uint8 buffer of at least ``metadata.workspace.numel()`` bytes for
             the split accumulators (default: the plan's on its own stream, a fresh one on any
             other stream, so that decodes running at the same time never share one).
+        extra_kv_cache: optional second ``model1_fp8`` cache (its own page size, block count
+            and block stride) whose selected slots join the same softmax (FlashMLA's
+            ``extra_k_cache``); needs ``extra_indices`` and a plan made with ``extra_topk``.
+        extra_indices: int32 ``[B, S_q, K2]`` physical slots of ``extra_kv_cache`` (DESIGN §2
+            with its own slot count).
+        extra_topk_length: optional int32 ``[B]``; must be the tensor the plan was made with.
 
     Returns:
         ``(out, lse)``: ``out`` bf16 ``[B, S_q, H, 512]``; ``lse`` fp32 ``[B, S_q, H]``, the
-        natural-log logsumexp of ``sm_scale * q . k`` over the valid slots (``-inf`` and
-        ``out = 0`` for a row with no valid slot).
+        natural-log logsumexp of ``sm_scale * q . k`` over the valid slots of both caches
+        (``-inf`` and ``out = 0`` for a row with no valid slot).
 
     ``B = 0`` or ``S_q = 0`` (no rows) is a no-op returning empty outputs.
 
@@ -262,6 +300,9 @@ def sparse_mla_decode(
         sm_scale,
         out,
         lse,
+        extra_kv_cache,
+        extra_indices,
+        extra_topk_length,
     )
     return out, lse
 

@@ -9,8 +9,10 @@ with no valid index: ``lse = +inf``, ``out = 0``).
 
 - ``get_mla_metadata`` -- returns an empty scheduler-metadata object; the split-KV schedule is
   made on the device at the first ``flash_mla_with_kvcache`` call that uses it (graph-capturable)
-- ``flash_mla_with_kvcache`` -- sparse MLA decode over the paged FP8 ``ds_mla_fp8`` cache
-  (``is_fp8_kvcache=True`` with ``indices``); the dense and ``extra_*`` paths raise
+- ``flash_mla_with_kvcache`` -- sparse MLA decode over the paged FP8 cache
+  (``is_fp8_kvcache=True`` with ``indices``): the V3.2 layout (``d_qk`` 576, 656-byte records)
+  and MODEL1 (``d_qk`` 512, 584 bytes per token), the latter with ``extra_k_cache`` /
+  ``extra_indices_in_kvcache`` / ``extra_topk_length``; the dense path raises
   :class:`NotImplementedError`
 - ``flash_mla_sparse_fwd`` -- sparse MLA prefill over bf16 KV (``d_qk`` 576 or 512)
 - ``get_packed_kv_workspace_size`` -- bytes of a packed selected-KV buffer (selkv's size, see
@@ -22,8 +24,9 @@ with no valid index: ``lse = +inf``, ``out = 0``).
 - ``flash_mla_with_packed_kvcache`` -- sparse MLA decode over that buffer; its result equals
   ``flash_mla_with_kvcache``'s over the cache and indices it was packed from (bitwise on the GPU)
 
-What raises: the dense and ``extra_*`` paths of ``flash_mla_with_kvcache`` (and
-``is_fp8_kvcache=False``) raise :class:`NotImplementedError`, as does a GPU other than SM90;
+What raises: the dense path of ``flash_mla_with_kvcache`` (and ``is_fp8_kvcache=False``) raises
+:class:`NotImplementedError`, as does a GPU other than SM90 (and ``extra_k_cache`` with the V3.2
+layout, which FlashMLA does not have either);
 argument errors raise ``ValueError`` (``TypeError`` for a ``tile_scheduler_metadata`` that is
 not a :class:`FlashMLASchedMeta`) or ``RuntimeError`` (from the operators' own checks), naming
 the argument, instead of failing an ``assert``.
@@ -115,26 +118,30 @@ def get_mla_metadata(*args: Any, **kwargs: Any) -> tuple[FlashMLASchedMeta, None
 _BYTE_DTYPES = (torch.uint8, torch.int8, torch.float8_e4m3fn)
 
 
-def _kv_cache_view(k_cache: torch.Tensor, op: str = "flash_mla_with_kvcache") -> torch.Tensor:
-    """FlashMLA's FP8 cache ``[num_blocks, page_block_size, 1, 656]`` (uint8 / int8 /
-    float8_e4m3fn) as selkv's uint8 ``[num_blocks, page_block_size, 656]`` view (no copy)."""
+def _kv_cache_view(
+    k_cache: torch.Tensor, op: str = "flash_mla_with_kvcache", name: str = "k_cache"
+) -> torch.Tensor:
+    """FlashMLA's FP8 cache ``[num_blocks, page_block_size, 1, 656]`` (V3.2) or ``[num_blocks,
+    page_block_size, 1, 584]`` (MODEL1: a view of the padded pages, as FlashMLA's
+    ``quantize_k_cache`` returns it), uint8 / int8 / float8_e4m3fn, as selkv's uint8
+    ``[num_blocks, page_block_size, 656 or 584]`` view (no copy)."""
     if k_cache.dtype not in _BYTE_DTYPES:
         raise ValueError(
-            f"{op}: k_cache: expected dtype uint8, int8 or float8_e4m3fn "
-            f"(656-byte ds_mla_fp8 records), got {k_cache.dtype}"
+            f"{op}: {name}: expected dtype uint8, int8 or float8_e4m3fn "
+            f"(656-byte ds_mla_fp8 or 584-byte model1_fp8 records), got {k_cache.dtype}"
         )
     kv = k_cache if k_cache.dtype == torch.uint8 else k_cache.view(torch.uint8)
     if kv.dim() == 4:
         if kv.size(2) != 1:
             raise ValueError(
-                f"{op}: k_cache: expected num_heads_k == 1 (shape "
-                f"[num_blocks, page_block_size, 1, 656]), got shape {tuple(k_cache.shape)}"
+                f"{op}: {name}: expected num_heads_k == 1 (shape "
+                f"[num_blocks, page_block_size, 1, 656 or 584]), got shape {tuple(k_cache.shape)}"
             )
         kv = kv.select(2, 0)
     elif kv.dim() != 3:
         raise ValueError(
-            f"{op}: k_cache: expected shape [num_blocks, page_block_size, 1, "
-            f"656], got {tuple(k_cache.shape)}"
+            f"{op}: {name}: expected shape [num_blocks, page_block_size, 1, "
+            f"656 or 584], got {tuple(k_cache.shape)}"
         )
     return kv
 
@@ -176,22 +183,39 @@ def _plan(
     topk: int,
     topk_length: torch.Tensor | None,
     device: torch.device,
+    extra_topk: int = 0,
+    extra_topk_length: torch.Tensor | None = None,
 ) -> _decode.DecodeMetadata:
     """The selkv plan of ``sched`` (its configuration already checked) for a call with this
-    ``topk_length``: made at the first call; made again, into the same buffers, when another
-    ``topk_length`` tensor is passed (FlashMLA allows equal values in a new tensor)."""
+    ``topk_length`` (and ``extra_topk_length``): made at the first call; made again, into the
+    same buffers, when another length tensor is passed (FlashMLA allows equal values in a new
+    tensor)."""
     md = sched.selkv_metadata
     if md is None:
         md = _decode.get_decode_metadata(
-            b, s_q, h_q, topk, topk_length, num_sms=sched.selkv_num_sms, device=device
+            b,
+            s_q,
+            h_q,
+            topk,
+            topk_length,
+            num_sms=sched.selkv_num_sms,
+            device=device,
+            extra_topk=extra_topk,
+            extra_topk_length=extra_topk_length,
         )
         sched.selkv_metadata = md
-    elif (topk_length is None) != (md.topk_length is None) or (
-        topk_length is not None and topk_length is not md.topk_length
-    ):
+    elif topk_length is not md.topk_length or extra_topk_length is not md.extra_topk_length:
         # one tiny kernel, no allocation when the buffers fit
         _decode.get_decode_metadata(
-            b, s_q, h_q, topk, topk_length, num_sms=sched.selkv_num_sms, out=md
+            b,
+            s_q,
+            h_q,
+            topk,
+            topk_length,
+            num_sms=sched.selkv_num_sms,
+            out=md,
+            extra_topk=extra_topk,
+            extra_topk_length=extra_topk_length,
         )
     sched.tile_scheduler_metadata = md.metadata
     return md
@@ -231,13 +255,16 @@ def flash_mla_with_kvcache(
     topk_length: torch.Tensor | None = None,
     extra_topk_length: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """FlashMLA ``flash_mla_with_kvcache``, sparse FP8 path (DeepSeek-V3.2 layout).
+    """FlashMLA ``flash_mla_with_kvcache``, sparse FP8 path (DeepSeek-V3.2 and MODEL1 layouts).
 
     Arguments (FlashMLA's names and order):
-        q: bf16 ``(batch_size, seq_len_q, num_heads_q, 576)``; ``num_heads_q`` 64 or 128.
-        k_cache: ``(num_blocks, page_block_size, 1, 656)`` uint8 / int8 / float8_e4m3fn,
-            656-byte ``ds_mla_fp8`` records (512 FP8 NoPE, 4 fp32 scales, 64 bf16 RoPE); each
-            page dense.
+        q: bf16 ``(batch_size, seq_len_q, num_heads_q, d_qk)``; ``num_heads_q`` 64 or 128;
+            ``d_qk`` 576 (V3.2) or 512 (MODEL1).
+        k_cache: uint8 / int8 / float8_e4m3fn, each page dense: V3.2 ``(num_blocks,
+            page_block_size, 1, 656)``, 656-byte ``ds_mla_fp8`` records (512 FP8 NoPE, 4 fp32
+            scales, 64 bf16 RoPE); MODEL1 ``(num_blocks, page_block_size, 1, 584)`` over pages
+            padded to a multiple of 576 bytes (``model1_fp8``: per page the 576-byte NoPE + RoPE
+            records, then 8 scale bytes per token), as FlashMLA's ``quantize_k_cache`` makes it.
         block_table, cache_seqlens: ignored by the sparse path (may be ``None``).
         head_dim_v: must be 512.
         tile_scheduler_metadata: the :class:`FlashMLASchedMeta` from :func:`get_mla_metadata`.
@@ -253,10 +280,13 @@ def flash_mla_with_kvcache(
             entry (``-1``, ``INT_MAX``, out of range) is skipped, never read.
         attn_sink: optional fp32 ``(num_heads_q,)``; ``out *= exp(lse) / (exp(lse) +
             exp(attn_sink))``; no effect on the returned lse.
-        extra_k_cache, extra_indices_in_kvcache, extra_topk_length: not supported (must be
-            ``None``).
+        extra_k_cache: MODEL1 only, optional second cache in ``k_cache``'s layout with its own
+            ``page_block_size`` and block count; its selected tokens join the same softmax.
+        extra_indices_in_kvcache: int32 ``(batch_size, seq_len_q, extra_topk)`` physical slots
+            of ``extra_k_cache`` (``extra_topk`` a multiple of 64); with ``extra_k_cache``.
         topk_length: optional int32 ``(batch_size,)``: only the first ``topk_length[b]``
             indices of row ``b`` are processed.
+        extra_topk_length: optional int32 ``(batch_size,)``, the same for the extra indices.
 
     Returns:
         ``(out, softmax_lse)``: ``out`` bf16 ``(batch_size, seq_len_q, num_heads_q, 512)``;
@@ -272,15 +302,12 @@ def flash_mla_with_kvcache(
             "flash_mla_with_kvcache: dense attention (indices=None) is not supported by selkv; "
             "pass indices (sparse FP8 path)"
         )
-    if (
-        extra_k_cache is not None
-        or extra_indices_in_kvcache is not None
-        or extra_topk_length is not None
-    ):
-        raise NotImplementedError(
-            "flash_mla_with_kvcache: extra_k_cache / extra_indices_in_kvcache / "
-            "extra_topk_length are not supported by selkv"
+    if (extra_k_cache is None) != (extra_indices_in_kvcache is None):
+        raise ValueError(
+            "flash_mla_with_kvcache: extra_k_cache and extra_indices_in_kvcache go together"
         )
+    if extra_topk_length is not None and extra_k_cache is None:
+        raise ValueError("flash_mla_with_kvcache: extra_topk_length: given without extra_k_cache")
     if causal:
         raise ValueError("flash_mla_with_kvcache: causal: must be False for sparse attention")
     if not is_fp8_kvcache:
@@ -293,7 +320,7 @@ def flash_mla_with_kvcache(
     if q.dim() != 4:
         raise ValueError(
             "flash_mla_with_kvcache: q: expected shape (batch_size, seq_len_q, num_heads_q, "
-            f"576), got {tuple(q.shape)}"
+            f"576 or 512), got {tuple(q.shape)}"
         )
     if indices.dim() != 3:
         raise ValueError(
@@ -301,6 +328,16 @@ def flash_mla_with_kvcache(
             f"got {tuple(indices.shape)}"
         )
     kv = _kv_cache_view(k_cache)
+    extra_kv = None
+    extra_topk = 0
+    if extra_k_cache is not None:
+        extra_kv = _kv_cache_view(extra_k_cache, op, "extra_k_cache")
+        if extra_indices_in_kvcache.dim() != 3:
+            raise ValueError(
+                "flash_mla_with_kvcache: extra_indices_in_kvcache: expected shape (batch_size, "
+                f"seq_len_q, extra_topk), got {tuple(extra_indices_in_kvcache.shape)}"
+            )
+        extra_topk = extra_indices_in_kvcache.shape[-1]
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** -0.5
     b, s_q, h_q = q.shape[0], q.shape[1], q.shape[2]
@@ -308,6 +345,8 @@ def flash_mla_with_kvcache(
     config = FlashMLASchedMeta.Config(
         b, s_q, h_q, k_cache.shape[1], k_cache.shape[2] if k_cache.dim() == 4 else 1,
         causal, is_fp8_kvcache, topk,
+        extra_k_cache.shape[1] if extra_k_cache is not None else None,
+        extra_topk if extra_k_cache is not None else None,
     )
     if not sched.have_initialized:
         # (a config set by get_packed_mla_metadata: the same shapes; the page size is free)
@@ -320,7 +359,7 @@ def flash_mla_with_kvcache(
             f"{op}: tile_scheduler_metadata: made for {sched.config}, but called with "
             f"{config}; use one metadata object per configuration"
         )
-    md = _plan(sched, b, s_q, h_q, topk, topk_length, q.device)
+    md = _plan(sched, b, s_q, h_q, topk, topk_length, q.device, extra_topk, extra_topk_length)
     return _decode_call(
         op,
         _decode.sparse_mla_decode,
@@ -331,6 +370,9 @@ def flash_mla_with_kvcache(
         softmax_scale,
         topk_length=topk_length,
         attn_sink=attn_sink,
+        extra_kv_cache=extra_kv,
+        extra_indices=extra_indices_in_kvcache,
+        extra_topk_length=extra_topk_length,
     )
 
 

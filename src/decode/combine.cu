@@ -81,17 +81,19 @@ decode_combine_kernel(const DecodeKernelParams p) {
   const int32_t entry = int32_t(blockIdx.x);
   int32_t header[kMdHeaderInts];
   md_load_header(p.metadata, header);
-  if (md_header_ok(header, p.num_rows, p.topk, p.min_blocks_per_part, p.num_sm_parts)) {
+  // (K2 = 0 for calls without an extra cache; the plan records K2 for both)
+  const int32_t k2_word = p.metadata[md_extra_offset(p.num_rows, p.batch)];
+  if (md_header_ok_extra(header, k2_word, p.num_rows, p.topk, p.topk_extra, p.min_blocks_per_part, p.num_sm_parts)) {
     if (entry < header[kMdSplitCount]) {
       const int4 e = *reinterpret_cast<const int4*>(p.metadata + kMdSplitRows + 4 * entry);
       const bool ok = e.x >= 0 && e.x < p.num_rows && e.y >= 0 && e.y < p.num_sm_parts && e.z >= 2 &&
                       e.z <= p.num_sm_parts - e.y && (e.w == 2 * e.y || e.w == 2 * e.y + 1);
       if (ok) sr.row = e.x, sr.first_part = e.y, sr.num_parts = e.z, sr.first_slot = e.w;
     }
-  } else if (p.topk_length == nullptr) {
+  } else if (!has_lengths(p)) {
     // Stale or unwritten plan, fixed top-k: the decode kernel ran the closed-form schedule, whose
     // table this rebuilds. (Dynamic top-k: the decode kernel wrote NaN rows; nothing to merge.)
-    sr = nth_split_row(FixedSchedule(p.num_rows, p.topk, p.min_blocks_per_part, p.num_sm_parts), entry);
+    sr = nth_split_row(FixedSchedule(p.num_rows, p.topk + p.topk_extra, p.min_blocks_per_part, p.num_sm_parts), entry);
   }
   if (sr.num_parts == 0) {
     SELKV_CTL(ctl_finish(p);)

@@ -32,7 +32,9 @@ constexpr int64_t kMaxCallBlocks = int64_t(1) << 29;
 
 // 64-token blocks of a call of this shape, at most (all of K for dynamic top-k): the size the
 // plan's defaults (granularity, partial format) are chosen from.
-int64_t call_blocks(const DecodeShape& s) { return int64_t(s.batch) * s.seq_q * (s.topk / decode::kBlockTokens); }
+int64_t call_blocks(const DecodeShape& s) {
+  return int64_t(s.batch) * s.seq_q * (s.topk / decode::kBlockTokens + s.extra_topk / decode::kBlockTokens);
+}
 
 bool known_partials(DecodePartials f) {
   return f == DecodePartials::kAuto || f == DecodePartials::kFp32 || f == DecodePartials::kFp16;
@@ -47,8 +49,14 @@ Status check_shape(const char* kOp, const DecodeShape& s) {
                   "must be a positive multiple of 64, got ", s.topk);
   // Row offsets (a block and the blocks read ahead of it) stay in int32.
   SELKV_CHECK_ARG(s.topk <= (int32_t(1) << 30), "topk", "must be <= 2^30, got ", s.topk);
+  SELKV_CHECK_ARG(s.extra_topk >= 0 && s.extra_topk % decode::kBlockTokens == 0, "extra_topk",
+                  "must be 0 (no extra cache) or a positive multiple of 64, got ", s.extra_topk);
+  SELKV_CHECK_ARG(int64_t(s.topk) + s.extra_topk <= (int64_t(1) << 30), "extra_topk",
+                  "topk + extra_topk must be <= 2^30, got ", int64_t(s.topk) + s.extra_topk);
+  SELKV_CHECK_ARG(s.extra_topk_length == nullptr || s.extra_topk > 0, "extra_topk_length",
+                  "given without an extra cache (extra_topk is 0)");
   SELKV_CHECK_ARG(call_blocks(s) <= kMaxCallBlocks, "batch",
-                  "batch * seq_q * topk / 64 must be <= 2^29, got ", call_blocks(s));
+                  "batch * seq_q * (topk + extra_topk) / 64 must be <= 2^29, got ", call_blocks(s));
   SELKV_CHECK_ARG(s.num_sms >= 0, "num_sms", "must be >= 0 (0 = current device), got ", s.num_sms);
   SELKV_CHECK_ARG(s.min_blocks_per_part >= 0 && s.min_blocks_per_part <= kMaxCallBlocks,
                   "min_blocks_per_part", "must be in [0, 2^29] (0 = default), got ",
@@ -69,8 +77,10 @@ decltype(auto) dispatch_heads(int num_heads, Fn&& fn) {
 
 size_t decode_metadata_size(int64_t batch, int64_t seq_q) {
   const int64_t rows = batch > 0 && seq_q > 0 ? batch * seq_q : 0;
-  // header and tables, prefix sums [rows + 1], then the lengths snapshot [batch]
-  const size_t bytes = size_t(decode::kMdPrefix + rows + 1 + (batch > 0 ? batch : 0)) * sizeof(int32_t);
+  const int64_t b = batch > 0 ? batch : 0;
+  // header and tables, prefix sums [rows + 1], the lengths snapshot [batch], K2 and the extra
+  // cache's lengths snapshot [batch] (decode_params.h md_ints)
+  const size_t bytes = size_t(decode::kMdPrefix + rows + 1 + b + 1 + b) * sizeof(int32_t);
   return (bytes + 15) & ~size_t(15);
 }
 
@@ -110,6 +120,9 @@ Status make_decode_metadata(const DecodeShape& shape, void* buffer, size_t buffe
   // The scheduler reads topk_length while it writes the plan.
   SELKV_RETURN_IF_ERROR(detail::check_disjoint(kOp, "buffer", detail::byte_range(buffer, int64_t(need)), "topk_length",
                                                detail::extent_of(shape.topk_length, 4, {{shape.batch, 1}})));
+  SELKV_RETURN_IF_ERROR(detail::check_disjoint(kOp, "buffer", detail::byte_range(buffer, int64_t(need)),
+                                               "extra_topk_length",
+                                               detail::extent_of(shape.extra_topk_length, 4, {{shape.batch, 1}})));
   int num_sms = shape.num_sms;
   if (num_sms == 0) {
     int dev = 0;
@@ -135,7 +148,8 @@ Status make_decode_metadata(const DecodeShape& shape, void* buffer, size_t buffe
   const int32_t min_blocks = shape.min_blocks_per_part > 0 ? shape.min_blocks_per_part
                                                            : decode::min_blocks_per_part(shape.num_heads, max_blocks);
   SELKV_CUDA_RETURN(decode::launch_decode_scheduler(shape.batch, shape.seq_q, shape.topk,
-                                                    shape.topk_length, parts, min_blocks,
+                                                    shape.topk_length, shape.extra_topk,
+                                                    shape.extra_topk_length, parts, min_blocks,
                                                     static_cast<int32_t*>(buffer), stream),
                     kOp);
   metadata->data = static_cast<int32_t*>(buffer);
@@ -150,13 +164,18 @@ Status make_decode_metadata(const DecodeShape& shape, void* buffer, size_t buffe
 
 namespace {
 
+// q's last dimension: the width of a dequantized record (576 ds_mla_fp8, 512 model1_fp8; the
+// packed buffer holds ds_mla_fp8 records).
+int64_t qk_dim(const SparseDecodeParams& p) { return fmt::dequant_dim(p.cache.format); }
+int64_t qk_dim(const PackedDecodeParams&) { return fmt::kQkDim; }
+
 // The contiguous [B, S_q, H, *] strides of q, out and lse (both decode params types).
 template <class P>
 void set_contiguous_qol_strides(P* p) {
-  const int64_t H = p->num_heads;
-  p->q_head_stride = fmt::kQkDim;
-  p->q_seq_stride = H * fmt::kQkDim;
-  p->q_batch_stride = int64_t(p->seq_q) * H * fmt::kQkDim;
+  const int64_t H = p->num_heads, D = qk_dim(*p);
+  p->q_head_stride = D;
+  p->q_seq_stride = H * D;
+  p->q_batch_stride = int64_t(p->seq_q) * H * D;
   p->out_head_stride = fmt::kVDim;
   p->out_seq_stride = H * fmt::kVDim;
   p->out_batch_stride = int64_t(p->seq_q) * H * fmt::kVDim;
@@ -170,6 +189,8 @@ void set_contiguous_strides(SparseDecodeParams* p) {
   set_contiguous_qol_strides(p);
   p->indices_seq_stride = p->topk;
   p->indices_batch_stride = int64_t(p->seq_q) * p->topk;
+  p->extra_indices_seq_stride = p->extra_topk;
+  p->extra_indices_batch_stride = int64_t(p->seq_q) * p->extra_topk;
 }
 
 namespace {
@@ -178,6 +199,7 @@ namespace {
 // the cache and the indices (native) or the packed KV buffer (packed, src1 empty).
 struct DecodeExtents {
   detail::Extent q, src0, src1, topk_length, attn_sink, metadata, out, lse;
+  detail::Extent extra_cache, extra_indices, extra_topk_length;  // native only
   const char* src0_name = "cache";
   const char* src1_name = "indices";
 };
@@ -189,7 +211,7 @@ DecodeExtents common_extents(const P& p, const DecodeMetadata& md) {
   using detail::extent_of;
   const int64_t B = p.batch, S = p.seq_q, H = p.num_heads;
   DecodeExtents e;
-  e.q = extent_of(p.q, 2, {Dim{B, p.q_batch_stride}, Dim{S, p.q_seq_stride}, Dim{H, p.q_head_stride}, Dim{fmt::kQkDim, 1}});
+  e.q = extent_of(p.q, 2, {Dim{B, p.q_batch_stride}, Dim{S, p.q_seq_stride}, Dim{H, p.q_head_stride}, Dim{qk_dim(p), 1}});
   e.topk_length = extent_of(p.topk_length, 4, {Dim{B, 1}});
   e.attn_sink = extent_of(p.attn_sink, 4, {Dim{H, 1}});
   e.metadata = detail::byte_range(md.data, int64_t(std::min<size_t>(md.bytes, size_t(INT64_MAX))));
@@ -201,11 +223,19 @@ DecodeExtents common_extents(const P& p, const DecodeMetadata& md) {
 DecodeExtents decode_extents(const SparseDecodeParams& p, const DecodeMetadata& md) {
   using detail::Dim;
   DecodeExtents e = common_extents(p, md);
-  const PagedKvCache& c = p.cache;
-  e.src0 = c.num_blocks > 0 ? detail::byte_range(c.data, (c.num_blocks - 1) * c.block_stride_bytes +
-                                                             int64_t(c.page_size) * fmt::record_bytes(c.format))
-                            : detail::Extent{};
+  auto cache_extent = [](const PagedKvCache& c) {
+    return c.num_blocks > 0 && c.data != nullptr
+               ? detail::byte_range(c.data, (c.num_blocks - 1) * c.block_stride_bytes + fmt::page_bytes(c.format, c.page_size))
+               : detail::Extent{};
+  };
+  e.src0 = cache_extent(p.cache);
   e.src1 = detail::extent_of(p.indices, 4, {Dim{p.batch, p.indices_batch_stride}, Dim{p.seq_q, p.indices_seq_stride}, Dim{p.topk, 1}});
+  if (p.extra_topk > 0) {
+    e.extra_cache = cache_extent(p.extra_cache);
+    e.extra_indices = detail::extent_of(p.extra_indices, 4, {Dim{p.batch, p.extra_indices_batch_stride},
+                                                              Dim{p.seq_q, p.extra_indices_seq_stride}, Dim{p.extra_topk, 1}});
+    e.extra_topk_length = detail::extent_of(p.extra_topk_length, 4, {Dim{p.batch, 1}});
+  }
   return e;
 }
 
@@ -223,8 +253,16 @@ Status check_disjoint_from_inputs(const char* kOp, const char* name, const detai
   return detail::check_disjoint_from(kOp, name, x,
                                      {{"q", e.q}, {e.src0_name, e.src0}, {e.src1_name, e.src1},
                                       {"topk_length", e.topk_length}, {"attn_sink", e.attn_sink},
-                                      {"metadata", e.metadata}});
+                                      {"metadata", e.metadata}, {"extra_cache", e.extra_cache},
+                                      {"extra_indices", e.extra_indices},
+                                      {"extra_topk_length", e.extra_topk_length}});
 }
+
+// The extra cache of a call (the packed buffer has none).
+int32_t extra_topk_of(const SparseDecodeParams& p) { return p.extra_topk; }
+int32_t extra_topk_of(const PackedDecodeParams&) { return 0; }
+const int32_t* extra_topk_length_of(const SparseDecodeParams& p) { return p.extra_topk_length; }
+const int32_t* extra_topk_length_of(const PackedDecodeParams&) { return nullptr; }
 
 // The plan against the call, and the split workspace's size.
 template <class P>
@@ -239,6 +277,11 @@ Status check_plan(const char* kOp, const P& p, const DecodeMetadata& md, size_t 
   SELKV_CHECK_ARG(m.topk_length == p.topk_length, "metadata",
                   "made with a different topk_length (", m.topk_length == nullptr ? "none" : "a pointer",
                   ") than passed (", p.topk_length == nullptr ? "none" : "a pointer", ")");
+  SELKV_CHECK_ARG(m.extra_topk == extra_topk_of(p), "metadata", "made for extra_topk ", m.extra_topk,
+                  " but called with ", extra_topk_of(p));
+  SELKV_CHECK_ARG(m.extra_topk_length == extra_topk_length_of(p), "metadata",
+                  "made with a different extra_topk_length (", m.extra_topk_length == nullptr ? "none" : "a pointer",
+                  ") than passed (", extra_topk_length_of(p) == nullptr ? "none" : "a pointer", ")");
   SELKV_CHECK_ARG(known_partials(m.partials), "metadata", "partials must be kAuto, kFp32 or kFp16, got ",
                   int(m.partials));
   if (int64_t(p.batch) * p.seq_q == 0) {
@@ -342,17 +385,26 @@ Status check_workspace(const char* kOp, const P& p, const DecodeMetadata& md, vo
   return detail::check_disjoint_from(kOp, "workspace", ws, {{"out", e.out}, {"lse", e.lse}});
 }
 
-// The decode grid (one of the instantiations) and, when rows can be split, the combine.
+// The decode grid (one of the instantiations: ds_mla_fp8 native or packed, or model1_fp8) and,
+// when rows can be split, the combine.
 Status launch_decode(const char* kOp, const decode::DecodeKernelParams& k, const DecodeMetadata& md,
-                     bool packed, cudaStream_t stream) {
-  const bool dyn = k.topk_length != nullptr;
+                     bool packed, KvFormat format, cudaStream_t stream) {
+  const bool dyn = decode::has_lengths(k);
   const bool f16 = decode_uses_f16_partials(md.shape);  // shape only: the same for every call of the plan
+  const bool model1 = format == KvFormat::kModel1Fp8;   // (checked: packed reads ds_mla_fp8 only)
   const cudaError_t err = dispatch_heads(k.num_heads, [&](auto heads) {
     return detail::dispatch_bool(dyn, [&](auto dynamic) {
       return detail::dispatch_bool(f16, [&](auto f16c) {
-        return detail::dispatch_bool(packed, [&](auto packedc) {
-          return decode::sm90::launch_sparse_decode_sm90<decltype(heads)::value, decltype(dynamic)::value,
-                                                           decltype(f16c)::value, decltype(packedc)::value>(k, stream);
+        return detail::dispatch_bool(model1, [&](auto model1c) {
+          constexpr int kH = decltype(heads)::value;
+          constexpr bool kDyn = decltype(dynamic)::value, kF16 = decltype(f16c)::value;
+          if constexpr (decltype(model1c)::value) {
+            return decode::sm90::launch_sparse_decode_sm90<kH, kDyn, kF16, false, KvFormat::kModel1Fp8>(k, stream);
+          } else {
+            return detail::dispatch_bool(packed, [&](auto packedc) {
+              return decode::sm90::launch_sparse_decode_sm90<kH, kDyn, kF16, decltype(packedc)::value>(k, stream);
+            });
+          }
         });
       });
     });
@@ -360,7 +412,7 @@ Status launch_decode(const char* kOp, const decode::DecodeKernelParams& k, const
   SELKV_CUDA_RETURN(err, kOp);
   // A fixed schedule of whole rows per part writes every row's out directly: no combine. Else
   // at most one row is split per boundary between parts, and at most every row.
-  const decode::FixedSchedule fixed(k.num_rows, k.topk, k.min_blocks_per_part, k.num_sm_parts);
+  const decode::FixedSchedule fixed(k.num_rows, k.topk + k.topk_extra, k.min_blocks_per_part, k.num_sm_parts);
   if (dyn || fixed.has_split_rows()) {
     const int32_t boundaries = (dyn ? k.num_sm_parts : fixed.np) - 1;
     SELKV_CUDA_RETURN(decode::launch_decode_combine(k, std::min(boundaries, k.num_rows), f16, stream), kOp);
@@ -370,34 +422,73 @@ Status launch_decode(const char* kOp, const decode::DecodeKernelParams& k, const
 
 }  // namespace
 
+namespace {
+
+// A paged cache view the decode reads (`name`: "cache" or "extra_cache").
+Status check_cache_view(const char* kOp, const char* name, const PagedKvCache& c) {
+  SELKV_CHECK_ARG(c.data != nullptr, name, "data must not be null");
+  SELKV_CHECK_ARG(aligned16(c.data), name, "data must be 16-byte aligned");
+  SELKV_CHECK_ARG(c.num_blocks >= 1, name, "num_blocks must be >= 1, got ", c.num_blocks);
+  SELKV_CHECK_ARG(c.page_size >= 1, name, "page_size must be >= 1, got ", c.page_size);
+  // The kernel forms in-page byte offsets (model1_fp8: the page's scale tail) in 32 bits.
+  SELKV_CHECK_ARG(fmt::page_bytes(c.format, c.page_size) < (int64_t(1) << 31), name,
+                  "a page must be < 2^31 bytes, got page_size ", c.page_size);
+  const int64_t need = fmt::page_bytes(c.format, c.page_size);
+  SELKV_CHECK_ARG(c.block_stride_bytes >= need, name, "block_stride_bytes must be >= the ",
+                  fmt::format_name(c.format), " page size of ", c.page_size, " tokens (", need,
+                  " bytes), got ", c.block_stride_bytes);
+  SELKV_CHECK_ARG(c.block_stride_bytes % 16 == 0, name,
+                  "block_stride_bytes must be a multiple of 16, got ", c.block_stride_bytes);
+  SELKV_CHECK_ARG(c.num_blocks <= std::numeric_limits<int64_t>::max() / c.block_stride_bytes, name,
+                  "num_blocks * block_stride_bytes overflows int64");
+  return Status::Ok();
+}
+
+// An index tensor [B, S_q, *] (4-byte loads).
+Status check_index_tensor(const char* kOp, const char* name, const int32_t* ptr, int64_t batch_stride,
+                          int64_t seq_stride) {
+  SELKV_CHECK_ARG(ptr != nullptr, name, "must not be null");
+  SELKV_CHECK_ARG(aligned4(ptr), name, "must be 4-byte aligned");
+  SELKV_CHECK_ARG(batch_stride >= 0 && seq_stride >= 0, name, "strides must be >= 0 (last dim contiguous)");
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status check_sparse_mla_decode(const SparseDecodeParams& p, const DecodeMetadata& md,
                                size_t workspace_bytes) {
   constexpr const char* kOp = "selkv::sparse_mla_decode";
   DecodeShape shape{p.batch, p.seq_q, p.num_heads, p.topk, p.topk_length, 0};
+  shape.extra_topk = p.extra_topk;
+  shape.extra_topk_length = p.extra_topk_length;
   SELKV_RETURN_IF_ERROR(check_shape(kOp, shape));
   SELKV_RETURN_IF_ERROR(detail::check_sm_scale(kOp, p.sm_scale));
-  // cache
+  // cache: ds_mla_fp8 (q and K 576 dims) or model1_fp8 (512)
   const PagedKvCache& c = p.cache;
-  SELKV_CHECK_ARG(c.format == KvFormat::kDsMlaFp8, "cache", "format must be ds_mla_fp8 (656-byte records)");
-  SELKV_CHECK_ARG(c.data != nullptr, "cache", "data must not be null");
-  SELKV_CHECK_ARG(aligned16(c.data), "cache", "data must be 16-byte aligned");
-  SELKV_CHECK_ARG(c.num_blocks >= 1, "cache", "num_blocks must be >= 1, got ", c.num_blocks);
-  SELKV_CHECK_ARG(c.page_size >= 1, "cache", "page_size must be >= 1, got ", c.page_size);
-  SELKV_CHECK_ARG(c.block_stride_bytes >= int64_t(c.page_size) * fmt::kDsMlaRecordBytes, "cache",
-                  "block_stride_bytes must be >= page_size * 656 = ",
-                  int64_t(c.page_size) * fmt::kDsMlaRecordBytes, ", got ", c.block_stride_bytes);
-  SELKV_CHECK_ARG(c.block_stride_bytes % 16 == 0, "cache",
-                  "block_stride_bytes must be a multiple of 16, got ", c.block_stride_bytes);
-  SELKV_CHECK_ARG(c.num_blocks <= std::numeric_limits<int64_t>::max() / c.block_stride_bytes, "cache",
-                  "num_blocks * block_stride_bytes overflows int64");
+  SELKV_CHECK_ARG(c.format == KvFormat::kDsMlaFp8 || c.format == KvFormat::kModel1Fp8, "cache",
+                  "format must be ds_mla_fp8 or model1_fp8, got ", fmt::format_name(c.format));
+  SELKV_RETURN_IF_ERROR(check_cache_view(kOp, "cache", c));
+  // The extra cache: model1_fp8 only (FlashMLA has it there; the ds_mla_fp8 kernels are built
+  // without it), the main cache's format, its own view.
+  if (p.extra_topk == 0) {
+    SELKV_CHECK_ARG(p.extra_cache.data == nullptr, "extra_cache", "given (data not null) but extra_topk is 0");
+    SELKV_CHECK_ARG(p.extra_indices == nullptr, "extra_indices", "given but extra_topk is 0");
+  } else {
+    SELKV_CHECK_ARG(c.format == KvFormat::kModel1Fp8, "extra_cache",
+                    "an extra KV cache needs format model1_fp8, got cache format ", fmt::format_name(c.format));
+    SELKV_CHECK_ARG(p.extra_cache.format == c.format, "extra_cache", "format must be the cache's (",
+                    fmt::format_name(c.format), "), got ", fmt::format_name(p.extra_cache.format));
+    SELKV_RETURN_IF_ERROR(check_cache_view(kOp, "extra_cache", p.extra_cache));
+  }
   SELKV_RETURN_IF_ERROR(check_plan(kOp, p, md, workspace_bytes));
   if (int64_t(p.batch) * p.seq_q == 0) return Status::Ok();
   SELKV_RETURN_IF_ERROR(check_q(kOp, p));
-  // indices (4-byte loads)
-  SELKV_CHECK_ARG(p.indices != nullptr, "indices", "must not be null");
-  SELKV_CHECK_ARG(aligned4(p.indices), "indices", "must be 4-byte aligned");
-  SELKV_CHECK_ARG(p.indices_batch_stride >= 0 && p.indices_seq_stride >= 0, "indices",
-                  "strides must be >= 0 (last dim contiguous)");
+  SELKV_RETURN_IF_ERROR(check_index_tensor(kOp, "indices", p.indices, p.indices_batch_stride, p.indices_seq_stride));
+  if (p.extra_topk > 0) {
+    SELKV_RETURN_IF_ERROR(check_index_tensor(kOp, "extra_indices", p.extra_indices, p.extra_indices_batch_stride,
+                                             p.extra_indices_seq_stride));
+    SELKV_CHECK_ARG(aligned4(p.extra_topk_length), "extra_topk_length", "must be 4-byte aligned");
+  }
   return check_aux_and_outputs(kOp, p, md);
 }
 
@@ -418,7 +509,20 @@ Status sparse_mla_decode(const SparseDecodeParams& p, const DecodeMetadata& md, 
   k.indices = p.indices;
   k.indices_batch_stride = p.indices_batch_stride;
   k.indices_seq_stride = p.indices_seq_stride;
-  return launch_decode(kOp, k, md, /*packed=*/false, stream);
+  if (p.extra_topk > 0) {
+    const PagedKvCache& x = p.extra_cache;
+    k.topk_extra = p.extra_topk;
+    k.extra_topk_length = p.extra_topk_length;
+    k.extra_indices = p.extra_indices;
+    k.extra_indices_batch_stride = p.extra_indices_batch_stride;
+    k.extra_indices_seq_stride = p.extra_indices_seq_stride;
+    k.extra_cache = static_cast<const uint8_t*>(x.data);
+    k.extra_num_slots = x.num_slots();
+    k.extra_page_size = x.page_size;
+    k.extra_page = FastDivmod(uint32_t(x.page_size));
+    k.extra_block_stride_bytes = x.block_stride_bytes;
+  }
+  return launch_decode(kOp, k, md, /*packed=*/false, p.cache.format, stream);
 }
 
 // ---- C6: the same decode over a packed KV buffer (selkv/packed.h) ----------------------------
@@ -467,7 +571,7 @@ Status sparse_mla_decode_packed(const PackedDecodeParams& p, const DecodeMetadat
   k.page = FastDivmod(uint32_t(decode::kBlockTokens));
   k.block_stride_bytes = int64_t(decode::kBlockTokens) * fmt::kDsMlaRecordBytes;
   k.indices = reinterpret_cast<const int32_t*>(k.cache + packed::packed_validity_offset(int64_t(p.batch) * p.seq_q, p.topk));
-  return launch_decode(kOp, k, md, /*packed=*/true, stream);
+  return launch_decode(kOp, k, md, /*packed=*/true, KvFormat::kDsMlaFp8, stream);
 }
 
 }  // namespace selkv

@@ -67,6 +67,11 @@ inline constexpr int32_t kMaxDecodeParts = 1024;
 //     fixed top-k): the plan's snapshot of topk_length. The scheduler reads topk_length once into
 //     it and everything else (prefix sums, part entries, the producer's masks) derives from the
 //     snapshot, so a decode always computes the result for the lengths at planning time.
+//   [md_extra_offset(rows, batch)]: K2, the extra cache's top-k (0: none), then
+//   [md_extra_lengths_offset(rows, batch) + b], b < batch: the extra cache's clamped top-k
+//     lengths (K2 without extra_topk_length). A plan with K2 > 0 has the magic kMdMagicExtra, so
+//     kernels built without the extra cache reject it (md_header_ok); the others check K2 too
+//     (md_header_ok_extra). Dynamic ("lengths") plans: topk_length or extra_topk_length given.
 // The fixed top-k decode kernels never read it: their schedule is closed form (FixedSchedule);
 // the combine reads the split-row table in both cases.
 inline constexpr int kMdHeaderInts = 8;
@@ -78,9 +83,14 @@ inline constexpr int kMdPrefix = kMdPartEntry + kMdPartEntryInts * kMaxDecodePar
 static_assert(kMdSplitRows % 4 == 0, "split-row entries are loaded as int4");
 static_assert(kMdPartEntry % 8 == 0, "part entries are two int4 loads of one 32-byte sector");
 inline constexpr int32_t kMdMagic = 0x5e1c0de6;
+inline constexpr int32_t kMdMagicExtra = 0x5e1c0de7;  // a plan with an extra cache (K2 > 0)
 SELKV_DEC_HD constexpr int64_t md_lengths_offset(int32_t rows) { return int64_t(kMdPrefix) + rows + 1; }
+SELKV_DEC_HD constexpr int64_t md_extra_offset(int32_t rows, int32_t batch) { return md_lengths_offset(rows) + batch; }
+SELKV_DEC_HD constexpr int64_t md_extra_lengths_offset(int32_t rows, int32_t batch) {
+  return md_extra_offset(rows, batch) + 1;
+}
 // Int32 values of a metadata buffer for `rows` rows of `batch` batch entries.
-SELKV_DEC_HD constexpr int64_t md_ints(int32_t rows, int32_t batch) { return md_lengths_offset(rows) + batch; }
+SELKV_DEC_HD constexpr int64_t md_ints(int32_t rows, int32_t batch) { return md_extra_lengths_offset(rows, batch) + batch; }
 
 // A top-k length as the plan keeps it: clamped to [0, K].
 SELKV_DEC_HD int32_t clamp_topk_length(int32_t len, int32_t topk) { return len < 0 ? 0 : (len > topk ? topk : len); }
@@ -106,6 +116,16 @@ SELKV_DEC_HD bool md_header_ok(const int32_t* h, int32_t rows, int32_t topk, int
                                int32_t num_sm_parts) {
   return h[3] == kMdMagic && h[2] == rows && h[7] == topk && h[4] == min_blocks && h[1] >= 1 &&
          h[1] <= num_sm_parts && h[0] >= rows && int64_t(h[0]) <= int64_t(rows) * (topk / kBlockTokens);
+}
+
+// md_header_ok for kernels that take an extra cache (K2 = topk2, possibly 0): the magic of a plan
+// with or without one, K2 itself (`k2_word`, md[md_extra_offset]) and a total within
+// rows * (K + K2) / 64.
+SELKV_DEC_HD bool md_header_ok_extra(const int32_t* h, int32_t k2_word, int32_t rows, int32_t topk, int32_t topk2,
+                                     int32_t min_blocks, int32_t num_sm_parts) {
+  return h[3] == (topk2 > 0 ? kMdMagicExtra : kMdMagic) && k2_word == topk2 && h[2] == rows && h[7] == topk &&
+         h[4] == min_blocks && h[1] >= 1 && h[1] <= num_sm_parts && h[0] >= rows &&
+         int64_t(h[0]) <= int64_t(rows) * (topk / kBlockTokens + topk2 / kBlockTokens);
 }
 
 // Part p of NP owns global blocks [part_begin(p), part_begin(p+1)): the balanced cut of total /
@@ -201,6 +221,21 @@ struct DynamicSchedule {
     int32_t h[kMdHeaderInts];
     md_load_header(md_, h);
     const bool ok = md_header_ok(h, rows_, topk, min_blocks, num_sm_parts < kMaxDecodeParts ? num_sm_parts : kMaxDecodeParts);
+    total = ok ? h[0] : 0;
+    np = ok ? h[1] : 0;
+  }
+  // The scheduler's own view of the plan it is writing (total and part count known: no header).
+  struct Known {};
+  SELKV_DEC_HD DynamicSchedule(Known, const int32_t* md_, int32_t rows_, int32_t total_, int32_t np_)
+      : md(md_), rows(rows_), total(total_), np(np_) {}
+  // The same for a call with an extra cache of K2 = topk2 (possibly 0) over `batch` batch entries.
+  SELKV_DEC_HD DynamicSchedule(const int32_t* md_, int32_t rows_, int32_t topk, int32_t min_blocks,
+                               int32_t num_sm_parts, int32_t batch, int32_t topk2)
+      : md(md_), rows(rows_) {
+    int32_t h[kMdHeaderInts];
+    md_load_header(md_, h);
+    const bool ok = md_header_ok_extra(h, md_[md_extra_offset(rows_, batch)], rows_, topk, topk2, min_blocks,
+                                       num_sm_parts < kMaxDecodeParts ? num_sm_parts : kMaxDecodeParts);
     total = ok ? h[0] : 0;
     np = ok ? h[1] : 0;
   }
@@ -330,10 +365,27 @@ struct DecodeKernelParams {
                      // (fp16 partials) fp16 in its first half, then the inverse scales
                      // [2 * num_sm_parts, H, 2] (partial_scale.h)
   float* accum_lse;  // [2 * num_sm_parts, H]
+
+  // Extra KV cache (kernels built with one, DecodeKernelTraits::kExtra; topk_extra == 0: none).
+  // Appended, so the fields above keep their offsets in every instantiation.
+  int32_t topk_extra;                // K2
+  const int32_t* extra_topk_length;  // non-null: the plan has lengths (dynamic)
+  const int32_t* extra_indices;
+  int64_t extra_indices_batch_stride, extra_indices_seq_stride;
+  const uint8_t* extra_cache;
+  int64_t extra_num_slots;
+  FastDivmod extra_page;
+  int32_t extra_page_size;
+  int64_t extra_block_stride_bytes;
 };
 static_assert(sizeof(FastDivmod) == 12, "DecodeKernelParams packs page with page_size into 16 bytes");
 static_assert(offsetof(DecodeKernelParams, num_rows) == 0 && offsetof(DecodeKernelParams, num_sm_parts) == 12,
               "the schedule's fields stay in the first 16 bytes of the parameters (first-use order)");
+
+// Whether a call's plan has lengths (the dynamic kernels and schedule): either cache's top-k length.
+SELKV_DEC_HD bool has_lengths(const DecodeKernelParams& p) {
+  return p.topk_length != nullptr || p.extra_topk_length != nullptr;
+}
 
 // The schedule view of an instantiation: closed form for fixed top-k, the metadata for dynamic.
 template <bool kDynamic>
@@ -342,6 +394,16 @@ SELKV_DEC_HD auto make_schedule(const DecodeKernelParams& p) {
     return DynamicSchedule(p.metadata, p.num_rows, p.topk, p.min_blocks_per_part, p.num_sm_parts);
   } else {
     return FixedSchedule(p.num_rows, p.topk, p.min_blocks_per_part, p.num_sm_parts);
+  }
+}
+// The same for kernels with an extra cache: K / 64 + K2 / 64 blocks per row when fixed.
+template <bool kDynamic>
+SELKV_DEC_HD auto make_schedule_extra(const DecodeKernelParams& p) {
+  if constexpr (kDynamic) {
+    return DynamicSchedule(p.metadata, p.num_rows, p.topk, p.min_blocks_per_part, p.num_sm_parts, p.batch,
+                           p.topk_extra);
+  } else {
+    return FixedSchedule(p.num_rows, p.topk + p.topk_extra, p.min_blocks_per_part, p.num_sm_parts);
   }
 }
 

@@ -11,18 +11,25 @@ constexpr int kSchedThreads = 512;
 
 __global__ void __launch_bounds__(kSchedThreads)
 decode_scheduler_kernel(int32_t batch, int32_t seq_q, int32_t topk, const int32_t* topk_length,
-                        int32_t num_sm_parts, int32_t min_blocks, int32_t* md) {
+                        int32_t topk2, const int32_t* extra_topk_length, int32_t num_sm_parts,
+                        int32_t min_blocks, int32_t* md) {
   using Scan = cub::BlockScan<int32_t, kSchedThreads>;
   __shared__ typename Scan::TempStorage tmp;
   const int32_t rows = batch * seq_q;
-  const int32_t max_blocks = topk / kBlockTokens;
+  // Rows have lengths (a dynamic plan) when either cache's topk_length is given; the extra
+  // cache's blocks (K2 = topk2, 0 = none) follow the main cache's in each row.
+  const bool dynamic = topk_length != nullptr || extra_topk_length != nullptr;
+  const int32_t max_blocks = topk / kBlockTokens + topk2 / kBlockTokens;
   int32_t* prefix = md + kMdPrefix;
   // The plan's snapshot of the lengths: topk_length is read here once, everything below (and the
   // decode kernel) uses the snapshot, so the plan is consistent whatever happens to topk_length.
   int32_t* lens = md + md_lengths_offset(rows);
+  int32_t* lens2 = md + md_extra_lengths_offset(rows, batch);
   for (int32_t b = int32_t(threadIdx.x); b < batch; b += kSchedThreads) {
     lens[b] = topk_length != nullptr ? clamp_topk_length(topk_length[b], topk) : topk;
+    lens2[b] = extra_topk_length != nullptr ? clamp_topk_length(extra_topk_length[b], topk2) : topk2;
   }
+  if (threadIdx.x == 0) md[md_extra_offset(rows, batch)] = topk2;
   __syncthreads();  // the snapshot visible to the whole CTA
   int32_t carry = 0;  // the same in every thread (the scan's total)
   for (int32_t base = 0; base < rows; base += kSchedThreads) {
@@ -30,8 +37,9 @@ decode_scheduler_kernel(int32_t batch, int32_t seq_q, int32_t topk, const int32_
     int32_t n = 0;
     if (r < rows) {
       n = max_blocks;
-      if (topk_length != nullptr) {
-        n = (lens[row_coord(r, batch).b] + kBlockTokens - 1) / kBlockTokens;
+      if (dynamic) {
+        const int32_t b = row_coord(r, batch).b;
+        n = (lens[b] + kBlockTokens - 1) / kBlockTokens + (lens2[b] + kBlockTokens - 1) / kBlockTokens;
         if (n < 1) n = 1;  // an empty row still gets one (fully masked) block: out 0, lse -inf
       }
     }
@@ -58,7 +66,10 @@ decode_scheduler_kernel(int32_t batch, int32_t seq_q, int32_t topk, const int32_
   for (int32_t q = int32_t(threadIdx.x); q < np; q += kSchedThreads) atomicMax(&s_longest, s_begin[q + 1] - s_begin[q]);
   __syncthreads();
   const bool row_starts = row_start_cut_pays(s_longest, T, np);
-  if (threadIdx.x == 0) md_write_header(md, T, np, rows, min_blocks, row_starts, 0, topk);
+  if (threadIdx.x == 0) {
+    md_write_header(md, T, np, rows, min_blocks, row_starts, 0, topk);
+    if (topk2 > 0) md[3] = kMdMagicExtra;
+  }
   // Part entries: each part's blocks, the row holding its first block and the first two rows'
   // bounds and top-k lengths, so that a decode CTA starts without a search and without a load
   // that waits on another.
@@ -80,8 +91,8 @@ decode_scheduler_kernel(int32_t batch, int32_t seq_q, int32_t topk, const int32_
     const int32_t q = base + int32_t(threadIdx.x);
     SplitRow sr;
     if (q < np) {
-      sr = topk_length != nullptr ? split_row_of_part(DynamicSchedule(md, rows, topk, min_blocks, num_sm_parts), q)
-                                  : split_row_of_part(FixedSchedule(rows, topk, min_blocks, num_sm_parts), q);
+      sr = dynamic ? split_row_of_part(DynamicSchedule(DynamicSchedule::Known{}, md, rows, T, np), q)
+                   : split_row_of_part(FixedSchedule(rows, topk + topk2, min_blocks, num_sm_parts), q);
     }
     const int32_t flag = sr.num_parts > 0 ? 1 : 0;
     int32_t excl, total;
@@ -100,10 +111,12 @@ decode_scheduler_kernel(int32_t batch, int32_t seq_q, int32_t topk, const int32_
 }  // namespace
 
 cudaError_t launch_decode_scheduler(int32_t batch, int32_t seq_q, int32_t topk,
-                                    const int32_t* topk_length, int32_t num_sm_parts,
+                                    const int32_t* topk_length, int32_t topk2,
+                                    const int32_t* extra_topk_length, int32_t num_sm_parts,
                                     int32_t min_blocks_per_part, int32_t* metadata, cudaStream_t stream) {
-  decode_scheduler_kernel<<<1, kSchedThreads, 0, stream>>>(batch, seq_q, topk, topk_length,
-                                                           num_sm_parts, min_blocks_per_part, metadata);
+  decode_scheduler_kernel<<<1, kSchedThreads, 0, stream>>>(batch, seq_q, topk, topk_length, topk2,
+                                                           extra_topk_length, num_sm_parts,
+                                                           min_blocks_per_part, metadata);
   return cudaGetLastError();
 }
 

@@ -8,9 +8,11 @@
 namespace selkv::decode {
 
 // Writes the metadata (decode_params.h layout) for rows = batch * seq_q rows of `topk` indices;
-// topk_length (device [batch]) selects dynamic block counts. One CTA on `stream`.
+// topk_length or extra_topk_length (device [batch]) selects dynamic block counts; topk2 = K2 of
+// the extra cache (0: none). One CTA on `stream`.
 cudaError_t launch_decode_scheduler(int32_t batch, int32_t seq_q, int32_t topk,
-                                    const int32_t* topk_length, int32_t num_sm_parts,
+                                    const int32_t* topk_length, int32_t topk2,
+                                    const int32_t* extra_topk_length, int32_t num_sm_parts,
                                     int32_t min_blocks_per_part,
                                     int32_t* metadata, cudaStream_t stream);
 

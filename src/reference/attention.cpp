@@ -145,52 +145,75 @@ int row_limit(const int32_t* topk_length, int64_t i, int K) {
 }  // namespace
 
 // ---- C5 ----------------------------------------------------------------------------------------
+namespace {
+
+Status check_ref_cache(const char* kOp, const char* name, const PagedKvCache& c) {
+  SELKV_CHECK_ARG(c.num_blocks >= 0, name, "num_blocks must be >= 0");
+  SELKV_CHECK_ARG(c.page_size >= 1, name, "page_size must be >= 1, got ", c.page_size);
+  SELKV_CHECK_ARG(c.block_stride_bytes >= fmt::page_bytes(c.format, c.page_size), name,
+                  "block_stride_bytes must be >= page_bytes(format, page_size) = ",
+                  fmt::page_bytes(c.format, c.page_size));
+  SELKV_CHECK_ARG(c.data != nullptr || c.num_blocks == 0, name, "data must not be null");
+  return Status::Ok();
+}
+
+// The valid entries [0, limit) of one index row of `cache`, decoded and appended to keys (D dims
+// each); returns how many.
+int gather_keys(const PagedKvCache& cache, const int32_t* idx, int limit, int D, std::vector<double>& keys) {
+  const int64_t num_slots = cache.num_slots();
+  std::vector<uint16_t> rec(static_cast<size_t>(D));
+  int n = 0;
+  for (int k = 0; k < limit; ++k) {
+    const int64_t slot = idx[k];
+    if (slot < 0 || slot >= num_slots) continue;
+    decode_slot(cache, slot, rec.data());
+    for (int d = 0; d < D; ++d) keys.push_back(codec::bf16_to_float(rec[size_t(d)]));
+    ++n;
+  }
+  return n;
+}
+
+}  // namespace
+
 Status check_sparse_decode_args(const SparseDecodeRefArgs& a) {
   constexpr const char* kOp = "selkv::ref::sparse_decode";
   SELKV_CHECK_ARG(a.B >= 0 && a.S_q >= 0 && a.H >= 0, "B/S_q/H", "must be >= 0");
   SELKV_CHECK_ARG(a.K >= 0, "K", "must be >= 0, got ", a.K);
-  SELKV_CHECK_ARG(a.cache.format == KvFormat::kDsMlaFp8, "cache.format",
-                  "sparse decode reads ds_mla_fp8 (576-dim) records");
-  SELKV_CHECK_ARG(a.cache.num_blocks >= 0, "cache.num_blocks", "must be >= 0");
-  SELKV_CHECK_ARG(a.cache.page_size >= 1, "cache.page_size", "must be >= 1, got ",
-                  a.cache.page_size);
-  SELKV_CHECK_ARG(
-      a.cache.block_stride_bytes >=
-          int64_t(a.cache.page_size) * KvFormatTraits<KvFormat::kDsMlaFp8>::kRecordBytes,
-      "cache.block_stride_bytes", "must be >= page_size * 656");
-  SELKV_CHECK_ARG(a.cache.data != nullptr || a.cache.num_blocks == 0, "cache.data",
-                  "must not be null");
+  SELKV_CHECK_ARG(a.cache.format == KvFormat::kDsMlaFp8 || a.cache.format == KvFormat::kModel1Fp8,
+                  "cache.format", "sparse decode reads ds_mla_fp8 (576-dim) or model1_fp8 (512-dim) records");
+  SELKV_RETURN_IF_ERROR(check_ref_cache(kOp, "cache", a.cache));
+  SELKV_CHECK_ARG(a.K2 >= 0, "K2", "must be >= 0, got ", a.K2);
+  if (a.K2 > 0) {
+    SELKV_CHECK_ARG(a.cache.format == KvFormat::kModel1Fp8, "extra_cache",
+                    "an extra cache needs format model1_fp8");
+    SELKV_CHECK_ARG(a.extra_cache.format == a.cache.format, "extra_cache.format", "must be the cache's");
+    SELKV_RETURN_IF_ERROR(check_ref_cache(kOp, "extra_cache", a.extra_cache));
+  } else {
+    SELKV_CHECK_ARG(a.extra_topk_length == nullptr, "extra_topk_length", "given without an extra cache (K2 = 0)");
+  }
   SELKV_RETURN_IF_ERROR(::selkv::detail::check_sm_scale(kOp, a.sm_scale));
   if (int64_t(a.B) * a.S_q * a.H == 0) return Status::Ok();
   SELKV_CHECK_ARG(a.q != nullptr, "q", "must not be null");
   SELKV_CHECK_ARG(a.indices != nullptr || a.K == 0, "indices", "must not be null");
+  SELKV_CHECK_ARG(a.extra_indices != nullptr || a.K2 == 0, "extra_indices", "must not be null");
   SELKV_CHECK_ARG(a.out != nullptr, "out", "must not be null");
   return Status::Ok();
 }
 
 void sparse_decode(const SparseDecodeRefArgs& a) {
   if (!check_sparse_decode_args(a).ok()) return;
-  constexpr int kD = fmt::kQkDim;
+  const int kD = fmt::dequant_dim(a.cache.format);
   const int64_t rows = int64_t(a.B) * a.S_q;
   if (rows * a.H == 0) return;
-  const auto* cache = static_cast<const uint8_t*>(a.cache.data);
-  const int64_t num_slots = a.cache.num_slots();
   detail::parallel_rows(rows, a.threads, [&](int64_t row) {
     const int64_t b = row / a.S_q;
-    const int32_t* idx = a.indices + row * a.K;
     const int limit = row_limit(a.topk_length, b, a.K);
-    // Decode each selected record once for all heads.
+    const int limit2 = a.K2 > 0 ? row_limit(a.extra_topk_length, b, a.K2) : 0;
+    // Decode each selected record once for all heads: the main cache's, then the extra cache's.
     std::vector<double> keys;
-    keys.reserve(size_t(limit) * kD);
-    uint16_t rec[kD];
-    int n = 0;
-    for (int k = 0; k < limit; ++k) {
-      const int64_t slot = idx[k];
-      if (slot < 0 || slot >= num_slots) continue;
-      decode_record(cache + a.cache.slot_offset(slot), KvFormat::kDsMlaFp8, rec);
-      for (int d = 0; d < kD; ++d) keys.push_back(codec::bf16_to_float(rec[d]));
-      ++n;
-    }
+    keys.reserve(size_t(limit + limit2) * kD);
+    int n = gather_keys(a.cache, a.indices + row * a.K, limit, kD, keys);
+    if (limit2 > 0) n += gather_keys(a.extra_cache, a.extra_indices + row * a.K2, limit2, kD, keys);
     attend_row(a.q + row * a.H * kD, a.H, kD, keys, n, double(a.sm_scale), a.attn_sink,
                a.out + row * a.H * fmt::kVDim, a.lse ? a.lse + row * a.H : nullptr, nullptr);
   });

@@ -26,6 +26,12 @@ Status make_decode_metadata(const DecodeShape& shape, void* buffer, size_t buffe
       int32_t* lens = static_cast<int32_t*>(buffer) + decode::md_lengths_offset(int32_t(rows));
       for (int32_t b = 0; b < shape.batch; ++b) lens[b] = decode::clamp_topk_length(shape.topk_length[b], shape.topk);
     }
+    if (rows > 0) static_cast<int32_t*>(buffer)[decode::md_extra_offset(int32_t(rows), shape.batch)] = shape.extra_topk;
+    if (shape.extra_topk_length != nullptr && rows > 0) {
+      int32_t* lens2 = static_cast<int32_t*>(buffer) + decode::md_extra_lengths_offset(int32_t(rows), shape.batch);
+      for (int32_t b = 0; b < shape.batch; ++b)
+        lens2[b] = decode::clamp_topk_length(shape.extra_topk_length[b], shape.extra_topk);
+    }
   }
   *metadata = DecodeMetadata{};
   metadata->data = static_cast<int32_t*>(buffer);

@@ -61,18 +61,26 @@ Status patch_packed_kv(const PatchPackedKvParams& p);
 
 // ---- C5 sparse MLA decode (fp64) ------------------------------------------------------------
 // Valid slot (DESIGN §2): 0 <= slot < cache.num_slots() and k < topk_length[b] when given.
-// score = sm_scale * q . k over 576 dims (k = dequantized record), out = softmax . v (v = first
-// 512 dims of k). A row with no valid slot: out = 0, lse = -inf. A NaN score (NaN in a valid
-// record: every head; NaN in one head of q: that head) gives out = NaN and lse = NaN.
+// score = sm_scale * q . k over D dims (k = dequantized record: D = 576 for ds_mla_fp8, 512 for
+// model1_fp8), out = softmax . v (v = first 512 dims of k: all of it for model1_fp8). A row with
+// no valid slot: out = 0, lse = -inf. A NaN score (NaN in a valid record: every head; NaN in one
+// head of q: that head) gives out = NaN and lse = NaN.
 // attn_sink (optional, [H]): out *= 1 / (1 + exp(attn_sink[h] - lse)); lse is returned unchanged.
 // Each index entry is one softmax term (a slot listed twice counts twice). lse may be null.
+// Extra cache (model1_fp8 only, K2 > 0): the valid entries of extra_indices (0 <= slot <
+// extra_cache.num_slots(), k < extra_topk_length[b] when given) join the row's keys after the
+// main cache's, in one softmax.
 struct SparseDecodeRefArgs {
-  const uint16_t* q = nullptr;   // bf16 [B, S_q, H, 576]
+  const uint16_t* q = nullptr;   // bf16 [B, S_q, H, D]
   int B = 0, S_q = 0, H = 0;
-  PagedKvCache cache;            // host view
+  PagedKvCache cache;            // host view: ds_mla_fp8 or model1_fp8
   const int32_t* indices = nullptr;  // [B, S_q, K]
   int K = 0;
   const int32_t* topk_length = nullptr;  // [B] or null
+  PagedKvCache extra_cache;              // host view, cache's format; used when K2 > 0
+  const int32_t* extra_indices = nullptr;  // [B, S_q, K2]
+  int K2 = 0;
+  const int32_t* extra_topk_length = nullptr;  // [B] or null (K2 > 0 only)
   float sm_scale = 0.f;
   const float* attn_sink = nullptr;      // [H] or null
   float* out = nullptr;          // [B, S_q, H, 512]
@@ -80,7 +88,8 @@ struct SparseDecodeRefArgs {
   int threads = 0;               // rows run on this many threads (0: all cores); results do not depend on it
 };
 void sparse_decode(const SparseDecodeRefArgs& a);
-// Argument check for sparse_decode (null pointers, sizes, cache view, format must be ds_mla_fp8).
+// Argument check for sparse_decode (null pointers, sizes, cache views, format ds_mla_fp8 or
+// model1_fp8, the extra cache model1_fp8 only).
 // sparse_decode itself writes nothing when this fails.
 Status check_sparse_decode_args(const SparseDecodeRefArgs& a);
 

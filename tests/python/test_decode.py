@@ -283,7 +283,7 @@ def test_errors_name_argument(selkv, device):
         (dict(attn_sink=torch.zeros(32, device=device)), p + "attn_sink: expected size 64 in dim 0"),
         (dict(out=out[..., :256]), p + "out: expected size 512 in dim 3"),
         (dict(lse=lse.double()), p + "lse: expected dtype Float"),
-        (dict(plan=md.plan[:5]), p + "plan: expected the 9 values"),
+        (dict(plan=md.plan[:5]), p + f"plan: expected the {len(md.plan)} values"),
         (dict(workspace=md.workspace[:16]), p + "workspace: needs"),
         (dict(metadata=md.metadata.long()), p + "metadata: expected dtype Int"),
         # the C++ API's plan checks
@@ -361,9 +361,15 @@ def test_flash_mla_api(selkv, gen, device, dynamic):
             q[:2], k_cache, None, None, 512, sched, is_fp8_kvcache=True,
             indices=idx[:2], topk_length=None if tl is None else tl[:2])
     fresh, _ = flash_mla.get_mla_metadata()
-    with pytest.raises(NotImplementedError, match="extra_k_cache"):
+    # An extra cache goes with its indices; with the V3.2 layout it is not supported (FlashMLA has
+    # it for MODEL1 only): the C++ API names extra_cache.
+    with pytest.raises(ValueError, match="extra_k_cache"):
         flash_mla.flash_mla_with_kvcache(q, k_cache, None, None, 512, fresh, is_fp8_kvcache=True,
                                          indices=idx, extra_k_cache=k_cache)
+    with pytest.raises(RuntimeError, match="extra_cache: an extra KV cache needs format model1_fp8"):
+        flash_mla.flash_mla_with_kvcache(q, k_cache, None, None, 512, flash_mla.get_mla_metadata()[0],
+                                         is_fp8_kvcache=True, indices=idx, extra_k_cache=k_cache,
+                                         extra_indices_in_kvcache=idx)
     with pytest.raises(NotImplementedError, match="is_fp8_kvcache"):
         flash_mla.flash_mla_with_kvcache(q, k_cache, None, None, 512, fresh, indices=idx)
     with pytest.raises(ValueError, match="head_dim_v"):

@@ -304,7 +304,7 @@ def test_errors_name_argument(selkv, device):
         (dict(attn_sink=torch.zeros(32, device=device)), p + "attn_sink: expected size 64 in dim 0"),
         (dict(out=out[..., :256]), p + "out: expected size 512 in dim 3"),
         (dict(lse=lse.double()), p + "lse: expected dtype Float"),
-        (dict(plan=md.plan[:5]), p + "plan: expected the 9 values"),
+        (dict(plan=md.plan[:5]), p + f"plan: expected the {len(md.plan)} values"),
         (dict(plan=big_plan), p + r"plan\[num_heads\]: 1099511627776 does not fit"),
         (dict(workspace=md.workspace[:16]), p + "workspace: needs"),
         (dict(metadata=md.metadata.long()), p + "metadata: expected dtype Int"),

@@ -1,5 +1,6 @@
-// torch ops for C5, the FP8 sparse MLA decode (include/selkv/decode.h), and C6's decode over a
-// packed KV buffer (include/selkv/packed.h):
+// torch ops for C5, the FP8 sparse MLA decode (include/selkv/decode.h: ds_mla_fp8, or model1_fp8
+// with the optional extra KV cache; the format follows from the cache tensor's last dim, 656 or
+// 584), and C6's decode over a packed KV buffer (include/selkv/packed.h):
 //   selkv::decode_metadata_size, selkv::get_decode_metadata, selkv::sparse_mla_decode,
 //   selkv::sparse_mla_decode_packed, selkv::decode_plan_fields.
 //
@@ -57,7 +58,9 @@ constexpr const char* kPackedDecodeOp = "selkv::sparse_mla_decode_packed";
   X(kPlanNumSms, "num_sms")                                                                    \
   X(kPlanParts, "num_sm_parts")                                                                \
   X(kPlanWorkspaceBytes, "workspace_bytes")                                                    \
-  X(kPlanMinBlocks, "min_blocks_per_part")
+  X(kPlanMinBlocks, "min_blocks_per_part")                                                    \
+  X(kPlanExtraTopk, "extra_topk")                                                              \
+  X(kPlanExtraTopkLength, "extra_topk_length") /* the tensor's address, 0 = none */
 
 #define SELKV_PLAN_ENUM(field, name) field,
 enum PlanField : int { SELKV_DECODE_PLAN_FIELDS(SELKV_PLAN_ENUM) kPlanSize };
@@ -88,6 +91,8 @@ std::vector<int64_t> plan_of(const DecodeMetadata& md) {
   plan[kPlanParts] = md.num_sm_parts;
   plan[kPlanWorkspaceBytes] = int64_t(decode_workspace_size(md));
   plan[kPlanMinBlocks] = md.min_blocks_per_part;
+  plan[kPlanExtraTopk] = md.shape.extra_topk;
+  plan[kPlanExtraTopkLength] = int64_t(reinterpret_cast<uintptr_t>(md.shape.extra_topk_length));
   return plan;
 }
 
@@ -107,6 +112,8 @@ DecodeMetadata metadata_of(const char* op, const at::Tensor& metadata, c10::IntA
   md.shape.num_sms = plan_int32(op, plan, kPlanNumSms);
   md.num_sm_parts = plan_int32(op, plan, kPlanParts);
   md.min_blocks_per_part = plan_int32(op, plan, kPlanMinBlocks);
+  md.shape.extra_topk = plan_int32(op, plan, kPlanExtraTopk);
+  md.shape.extra_topk_length = reinterpret_cast<const int32_t*>(uintptr_t(plan[kPlanExtraTopkLength]));
   md.valid = md.data != nullptr;
   return md;
 }
@@ -126,13 +133,19 @@ template <Backend B>
 std::vector<int64_t> get_decode_metadata(int64_t batch, int64_t seq_q, int64_t num_heads,
                                          int64_t topk, const std::optional<at::Tensor>& topk_length,
                                          int64_t num_sms, const at::Tensor& metadata,
-                                         int64_t min_blocks_per_part) {
+                                         int64_t min_blocks_per_part, int64_t extra_topk,
+                                         const std::optional<at::Tensor>& extra_topk_length) {
   constexpr const char* kOp = kPlanOp;
-  check_devices(kOp, device_type(B), {{"metadata", metadata}, {"topk_length", topk_length}});
+  check_devices(kOp, device_type(B),
+                {{"metadata", metadata}, {"topk_length", topk_length}, {"extra_topk_length", extra_topk_length}});
   TensorArg(kOp, "metadata", metadata, "[decode_metadata_size(batch, seq_q)]")
       .dtype(at::kInt).dims(1).contiguous();
   if (topk_length.has_value()) {
     TensorArg(kOp, "topk_length", *topk_length, "[batch]")
+        .dtype(at::kInt).dims(1).size(0, batch).contiguous();
+  }
+  if (extra_topk_length.has_value()) {
+    TensorArg(kOp, "extra_topk_length", *extra_topk_length, "[batch]")
         .dtype(at::kInt).dims(1).size(0, batch).contiguous();
   }
   DecodeShape shape;
@@ -143,6 +156,8 @@ std::vector<int64_t> get_decode_metadata(int64_t batch, int64_t seq_q, int64_t n
   shape.topk_length = static_cast<const int32_t*>(data_or_null(topk_length));
   shape.num_sms = to_int32(kOp, "num_sms", num_sms);
   shape.min_blocks_per_part = to_int32(kOp, "min_blocks_per_part", min_blocks_per_part);
+  shape.extra_topk = to_int32(kOp, "extra_topk", extra_topk);
+  shape.extra_topk_length = static_cast<const int32_t*>(data_or_null(extra_topk_length));
   DecodeMetadata md;
   if constexpr (B == Backend::kCuda) {
     const CudaScope scope(metadata);
@@ -162,10 +177,19 @@ std::vector<int64_t> get_decode_metadata(int64_t batch, int64_t seq_q, int64_t n
 struct QShape {
   int64_t b, s, h;
 };
-QShape check_q_tensor(const char* kOp, const at::Tensor& q) {
-  TensorArg(kOp, "q", q, "[batch, seq_q, num_heads, 576]")
-      .dtype(at::kBFloat16).dims(4).size(3, fmt::kQkDim).inner_contiguous();
+// d_qk: 576 (ds_mla_fp8, the packed buffer) or 512 (model1_fp8).
+QShape check_q_tensor(const char* kOp, const at::Tensor& q, int64_t d_qk = fmt::kQkDim) {
+  TensorArg(kOp, "q", q, d_qk == fmt::kQkDim ? "[batch, seq_q, num_heads, 576]" : "[batch, seq_q, num_heads, 512]")
+      .dtype(at::kBFloat16).dims(4).size(3, d_qk).inner_contiguous();
   return {q.size(0), q.size(1), q.size(2)};
+}
+
+// The cache's record format, from its last dim: 656 bytes ds_mla_fp8, 584 model1_fp8 (FlashMLA's
+// MODEL1 tensor [num_blocks, page_size, 584] over padded pages). Anything else is reported by
+// check_cache_tensor as a ds_mla_fp8 shape error.
+KvFormat decode_cache_format(const at::Tensor& kv_cache) {
+  return kv_cache.dim() == 3 && kv_cache.size(2) == fmt::kModel1RecordBytes ? KvFormat::kModel1Fp8
+                                                                             : KvFormat::kDsMlaFp8;
 }
 
 // The tensors both decodes take besides q and the KV source: topk_length, attn_sink, out, lse.
@@ -216,13 +240,24 @@ SparseDecodeParams decode_params(const at::Tensor& q, const at::Tensor& kv_cache
                                  const at::Tensor& indices,
                                  const std::optional<at::Tensor>& topk_length,
                                  const std::optional<at::Tensor>& attn_sink, double sm_scale,
-                                 const at::Tensor& out, const at::Tensor& lse) {
+                                 const at::Tensor& out, const at::Tensor& lse,
+                                 const std::optional<at::Tensor>& extra_kv_cache,
+                                 const std::optional<at::Tensor>& extra_indices,
+                                 const std::optional<at::Tensor>& extra_topk_length) {
   constexpr const char* kOp = kDecodeOp;
-  const QShape qs = check_q_tensor(kOp, q);
-  const CacheTensorView cv = check_cache_tensor(kOp, "kv_cache", kv_cache, KvFormat::kDsMlaFp8);
+  const KvFormat format = decode_cache_format(kv_cache);
+  const QShape qs = check_q_tensor(kOp, q, fmt::dequant_dim(format));
+  const CacheTensorView cv = check_cache_tensor(kOp, "kv_cache", kv_cache, format);
   TensorArg(kOp, "indices", indices, "[batch, seq_q, topk]")
       .dtype(at::kInt).dims(3).size(0, qs.b).size(1, qs.s).inner_contiguous();
   check_aux_tensors(kOp, qs, topk_length, attn_sink, out, lse);
+  // The extra cache comes with its indices; its lengths only with both (the C++ API checks the
+  // rest: model1_fp8 only, the plan's extra_topk and extra_topk_length).
+  TORCH_CHECK(extra_kv_cache.has_value() == extra_indices.has_value(), kOp, ": ",
+              extra_kv_cache.has_value() ? "extra_indices" : "extra_kv_cache",
+              ": extra_kv_cache and extra_indices go together");
+  TORCH_CHECK(!extra_topk_length.has_value() || extra_kv_cache.has_value(), kOp,
+              ": extra_topk_length: given without extra_kv_cache");
 
   SparseDecodeParams p;
   set_common_params(kOp, &p, q, topk_length, attn_sink, sm_scale, out, lse);
@@ -230,11 +265,30 @@ SparseDecodeParams decode_params(const at::Tensor& q, const at::Tensor& kv_cache
   p.cache.num_blocks = cv.num_blocks;
   p.cache.page_size = cv.page_size;
   p.cache.block_stride_bytes = cv.block_stride_bytes;
-  p.cache.format = KvFormat::kDsMlaFp8;
+  p.cache.format = format;
   p.indices = static_cast<const int32_t*>(data_or_null(indices));
   p.indices_batch_stride = indices.stride(0);
   p.indices_seq_stride = indices.stride(1);
   p.topk = to_int32(kOp, "topk (indices.size(2))", indices.size(2));
+  if (extra_kv_cache.has_value()) {
+    const CacheTensorView xv = check_cache_tensor(kOp, "extra_kv_cache", *extra_kv_cache, format);
+    TensorArg(kOp, "extra_indices", *extra_indices, "[batch, seq_q, extra_topk]")
+        .dtype(at::kInt).dims(3).size(0, qs.b).size(1, qs.s).inner_contiguous();
+    if (extra_topk_length.has_value()) {
+      TensorArg(kOp, "extra_topk_length", *extra_topk_length, "[batch]")
+          .dtype(at::kInt).dims(1).size(0, qs.b).contiguous();
+    }
+    p.extra_cache.data = data_or_null(*extra_kv_cache);
+    p.extra_cache.num_blocks = xv.num_blocks;
+    p.extra_cache.page_size = xv.page_size;
+    p.extra_cache.block_stride_bytes = xv.block_stride_bytes;
+    p.extra_cache.format = format;
+    p.extra_indices = static_cast<const int32_t*>(data_or_null(*extra_indices));
+    p.extra_indices_batch_stride = extra_indices->stride(0);
+    p.extra_indices_seq_stride = extra_indices->stride(1);
+    p.extra_topk = to_int32(kOp, "extra_topk (extra_indices.size(2))", extra_indices->size(2));
+    p.extra_topk_length = static_cast<const int32_t*>(data_or_null(extra_topk_length));
+  }
   return p;
 }
 
@@ -258,11 +312,11 @@ PackedDecodeParams packed_decode_params(const at::Tensor& q, const at::Tensor& p
   return p;
 }
 
-// q of a call gathered into the dense [B, S_q, H, 576] layout the oracles take.
+// q of a call gathered into the dense [B, S_q, H, D] layout the oracles take (D = 576, or 512
+// for model1_fp8).
 template <class P>
-std::vector<uint16_t> dense_q(const P& p) {
+std::vector<uint16_t> dense_q(const P& p, int D = fmt::kQkDim) {
   const int B = p.batch, S = p.seq_q, H = p.num_heads;
-  constexpr int D = fmt::kQkDim;
   std::vector<uint16_t> q(size_t(B) * S * H * D);
   const auto* qs = static_cast<const uint16_t*>(p.q);
   for (int b = 0; b < B; ++b)
@@ -298,18 +352,32 @@ template <class P>
 const int32_t* planned_lengths(const P& p, const DecodeMetadata& md) {
   return p.topk_length != nullptr ? md.data + decode::md_lengths_offset(p.batch * p.seq_q) : nullptr;
 }
+// The same for the extra cache's lengths.
+const int32_t* planned_extra_lengths(const SparseDecodeParams& p, const DecodeMetadata& md) {
+  return p.extra_topk_length != nullptr ? md.data + decode::md_extra_lengths_offset(p.batch * p.seq_q, p.batch)
+                                        : nullptr;
+}
+
+// An index tensor [B, S_q, K] gathered dense.
+std::vector<int32_t> dense_indices(const int32_t* idx, int64_t bs, int64_t ss, int B, int S, int K) {
+  std::vector<int32_t> d(size_t(B) * S * K);
+  for (int b = 0; b < B; ++b)
+    for (int s = 0; s < S; ++s)
+      std::memcpy(&d[(size_t(b) * S + s) * K], idx + b * bs + s * ss, size_t(K) * 4);
+  return d;
+}
 
 // The oracle on host tensors: gathers q / indices into the dense layout it takes, writes out
 // (rounded to bf16) and lse through the output strides.
 void run_oracle(const SparseDecodeParams& p, const DecodeMetadata& md) {
   const int B = p.batch, S = p.seq_q, H = p.num_heads, K = p.topk;
   const size_t rows = size_t(B) * S;
-  const std::vector<uint16_t> q = dense_q(p);
-  std::vector<int32_t> idx(rows * K);
-  for (int b = 0; b < B; ++b)
-    for (int s = 0; s < S; ++s)
-      std::memcpy(&idx[(size_t(b) * S + s) * K],
-                  p.indices + b * p.indices_batch_stride + s * p.indices_seq_stride, size_t(K) * 4);
+  const std::vector<uint16_t> q = dense_q(p, fmt::dequant_dim(p.cache.format));
+  const std::vector<int32_t> idx = dense_indices(p.indices, p.indices_batch_stride, p.indices_seq_stride, B, S, K);
+  const std::vector<int32_t> idx2 =
+      p.extra_topk > 0 ? dense_indices(p.extra_indices, p.extra_indices_batch_stride, p.extra_indices_seq_stride, B,
+                                       S, p.extra_topk)
+                       : std::vector<int32_t>();
   std::vector<float> out(rows * H * fmt::kVDim), lse(rows * H);
   ref::SparseDecodeRefArgs a;
   a.q = q.data();
@@ -320,6 +388,12 @@ void run_oracle(const SparseDecodeParams& p, const DecodeMetadata& md) {
   a.indices = idx.data();
   a.K = K;
   a.topk_length = planned_lengths(p, md);
+  if (p.extra_topk > 0) {
+    a.extra_cache = p.extra_cache;
+    a.extra_indices = idx2.data();
+    a.K2 = p.extra_topk;
+    a.extra_topk_length = planned_extra_lengths(p, md);
+  }
   a.sm_scale = p.sm_scale;
   a.attn_sink = p.attn_sink;
   a.out = out.data();
@@ -364,15 +438,19 @@ void sparse_mla_decode(const at::Tensor& q, const at::Tensor& kv_cache, const at
                        const std::optional<at::Tensor>& topk_length,
                        const std::optional<at::Tensor>& attn_sink, const at::Tensor& metadata,
                        c10::IntArrayRef plan, const at::Tensor& workspace, double sm_scale,
-                       const at::Tensor& out, const at::Tensor& lse) {
+                       const at::Tensor& out, const at::Tensor& lse,
+                       const std::optional<at::Tensor>& extra_kv_cache,
+                       const std::optional<at::Tensor>& extra_indices,
+                       const std::optional<at::Tensor>& extra_topk_length) {
   constexpr const char* kOp = kDecodeOp;
   check_devices(kOp, device_type(B),
                 {{"out", out}, {"lse", lse}, {"q", q}, {"kv_cache", kv_cache}, {"indices", indices},
                  {"topk_length", topk_length}, {"attn_sink", attn_sink}, {"metadata", metadata},
-                 {"workspace", workspace}});
+                 {"workspace", workspace}, {"extra_kv_cache", extra_kv_cache}, {"extra_indices", extra_indices},
+                 {"extra_topk_length", extra_topk_length}});
   check_plan_tensors(kOp, metadata, workspace);
-  const SparseDecodeParams p =
-      decode_params(q, kv_cache, indices, topk_length, attn_sink, sm_scale, out, lse);
+  const SparseDecodeParams p = decode_params(q, kv_cache, indices, topk_length, attn_sink, sm_scale, out, lse,
+                                             extra_kv_cache, extra_indices, extra_topk_length);
   const DecodeMetadata md = metadata_of(kOp, metadata, plan);
   if constexpr (B == Backend::kMeta) return;
   const size_t ws_bytes = size_t(workspace.numel());
@@ -424,11 +502,13 @@ TORCH_LIBRARY_FRAGMENT(selkv, m) {
         &::selkv::torch_ext::decode_metadata_ints);
   m.def(
       "get_decode_metadata(int batch, int seq_q, int num_heads, int topk, Tensor? topk_length, "
-      "int num_sms, Tensor(a!) metadata, int min_blocks_per_part=0) -> int[]");
+      "int num_sms, Tensor(a!) metadata, int min_blocks_per_part=0, int extra_topk=0, "
+      "Tensor? extra_topk_length=None) -> int[]");
   m.def(
       "sparse_mla_decode(Tensor q, Tensor kv_cache, Tensor indices, Tensor? topk_length, "
       "Tensor? attn_sink, Tensor metadata, int[] plan, Tensor(a!) workspace, float sm_scale, "
-      "Tensor(b!) out, Tensor(c!) lse) -> ()",
+      "Tensor(b!) out, Tensor(c!) lse, Tensor? extra_kv_cache=None, Tensor? extra_indices=None, "
+      "Tensor? extra_topk_length=None) -> ()",
       tags);
   m.def(
       "sparse_mla_decode_packed(Tensor q, Tensor packed_kv, int topk, Tensor? topk_length, "

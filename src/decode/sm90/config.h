@@ -18,12 +18,7 @@ inline constexpr int kBlockM = kHeadsPerCta;   // 64 heads: one wgmma M tile
 inline constexpr int kBlockN = kBlockTokens;   // 64 selected tokens per KV block
 inline constexpr int kNumKBufs = 2;            // double-buffered dequantized KV
 
-using KvFmt = KvFormatTraits<KvFormat::kDsMlaFp8>;  // the one record format decode reads
-// The producer reads a record's 4 fp32 scales as one 16-byte load.
-static_assert(KvFmt::kScalesInRecord && KvFmt::kNumTiles == 4 && sizeof(KvFmt::Scale) == 4);
-inline constexpr int kDimQK = KvFmt::kDequantDim;  // 576
-inline constexpr int kDimV = fmt::kVDim;           // 512
-inline constexpr int kDimNope = KvFmt::kNopeDim;   // 512
+inline constexpr int kDimV = fmt::kVDim;  // 512 in both formats: V = K[:, :512]
 
 // Everything the kernel derives from the head count H (one instantiation set per H): H / 64 head
 // groups run as one cluster whose CTAs split each 64-token block's dequant between them.
@@ -54,6 +49,7 @@ inline constexpr int kSoftmaxWgRegs = 208;  // setmaxnreg.inc: O (128) + S (32) 
 inline constexpr int kPvWgRegs = 168;       // launch value (no setmaxnreg): O (128) + state
 inline constexpr int kTokensPerConsumer = kBlockN / 2;  // 32: the H = 128 cluster halves of a block
 inline constexpr int kDimVPerConsumer = kDimV / 2;      // 256
+inline constexpr int kVHalfDimOffset = (kDimVPerConsumer / 64) * 512;  // 2048: dims [256, 512) of a tile
 // setmaxnreg moves registers between the warpgroups of a CTA: the sum stays the launch total,
 // 3 x 168 (__launch_bounds__(384, 1) on 64K registers).
 static_assert(kProducerRegs + kSoftmaxWgRegs + kPvWgRegs == 3 * 168, "setmaxnreg budget");
@@ -63,34 +59,86 @@ enum class NamedBar : uint32_t {
   kPReady = 1, kPFree = 2, kRowSum = 3, kQReady = 4, kProducerHalfDone = 5,
 };
 
+// The kernel's geometry for one record format (DecodeLayout<F>, a template parameter of the
+// kernel, its warpgroups and their smem): kDimQK = the dequantized K width (576 ds_mla_fp8: 8
+// NoPE tiles of 64 + RoPE; 512 model1_fp8: 7 NoPE tiles of 64 + RoPE), the NoPE width, and the
+// tile layouts and shared-memory plan derived from them. V = K[:, :512] in both, so the PV side
+// does not depend on the format.
+//
 // All bf16 tiles are K-major with the 128-byte swizzle. K/Q tiles are laid out row-group-major
-// (Step<_2,_1>): element (t, d) sits at (t/8)*4608 + (d/64)*512 + (t%8)*64 + d%64 (pre-swizzle),
-// so rows [32, 64) are the same layout at +18432 elements (the H = 128 peer CTA's half of a block)
-// and dims [256, 512) are the same layout at +2048 elements (the PV WG's V half). Both
-// offsets are multiples of 1024 bytes, the swizzle period, so a plain pointer offset is exact.
+// (Step<_2,_1>): element (t, d) sits at (t/8)*kKRowGroupStride + (d/64)*512 + (t%8)*64 + d%64
+// (pre-swizzle; kKRowGroupStride = (kDimQK/64)*512), so rows [32, 64) are the same layout at
+// +kKHalfTokenOffset elements (the H = 128 peer CTA's half of a block) and dims [256, 512) are the
+// same layout at +kVHalfDimOffset = 2048 elements (the PV WG's V half). Both offsets are
+// multiples of 1024 bytes, the swizzle period, so a plain pointer offset is exact.
 using SwAtom = GMMA::Layout_K_SW128_Atom<bf16_t>;  // 8 x 64
-using SmemLayoutQ = decltype(tile_to_shape(SwAtom{}, Shape<Int<kBlockM>, Int<kDimQK>>{}, Step<_2, _1>{}));
-using SmemLayoutK = decltype(tile_to_shape(SwAtom{}, Shape<Int<kBlockN>, Int<kDimQK>>{}, Step<_2, _1>{}));
-// V half viewed as the (N = dv, K = token) operand of O += P V: MN-major (dv contiguous).
-using SmemLayoutVHalf = decltype(composition(
-    SmemLayoutK{}, make_layout(Shape<Int<kDimVPerConsumer>, Int<kBlockN>>{}, Stride<Int<kBlockN>, _1>{})));
 using SmemLayoutP = decltype(tile_to_shape(SwAtom{}, Shape<Int<kBlockM>, Int<kBlockN>>{}));
 
-// Element offset of (t, d), d % 8 == 0, in a Q/K tile (SmemLayoutK / SmemLayoutQ, base 1024-byte
-// aligned): the 16-byte chunk holding elements [d, d+8) of row t. Checked against CuTe in
-// tests/cpp/test_decode_checks.cpp. k_tile_offset(t + 8, d) == k_tile_offset(t, d) + kKRowGroupStride.
-inline constexpr int kKRowGroupStride = (kDimQK / 64) * 512;  // 4608
-SELKV_DEC_HD constexpr int k_tile_offset(int t, int d) {
-  return (t >> 3) * kKRowGroupStride + (d >> 6) * 512 + (t & 7) * 64 + ((((d >> 3) & 7) ^ (t & 7)) << 3);
-}
+template <int kDimQK_>
+struct alignas(1024) SharedStorageOf;
+
+template <KvFormat F>
+struct DecodeLayout {
+  using Fmt = KvFormatTraits<F>;
+  static constexpr KvFormat kFormat = F;
+  static constexpr int kDimQK = Fmt::kDequantDim;  // 576 / 512
+  static constexpr int kDimNope = Fmt::kNopeDim;   // 512 / 448: RoPE at atom kDimNope / 64
+  static_assert(kDimQK % 64 == 0 && kDimNope % 64 == 0 && kDimQK - kDimNope == 64 && kDimQK >= kDimV);
+  static constexpr int kKRowGroupStride = (kDimQK / 64) * 512;                       // 4608 / 4096
+  static constexpr int kKHalfTokenOffset = (kTokensPerConsumer / 8) * kKRowGroupStride;  // 18432 / 16384
+  using SmemLayoutQ = decltype(tile_to_shape(SwAtom{}, Shape<Int<kBlockM>, Int<kDimQK>>{}, Step<_2, _1>{}));
+  using SmemLayoutK = decltype(tile_to_shape(SwAtom{}, Shape<Int<kBlockN>, Int<kDimQK>>{}, Step<_2, _1>{}));
+  // V half viewed as the (N = dv, K = token) operand of O += P V: MN-major (dv contiguous).
+  using SmemLayoutVHalf = decltype(composition(
+      SmemLayoutK{}, make_layout(Shape<Int<kDimVPerConsumer>, Int<kBlockN>>{}, Stride<Int<kBlockN>, _1>{})));
+  using SharedStorage = SharedStorageOf<kDimQK>;
+  static_assert(cosize_v<SmemLayoutK> == kBlockN * kDimQK);
+
+  // Element offset of (t, d), d % 8 == 0, in a Q/K tile (SmemLayoutK / SmemLayoutQ, base
+  // 1024-byte aligned): the 16-byte chunk holding elements [d, d+8) of row t. Checked against
+  // CuTe in tests/cpp/test_decode_checks.cpp (layout_check.cu).
+  SELKV_DEC_HD static constexpr int k_tile_offset(int t, int d) {
+    return (t >> 3) * kKRowGroupStride + (d >> 6) * 512 + (t & 7) * 64 + ((((d >> 3) & 7) ^ (t & 7)) << 3);
+  }
+};
+
+template <int kDimQK_>
+struct alignas(1024) SharedStorageOf {
+  alignas(1024) bf16_t q[kBlockM * kDimQK_];             // 72 KB (ds_mla_fp8) / 64 KB (model1_fp8)
+  alignas(1024) bf16_t k[kNumKBufs][kBlockN * kDimQK_];  // 2 x 72 KB / 2 x 64 KB
+  alignas(1024) bf16_t p[cosize_v<SmemLayoutP>];         // 8 KB
+  alignas(16) float row_scale[kBlockM];  // WG1 -> WG2: O rescale factor of the current block
+  alignas(16) float row_max[kBlockM];    // WG1 -> WG2 at row end: running max (logit units)
+  alignas(16) float row_sum[kBlockM];    // WG1 -> WG2 at row end: softmax denominator
+  alignas(16) uint8_t kv_valid_bits[kNumKBufs][kBlockN / 8];  // bit t of the 8 bytes = token t valid
+  alignas(8) uint64_t bar_full[kNumKBufs];   // producer -> consumers, 128 arrivals
+  alignas(8) uint64_t bar_empty[kNumKBufs];  // consumer warps -> producer(s): 8 (H=64) / 16 (H=128, both CTAs)
+  alignas(8) uint64_t bar_remote[kNumKBufs]; // H=128: the peer CTA's half of the tile (st.async tx bytes)
+};
+
+// The ds_mla_fp8 geometry under its historical names (layout_check.cu, tests).
+using DsMlaLayout = DecodeLayout<KvFormat::kDsMlaFp8>;
+using Model1Layout = DecodeLayout<KvFormat::kModel1Fp8>;
+using KvFmt = DsMlaLayout::Fmt;
+// The ds_mla_fp8 producer reads a record's 4 fp32 scales as one 16-byte load; the model1_fp8 one
+// a token's 8 UE8M0 bytes (7 scales + pad) from the page tail as one 8-byte load.
+static_assert(KvFmt::kScalesInRecord && KvFmt::kNumTiles == 4 && sizeof(KvFmt::Scale) == 4);
+static_assert(!Model1Layout::Fmt::kScalesInRecord && Model1Layout::Fmt::kNumTiles == 7 &&
+              Model1Layout::Fmt::kTileElems == 64 && Model1Layout::Fmt::kScaleStride == 8);
+inline constexpr int kDimQK = DsMlaLayout::kDimQK;  // 576
+inline constexpr int kDimNope = DsMlaLayout::kDimNope;  // 512
+inline constexpr int kKRowGroupStride = DsMlaLayout::kKRowGroupStride;    // 4608
+inline constexpr int kKHalfTokenOffset = DsMlaLayout::kKHalfTokenOffset;  // 18432
+using SmemLayoutQ = DsMlaLayout::SmemLayoutQ;
+using SmemLayoutK = DsMlaLayout::SmemLayoutK;
+using SmemLayoutVHalf = DsMlaLayout::SmemLayoutVHalf;
+using SharedStorage = DsMlaLayout::SharedStorage;
+SELKV_DEC_HD constexpr int k_tile_offset(int t, int d) { return DsMlaLayout::k_tile_offset(t, d); }
 
 // Element offset of (m, k) in the P tile (SmemLayoutP, base 1024-byte aligned).
 SELKV_DEC_HD constexpr int p_tile_offset(int m, int k) {
   return m * 64 + ((((k >> 3) & 7) ^ (m & 7)) << 3) + (k & 7);
 }
-
-inline constexpr int kKHalfTokenOffset = (kTokensPerConsumer / 8) * (kDimQK / 64) * 512;  // 18432
-inline constexpr int kVHalfDimOffset = (kDimVPerConsumer / 64) * 512;                    // 2048
 
 using TiledMmaQK = decltype(make_tiled_mma(
     SM90_64x64x16_F32BF16BF16_SS<GMMA::Major::K, GMMA::Major::K>{}, Layout<Shape<_1, _1, _1>>{}));
@@ -100,19 +148,7 @@ using TiledMmaPVrs = decltype(make_tiled_mma(
 using TiledMmaPV = decltype(make_tiled_mma(
     SM90_64x256x16_F32BF16BF16_SS<GMMA::Major::K, GMMA::Major::MN>{}, Layout<Shape<_1, _1, _1>>{}));
 
-struct alignas(1024) SharedStorage {
-  alignas(1024) bf16_t q[cosize_v<SmemLayoutQ>];             // 72 KB
-  alignas(1024) bf16_t k[kNumKBufs][cosize_v<SmemLayoutK>];  // 2 x 72 KB
-  alignas(1024) bf16_t p[cosize_v<SmemLayoutP>];             // 8 KB
-  alignas(16) float row_scale[kBlockM];  // WG1 -> WG2: O rescale factor of the current block
-  alignas(16) float row_max[kBlockM];    // WG1 -> WG2 at row end: running max (logit units)
-  alignas(16) float row_sum[kBlockM];    // WG1 -> WG2 at row end: softmax denominator
-  alignas(16) uint8_t kv_valid_bits[kNumKBufs][kBlockN / 8];  // bit t of the 8 bytes = token t valid
-  alignas(8) uint64_t bar_full[kNumKBufs];   // producer -> consumers, 128 arrivals
-  alignas(8) uint64_t bar_empty[kNumKBufs];  // consumer warps -> producer(s): 8 (H=64) / 16 (H=128, both CTAs)
-  alignas(8) uint64_t bar_remote[kNumKBufs]; // H=128: the peer CTA's half of the tile (st.async tx bytes)
-};
-static_assert(sizeof(SharedStorage) <= 227 * 1024, "shared memory plan exceeds 227 KB");
-static_assert(cosize_v<SmemLayoutK> == kBlockN * kDimQK);
+static_assert(sizeof(DsMlaLayout::SharedStorage) <= 227 * 1024, "shared memory plan exceeds 227 KB");
+static_assert(sizeof(Model1Layout::SharedStorage) <= 227 * 1024, "shared memory plan exceeds 227 KB");
 
 }  // namespace selkv::decode::sm90

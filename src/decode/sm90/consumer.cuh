@@ -133,23 +133,25 @@ __device__ __forceinline__ void store_row(const DecodeKernelParams& p, const Row
   }
 }
 
-// Q [64 heads x 576] of row `w` -> smem by both consumer warpgroups (256 threads, 18 cp.async of 16
-// bytes each, all in flight at once: one DRAM latency per row, no registers), waited. The caller
-// guarantees every wgmma of the previous row has completed (the row-end barrier).
-__device__ __forceinline__ void load_q_tile(const DecodeKernelParams& p, SharedStorage& ss, const RowWork& w) {
+// Q [64 heads x kDimQK] of row `w` -> smem by both consumer warpgroups (256 threads, 18 (576) / 16
+// (512) cp.async of 16 bytes each, all in flight at once: one DRAM latency per row, no registers),
+// waited. The caller guarantees every wgmma of the previous row has completed (the row-end barrier).
+template <class L>
+__device__ __forceinline__ void load_q_tile(const DecodeKernelParams& p, typename L::SharedStorage& ss,
+                                            const RowWork& w) {
   const int tid = int(threadIdx.x) - 128;
   const int head_base = int(blockIdx.x) * kBlockM;
   const auto [b, s] = row_coord(w.row, p.batch);
   const uint16_t* qrow = p.q + b * p.q_batch_stride + s * p.q_seq_stride;
   const uint32_t sq = smem_u32(ss.q);
-  constexpr int kChunksPerHead = kDimQK / 8;  // 72 x 16 bytes
+  constexpr int kChunksPerHead = L::kDimQK / 8;  // 72 / 64 x 16 bytes
   constexpr int kIters = kBlockM * kChunksPerHead / kNumConsumerThreads;
   static_assert(kBlockM * kChunksPerHead % kNumConsumerThreads == 0);
 #pragma unroll 1  // asynchronous copies: a rolled loop still has them all in flight, in few registers
   for (int u = 0; u < kIters; ++u) {
     const int c = u * kNumConsumerThreads + tid;
     const int h = c / kChunksPerHead, cc = c - (c / kChunksPerHead) * kChunksPerHead;
-    selkv::sm90::cp_async_16(sq + 2u * uint32_t(k_tile_offset(h, cc * 8)),
+    selkv::sm90::cp_async_16(sq + 2u * uint32_t(L::k_tile_offset(h, cc * 8)),
                              qrow + int64_t(head_base + h) * p.q_head_stride + cc * 8, true);
   }
   selkv::sm90::cp_async_wait_all();
@@ -157,13 +159,13 @@ __device__ __forceinline__ void load_q_tile(const DecodeKernelParams& p, SharedS
   consumers_sync(NamedBar::kQReady);
 }
 
-// S = Q K^T for the 64 tokens of the K tile `ktile` (wgmma m64n64k16 SS over all 576 dims),
+// S = Q K^T for the 64 tokens of the K tile `ktile` (wgmma m64n64k16 SS over all kDimQK dims),
 // committed, not waited: the caller waits and fences tSrS.
-template <class TiledMma, class ThrMma, class FragQ, class FragS>
+template <class L, class TiledMma, class ThrMma, class FragQ, class FragS>
 __device__ __forceinline__ void issue_s_gemm(TiledMma& mma, const ThrMma& thr, const FragQ& tSrQ, bf16_t* ktile,
                                              FragS& tSrS) {
-  Tensor sK = make_tensor(make_smem_ptr(ktile), SmemLayoutK{});
-  Tensor tSrK = thr.partition_fragment_B(sK);  // (MMA, 1, 36)
+  Tensor sK = make_tensor(make_smem_ptr(ktile), typename L::SmemLayoutK{});
+  Tensor tSrK = thr.partition_fragment_B(sK);  // (MMA, 1, kDimQK / 16)
   warpgroup_fence_operand(tSrS);
   warpgroup_arrive();
   mma.accumulate_ = GMMA::ScaleOut::Zero;
@@ -177,10 +179,10 @@ __device__ __forceinline__ void issue_s_gemm(TiledMma& mma, const ThrMma& thr, c
 
 // O += P V_half for one block, committed, not waited: `v_half` is the V half's first element in
 // the K tile (read MN-major); P is a register fragment (RS) or smem descriptors (SS).
-template <class TiledMma, class ThrMma, class FragP, class FragO>
+template <class L, class TiledMma, class ThrMma, class FragP, class FragO>
 __device__ __forceinline__ void issue_pv_gemm(TiledMma& mma, const ThrMma& thr, const FragP& tOrP, bf16_t* v_half,
                                               FragO& tOrO) {
-  Tensor sV = make_tensor(make_smem_ptr(v_half), SmemLayoutVHalf{});
+  Tensor sV = make_tensor(make_smem_ptr(v_half), typename L::SmemLayoutVHalf{});
   Tensor tOrV = thr.partition_fragment_B(sV);  // (MMA, 1, 4)
   warpgroup_fence_operand(tOrO);
   warpgroup_arrive();
@@ -189,26 +191,26 @@ __device__ __forceinline__ void issue_pv_gemm(TiledMma& mma, const ThrMma& thr, 
   warpgroup_commit_batch();
 }
 // The same, waited (the split's softmax WG with P in registers, the PV WG with P in smem).
-template <class TiledMma, class ThrMma, class FragP, class FragO>
+template <class L, class TiledMma, class ThrMma, class FragP, class FragO>
 __device__ __forceinline__ void pv_gemm_wait(TiledMma& mma, const ThrMma& thr, const FragP& tOrP, bf16_t* v_half,
                                              FragO& tOrO) {
-  issue_pv_gemm(mma, thr, tOrP, v_half, tOrO);
+  issue_pv_gemm<L>(mma, thr, tOrP, v_half, tOrO);
   warpgroup_wait<0>();
   warpgroup_fence_operand(tOrO);
 }
 
 // Wait until block `buf` (phase) is complete in this CTA: the local producer's part (bar_full),
 // and for H = 128 the peer's part (bar_remote).
-template <int kNumHeads>
-__device__ __forceinline__ void wait_kv_tile(SharedStorage& ss, int buf, uint32_t phase) {
+template <int kNumHeads, class SS>
+__device__ __forceinline__ void wait_kv_tile(SS& ss, int buf, uint32_t phase) {
   cutlass::arch::ClusterBarrier::wait(&ss.bar_full[buf], phase);
   if constexpr (kNumHeads == 128) cutlass::arch::ClusterBarrier::wait(&ss.bar_remote[buf], phase);
 }
 
 // Return buffer `buf` to the producer(s): one arrival per consumer warp, on this CTA's and
 // (H = 128) the peer's empty barrier (the peer's producer writes half of this tile).
-template <int kNumHeads>
-__device__ __forceinline__ void release_kv_tile(SharedStorage& ss, int buf, int lane) {
+template <int kNumHeads, class SS>
+__device__ __forceinline__ void release_kv_tile(SS& ss, int buf, int lane) {
   __syncwarp();
   if constexpr (kNumHeads == 128) {
     cutlass::arch::ClusterBarrier::arrive(&ss.bar_empty[buf], 0u, uint32_t(lane == 0));
@@ -219,8 +221,8 @@ __device__ __forceinline__ void release_kv_tile(SharedStorage& ss, int buf, int 
 }
 
 // WG1: S, softmax, P, O_0 += P V_0.
-template <int kNumHeads, bool kF16Partials, class Iter>
-__device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, SharedStorage& ss, Iter it) {
+template <class L, int kNumHeads, bool kF16Partials, class Iter>
+__device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, typename L::SharedStorage& ss, Iter it) {
   const int tid_wg = int(threadIdx.x) - 128;
   const int warp_wg = tid_wg / 32, lane = tid_wg % 32;
   const int r0 = warp_wg * 16 + lane / 4, r1 = r0 + 8;
@@ -231,8 +233,8 @@ __device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, Shar
   TiledMmaPVrs mma_pv;
   auto thr_qk = mma_qk.get_thread_slice(tid_wg);
   auto thr_pv = mma_pv.get_thread_slice(tid_wg);
-  Tensor sQ = make_tensor(make_smem_ptr(ss.q), SmemLayoutQ{});
-  Tensor tSrQ = thr_qk.partition_fragment_A(sQ);  // (MMA, 1, 36) descriptors
+  Tensor sQ = make_tensor(make_smem_ptr(ss.q), typename L::SmemLayoutQ{});
+  Tensor tSrQ = thr_qk.partition_fragment_A(sQ);  // (MMA, 1, kDimQK / 16) descriptors
   Tensor tOrO = partition_fragment_C(mma_pv, Shape<Int<kBlockM>, Int<kDimVPerConsumer>>{});
   Tensor tOrP = make_tensor<bf16_t>(partition_shape_A(mma_pv, Shape<Int<kBlockM>, Int<kBlockN>>{}));
   static_assert(decltype(size(tOrO))::value == 128);
@@ -243,7 +245,7 @@ __device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, Shar
   RowWork w;
   SELKV_TL(bool tl_first = true;)
   while (it.next(w)) {
-    load_q_tile(p, ss, w);
+    load_q_tile<L>(p, ss, w);
     SELKV_TL(if (tid_wg == 0 && tl_first) tl_stamp(3);)
     clear(tOrO);
     float m0 = kNegInf, m1 = kNegInf, l0 = 0.f, l1 = 0.f;
@@ -251,9 +253,9 @@ __device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, Shar
     for (int32_t blk = w.blk_begin; blk < w.blk_end; ++blk) {
       wait_kv_tile<kNumHeads>(ss, buf, phase);
 
-      // S = Q K^T over 576 dims for the block's 64 tokens.
+      // S = Q K^T over kDimQK dims for the block's 64 tokens.
       Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});
-      issue_s_gemm(mma_qk, thr_qk, tSrQ, ss.k[buf], tSrS);
+      issue_s_gemm<L>(mma_qk, thr_qk, tSrQ, ss.k[buf], tSrS);
       warpgroup_wait<0>();
       warpgroup_fence_operand(tSrS);
       SELKV_TL(if (tid_wg == 0 && tl_first) { tl_stamp(4); tl_first = false; })
@@ -302,7 +304,7 @@ __device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, Shar
       }
 
       // O_0 += P V_0 (V = first 512 dims of the same KV tile, read MN-major).
-      pv_gemm_wait(mma_pv, thr_pv, tOrP, ss.k[buf], tOrO);
+      pv_gemm_wait<L>(mma_pv, thr_pv, tOrP, ss.k[buf], tOrO);
 
       release_kv_tile<kNumHeads>(ss, buf, lane);
       if (++buf == kNumKBufs) { buf = 0; phase ^= 1u; }
@@ -328,8 +330,8 @@ __device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, Shar
 }
 
 // WG2: O_1 = O_1 * scale + P V_1.
-template <int kNumHeads, bool kF16Partials, class Iter>
-__device__ __forceinline__ void run_pv_wg(const DecodeKernelParams& p, SharedStorage& ss, Iter it) {
+template <class L, int kNumHeads, bool kF16Partials, class Iter>
+__device__ __forceinline__ void run_pv_wg(const DecodeKernelParams& p, typename L::SharedStorage& ss, Iter it) {
   const int tid_wg = int(threadIdx.x) - 256;
   const int warp_wg = tid_wg / 32, lane = tid_wg % 32;
   const int r0 = warp_wg * 16 + lane / 4, r1 = r0 + 8;
@@ -345,7 +347,7 @@ __device__ __forceinline__ void run_pv_wg(const DecodeKernelParams& p, SharedSto
   uint32_t phase = 0;
   RowWork w;
   while (it.next(w)) {
-    load_q_tile(p, ss, w);
+    load_q_tile<L>(p, ss, w);
     clear(tOrO);
     for (int32_t blk = w.blk_begin; blk < w.blk_end; ++blk) {
       consumers_sync(NamedBar::kPReady);
@@ -358,7 +360,7 @@ __device__ __forceinline__ void run_pv_wg(const DecodeKernelParams& p, SharedSto
         for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= ((i >> 1) & 1) ? sc1 : sc0;
       }
 
-      pv_gemm_wait(mma_pv, thr_pv, tOrP, ss.k[buf] + kVHalfDimOffset, tOrO);
+      pv_gemm_wait<L>(mma_pv, thr_pv, tOrP, ss.k[buf] + kVHalfDimOffset, tOrO);
 
       release_kv_tile<kNumHeads>(ss, buf, lane);
       if (blk + 1 != w.blk_end) consumers_arrive(NamedBar::kPFree);

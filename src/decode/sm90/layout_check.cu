@@ -4,8 +4,16 @@
 #include "decode/sm90/layout_check.h"
 
 namespace selkv::decode::sm90 {
+namespace {
 
-std::string check_tile_layouts() {
+// The offsets of one format's geometry (DecodeLayout<F>).
+template <class L>
+std::string check_layout() {
+  using SmemLayoutK = typename L::SmemLayoutK;
+  using SmemLayoutQ = typename L::SmemLayoutQ;
+  using SmemLayoutVHalf = typename L::SmemLayoutVHalf;
+  constexpr int kDimQK = L::kDimQK, kKHalfTokenOffset = L::kKHalfTokenOffset;
+  auto k_tile_offset = [](int t, int d) { return L::k_tile_offset(t, d); };
   // A 1024-byte aligned host buffer stands in for shared memory: CuTe applies the swizzle to
   // address bits, exactly as the hardware does for a 1024-byte aligned smem tile.
   alignas(1024) static bf16_t buf[cosize_v<SmemLayoutK>];
@@ -49,6 +57,15 @@ std::string check_tile_layouts() {
         return err.str();
       }
   return {};
+}
+
+}  // namespace
+
+std::string check_tile_layouts() {
+  const std::string ds = check_layout<DsMlaLayout>();
+  if (!ds.empty()) return "ds_mla_fp8: " + ds;
+  const std::string m1 = check_layout<Model1Layout>();
+  return m1.empty() ? m1 : "model1_fp8: " + m1;
 }
 
 }  // namespace selkv::decode::sm90

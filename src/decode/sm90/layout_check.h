@@ -6,7 +6,8 @@
 
 namespace selkv::decode::sm90 {
 
-// Empty string when every offset agrees; else a description of the first mismatch.
+// Empty string when every offset agrees (both formats' geometry, DecodeLayout); else a
+// description of the first mismatch.
 std::string check_tile_layouts();
 
 }  // namespace selkv::decode::sm90

@@ -85,6 +85,21 @@ __device__ __forceinline__ uint4 ld_16_pred(const void* gptr, int32_t valid) {
   return v;
 }
 
+// 8-byte load of the global bytes at `gptr` when `valid`, else zeros with no memory access (a
+// model1_fp8 token's 8 UE8M0 scale bytes; generic ld for the reason given at ld_16_pred).
+__device__ __forceinline__ uint2 ld_8_pred(const void* gptr, int32_t valid) {
+  uint2 v;
+  asm volatile(
+      "{\n\t.reg .pred p;\n\t"
+      "setp.ne.b32 p, %3, 0;\n\t"
+      "mov.b32 %0, 0;\n\tmov.b32 %1, 0;\n\t"
+      "@p ld.v2.u32 {%0, %1}, [%2];\n\t}\n"
+      : "=r"(v.x), "=r"(v.y)
+      : "l"(gptr), "r"(valid)
+      : "memory");
+  return v;
+}
+
 // 4-byte read-only load, predicated: -1 when `valid` is 0 (nothing is loaded). One register is
 // both the default and the load target, so a caller that keeps the value in a loop-carried
 // variable gets no register copy of the in-flight load (a copy waits for the load to land;

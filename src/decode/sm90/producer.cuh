@@ -4,10 +4,13 @@
 
 #include <cutlass/arch/barrier.h>
 
+#include <type_traits>
+
 #include "decode/sm90/config.h"
 #include "decode/sm90/part_iter.cuh"
 #include "decode/sm90/primitives.cuh"
 #include "decode/sm90/timeline.cuh"
+#include "formats/device_codec.cuh"
 
 namespace selkv::decode::sm90 {
 
@@ -28,6 +31,18 @@ struct RoundRaw {
   uint4 rope[2];
   int valid;
 };
+// model1_fp8 (DecodeLayout<kModel1Fp8>): 448 NoPE bytes = 7 chunks of 64 (one UE8M0 scale each),
+// the token's 8 scale bytes (one 8-byte load from the page tail), the same RoPE chunks.
+struct RoundRawModel1 {
+  uint4 nope[7];
+  uint2 sc;
+  uint4 rope[2];
+  int valid;
+};
+template <class L>
+using RoundRawOf = std::conditional_t<L::kFormat == KvFormat::kModel1Fp8, RoundRawModel1, RoundRaw>;
+// The cache a round reads (model1_fp8 kernels: 0 main, 1 extra); nothing for the others.
+struct NoExtra {};
 
 // Walks (row, block) of the part in block order; identical in every CTA of a cluster. With
 // dynamic top-k it holds the clamped top-k lengths of rows row and row + 1, loading the next one
@@ -36,11 +51,15 @@ struct RoundRaw {
 // entries). The lengths come from the plan's snapshot (never topk_length itself), and a row's
 // block count follows from its length exactly as the scheduler derived the prefix sums the
 // consumers walk (max(ceil(len / 64), 1)).
-template <bool kDynamic, class Schedule>
+// kExtra (model1_fp8 kernels): a row's blocks are the main cache's ceil(len / 64) then the extra
+// cache's ceil(len_x / 64) (fixed: K / 64 then K2 / 64); with lengths it also holds the extra
+// cache's lengths of rows row and row + 1 (the plan's snapshot, md_extra_lengths_offset).
+template <bool kDynamic, class Schedule, bool kExtra = false>
 struct BlockCursor {
   Schedule sched;
   int32_t g, g1, row, row_begin, row_end;
   int32_t len, next_len;  // dynamic: clamped top-k lengths of rows row and row + 1
+  int32_t len_x, next_len_x;  // dynamic, kExtra: the extra cache's
 
   __device__ __forceinline__ explicit BlockCursor(const PartIter<Schedule>& it)
       : sched(it.sched), g(it.g0), g1(it.g1), row(it.r) {
@@ -54,6 +73,16 @@ struct BlockCursor {
       row_end = sched.prefix(row + 1);
     }
   }
+  // kExtra, dynamic: the extra lengths of the part's first two rows (one dependent load at start).
+  __device__ __forceinline__ void init_extra(const DecodeKernelParams& p) {
+    if constexpr (kExtra && kDynamic) {
+      const int32_t* lx = p.metadata + md_extra_lengths_offset(p.num_rows, p.batch);
+      const int32_t r0 = row < p.num_rows ? row : p.num_rows - 1;
+      const int32_t r1 = row + 1 < p.num_rows ? row + 1 : p.num_rows - 1;
+      len_x = clamp_topk_length(__ldg(lx + row_coord(r0, p.batch).b), p.topk_extra);
+      next_len_x = clamp_topk_length(__ldg(lx + row_coord(r1, p.batch).b), p.topk_extra);
+    }
+  }
   __device__ __forceinline__ void advance(const DecodeKernelParams& p) {
     ++g;
     if constexpr (kDynamic) {
@@ -62,13 +91,21 @@ struct BlockCursor {
         ++row;
         row_begin = row_end;
         len = next_len;
-        const int32_t nblk = (len + kBlockN - 1) / kBlockN;
+        int32_t nblk = (len + kBlockN - 1) / kBlockN;
+        if constexpr (kExtra) {
+          len_x = next_len_x;
+          nblk += (len_x + kBlockN - 1) / kBlockN;
+        }
         row_end = row_begin + (nblk > 1 ? nblk : 1);
         // Row row + 1's length from the plan's snapshot (past the last row: the last row's),
         // clamped again so that even a corrupt plan cannot widen a mask past K.
         const int32_t nr = row + 1 < p.num_rows ? row + 1 : p.num_rows - 1;
         const int32_t raw = __ldg(p.metadata + md_lengths_offset(p.num_rows) + row_coord(nr, p.batch).b);
         next_len = clamp_topk_length(raw, p.topk);
+        if constexpr (kExtra) {
+          const int32_t rx = __ldg(p.metadata + md_extra_lengths_offset(p.num_rows, p.batch) + row_coord(nr, p.batch).b);
+          next_len_x = clamp_topk_length(rx, p.topk_extra);
+        }
       }
     } else {
       while (g < g1 && g >= row_end) {  // closed-form bounds: every row has K / 64 blocks
@@ -88,15 +125,33 @@ struct BlockCursor {
 // int32 units with the index strides), needed only for the block's mask, never for an address.
 // Everything else (ring, conversion, cluster exchange) is the native path's, so both paths give
 // the same bits for the same records.
-template <int kNumHeads, bool kDynamic, bool kPacked, class Schedule>
-__device__ __forceinline__ void run_producer(const DecodeKernelParams& p, SharedStorage& ss,
+//
+// L = DecodeLayout<kModel1Fp8> (kM1): a token's 576-byte record (7 NoPE chunks of 64 codes, one
+// UE8M0 scale each, then the RoPE) and its 8 scale bytes in the page tail, both addressed through
+// the format traits (record_offset, scale_offset: the scale address depends on the page size);
+// dequant e4m3 * 2^e; the RoPE lands at atom 7 (dims 448..511). These kernels take the optional
+// extra cache: blocks [0, nb1) of a row read the main cache and indices, [nb1, nb1 + nb2) the
+// extra ones (nb1 = ceil(len / 64), fixed K / 64), each with its own num_slots, page size and
+// block stride; a round's cache (`ext`) travels with its index through the ring.
+template <class L, int kNumHeads, bool kDynamic, bool kPacked, class Schedule>
+__device__ __forceinline__ void run_producer(const DecodeKernelParams& p, typename L::SharedStorage& ss,
                                              const PartIter<Schedule>& it, uint32_t rank) {
+  using Fmt = typename L::Fmt;
+  constexpr bool kM1 = L::kFormat == KvFormat::kModel1Fp8;
+  constexpr bool kExtra = kM1;
+  static_assert(!(kM1 && kPacked), "the packed buffer holds ds_mla_fp8 records");
+  using Ext = std::conditional_t<kExtra, int32_t, NoExtra>;
+  using Raw = RoundRawOf<L>;
+  constexpr int kNopeChunks = L::kDimNope / 64;  // 64-byte NoPE chunks per record: 8 / 7
+  constexpr int kKRowGroupStride = L::kKRowGroupStride;
+  constexpr int kDimNope = L::kDimNope;
   constexpr int kCluster = DecodeTraits<kNumHeads>::kCluster;
   constexpr int kRounds = DecodeTraits<kNumHeads>::kRoundsPerBlock;
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   const int q = lane >> 3, l7 = lane & 7;
   const int tl = warp * 8 + l7;  // token of the round (0..31)
   const int32_t max_blocks = p.topk / kBlockN;
+  [[maybe_unused]] const int32_t max_blocks_x = kExtra ? p.topk_extra / kBlockN : 0;
   const int32_t total_rounds = (it.g1 - it.g0) * kRounds;
 
   // smem element offsets within a K tile (k_tile_offset, loop invariant): token row base of
@@ -105,11 +160,12 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
   const int row_base = warp * kKRowGroupStride + l7 * 64;
   const int c0 = ((2 * q) ^ l7) << 3, c1 = ((2 * q + 1) ^ l7) << 3;
   const int r0 = (kDimNope / 64) * 512 + ((q ^ l7) << 3), r1 = (kDimNope / 64) * 512 + (((q + 4) ^ l7) << 3);
-  constexpr int kHalfOff = kKHalfTokenOffset;  // tokens [32, 64)
+  constexpr int kHalfOff = L::kKHalfTokenOffset;  // tokens [32, 64)
   uint32_t peer_smem = 0;
   if constexpr (kCluster == 2) peer_smem = map_smem_to_rank(smem_u32(&ss), rank ^ 1u);
 
-  BlockCursor<kDynamic, Schedule> cur(it);
+  BlockCursor<kDynamic, Schedule, kExtra> cur(it);
+  if constexpr (kExtra) cur.init_extra(p);
   int stage_round = 0;  // round (within its block) of the cursor's next index load
 
   // Index stage: the index of this thread's token in the cursor's round (and, H = 128, the
@@ -118,12 +174,39 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
   // validity test (idx >= 0 && idx < num_slots) rejects exactly as the explicit length test did.
   // Straight-line code around one predicated load per value (no branch, so the value's register
   // is the load's target: nothing copies an index that is still in flight).
-  auto load_index = [&](int32_t& idx, int32_t& idx2) {
+  auto load_index = [&](int32_t& idx, int32_t& idx2, [[maybe_unused]] Ext& ext) {
     // Row and block clamped to the call's shape whatever the (dynamic) metadata says: a corrupt
     // plan gives wrong results, never an out-of-bounds index read.
     const int32_t row = cur.row < p.num_rows ? cur.row : p.num_rows - 1, blk = cur.g - cur.row_begin;
     const auto [b, s] = row_coord(row, p.batch);
     const int tok = 32 * (kCluster == 2 ? int(rank) : stage_round) + tl;
+    if constexpr (kExtra) {
+      // The row's main blocks first, then the extra cache's; each block index clamped to its
+      // own cache's K / 64 (the empty row's one block: nothing wanted).
+      const int32_t nb1 = kDynamic ? (cur.len + kBlockN - 1) / kBlockN : max_blocks;
+      const bool x = blk >= nb1;
+      const int32_t xb = x ? blk - nb1 : blk;
+      const bool in_part = cur.g < cur.g1 && uint32_t(xb) < uint32_t(x ? max_blocks_x : max_blocks);
+      const int32_t len = x ? (kDynamic ? cur.len_x : p.topk_extra) : (kDynamic ? cur.len : p.topk);
+      auto wanted = [&](int t) -> int32_t { return in_part && xb * kBlockN + t < len; };
+      const int32_t* idx_row =
+          x ? p.extra_indices + b * p.extra_indices_batch_stride + s * p.extra_indices_seq_stride +
+                  int64_t(in_part ? xb : 0) * kBlockN
+            : p.indices + b * p.indices_batch_stride + s * p.indices_seq_stride + int64_t(in_part ? xb : 0) * kBlockN;
+      idx = ld_s32_pred_or_neg1(idx_row + tok, wanted(tok));
+      if constexpr (kCluster == 2) {
+        const int tok2 = 32 * int(rank ^ 1u) + tl;
+        idx2 = ld_s32_pred_or_neg1(idx_row + tok2, q == 1 && wanted(tok2));
+      } else {
+        idx2 = -1;
+      }
+      ext = x ? 1 : 0;
+      if (++stage_round == kRounds) {
+        stage_round = 0;
+        cur.advance(p);
+      }
+      return;
+    }
     // Past the part's end or outside 0 <= blk < K / 64: nothing is loaded.
     const bool in_part = cur.g < cur.g1 && uint32_t(blk) < uint32_t(max_blocks);
     // fixed: blk < K / 64, so every position is < K = len (no tail predicate); dynamic: the row's
@@ -157,6 +240,27 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
 
   // Data stage, address half: validity and record address of a round (the address is only formed
   // for a valid token; an invalid token is never dereferenced, its data stays zero).
+  // model1_fp8: the record of index idx in cache `ext` and (out) its scale bytes' address.
+  auto record_of_m1 = [&](int32_t idx, Ext ext, int32_t& valid, const uint8_t*& sc) -> const uint8_t* {
+    if constexpr (kM1) {
+      const bool x = ext != 0;
+      valid = idx >= 0 && int64_t(idx) < (x ? p.extra_num_slots : p.num_slots);
+      const uint8_t* rec = x ? p.extra_cache : p.cache;
+      sc = rec;
+      if (valid) {
+        uint32_t blk_id, in_page;
+        if (x) p.extra_page.divmod(uint32_t(idx), blk_id, in_page);  // valid: 0 <= idx < 2^31
+        else p.page.divmod(uint32_t(idx), blk_id, in_page);
+        const uint8_t* page = rec + int64_t(blk_id) * (x ? p.extra_block_stride_bytes : p.block_stride_bytes);
+        // (in-page offsets < 2^31: checked by the host API)
+        rec = page + int32_t(Fmt::record_offset(in_page));
+        sc = page + int32_t(Fmt::scale_offset(in_page, x ? p.extra_page_size : p.page_size));
+      }
+      return rec;
+    } else {
+      return nullptr;
+    }
+  };
   auto record_of = [&](int32_t idx, int32_t& valid) -> const uint8_t* {
     valid = idx >= 0 && int64_t(idx) < p.num_slots;
     const uint8_t* rec = p.cache;
@@ -178,13 +282,23 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
     return make_float4(__uint_as_float(v.x), __uint_as_float(v.y), __uint_as_float(v.z), __uint_as_float(v.w));
   };
   // All loads of one round at once (prologue: round 0).
-  auto issue_loads = [&](int32_t idx, RoundRaw& r) {
-    const uint8_t* rec = record_of(idx, r.valid);
-    CUTE_UNROLL
-    for (int d = 0; d < 8; ++d) r.nope[d] = load16(rec, r.valid, KvFmt::kNopeOffset + 64 * d + 16 * q);
-    r.sc = load_scales(rec, r.valid);
-    r.rope[0] = load16(rec, r.valid, KvFmt::kRopeOffset + 16 * q);
-    r.rope[1] = load16(rec, r.valid, KvFmt::kRopeOffset + 16 * (q + 4));
+  auto issue_loads = [&](int32_t idx, [[maybe_unused]] Ext ext, Raw& r) {
+    if constexpr (kM1) {
+      const uint8_t* sc;
+      const uint8_t* rec = record_of_m1(idx, ext, r.valid, sc);
+      CUTE_UNROLL
+      for (int d = 0; d < kNopeChunks; ++d) r.nope[d] = load16(rec, r.valid, Fmt::kNopeOffset + 64 * d + 16 * q);
+      r.sc = ld_8_pred(sc, r.valid);
+      r.rope[0] = load16(rec, r.valid, Fmt::kRopeOffset + 16 * q);
+      r.rope[1] = load16(rec, r.valid, Fmt::kRopeOffset + 16 * (q + 4));
+    } else {
+      const uint8_t* rec = record_of(idx, r.valid);
+      CUTE_UNROLL
+      for (int d = 0; d < 8; ++d) r.nope[d] = load16(rec, r.valid, KvFmt::kNopeOffset + 64 * d + 16 * q);
+      r.sc = load_scales(rec, r.valid);
+      r.rope[0] = load16(rec, r.valid, KvFmt::kRopeOffset + 16 * q);
+      r.rope[1] = load16(rec, r.valid, KvFmt::kRopeOffset + 16 * (q + 4));
+    }
   };
 
   // Convert stage: dequantize round n from `r` into the K tile (both CTAs' tiles for H = 128),
@@ -193,7 +307,7 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
   // round n has been converted, into the registers that just died, so only about one round of
   // raw records is live at a time (issuing all 11 loads of round n + 1 first kept two rounds live
   // and spilled). Every load still has a full round of lead before its use.
-  auto convert = [&](int32_t n, const RoundRaw& r, int32_t idx2v, RoundRaw& nx, const uint8_t* nrec) {
+  auto convert = [&](int32_t n, const Raw& r, int32_t idx2v, Raw& nx, const uint8_t* nrec) {
     const int32_t blkn = n / kRounds, rin = n - (n / kRounds) * kRounds;
     const int buf = blkn & 1;
     const uint32_t phase = uint32_t(blkn >> 1) & 1u;
@@ -204,12 +318,14 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
       if constexpr (kCluster == 2) {
         // This CTA's half of the tile arrives from the peer: expect its bytes (after the empty
         // wait, so the previous phase of bar_remote has completed).
-        constexpr uint32_t kTxBytes = uint32_t(kTokensPerConsumer * kDimQK * sizeof(bf16_t));
+        constexpr uint32_t kTxBytes = uint32_t(kTokensPerConsumer * L::kDimQK * sizeof(bf16_t));
         if (threadIdx.x == 0)
           cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&ss.bar_remote[buf], kTxBytes);
       }
     }
-    nx.sc = load_scales(nrec, nx.valid);  // needed first in round n + 1 (after the wait: fewer live registers there)
+    // needed first in round n + 1 (after the wait: fewer live registers there; model1_fp8: loaded
+    // by the caller, with the address it has in hand)
+    if constexpr (!kM1) nx.sc = load_scales(nrec, nx.valid);
     const int half = kCluster == 2 ? int(rank) : int(rin);
     const int base = half * kHalfOff + row_base;
     bf16_t* sk = ss.k[buf];
@@ -220,8 +336,13 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
       peer_bar = peer_smem + uint32_t(reinterpret_cast<uint8_t*>(&ss.bar_remote[buf]) - reinterpret_cast<uint8_t*>(&ss));
     }
     CUTE_UNROLL
-    for (int d = 0; d < 8; ++d) {
-      const float s = (d >> 1) == 0 ? r.sc.x : (d >> 1) == 1 ? r.sc.y : (d >> 1) == 2 ? r.sc.z : r.sc.w;
+    for (int d = 0; d < kNopeChunks; ++d) {
+      float s;
+      if constexpr (kM1) {
+        s = dev::ue8m0_to_float(d < 4 ? r.sc.x >> (8 * d) : r.sc.y >> (8 * (d - 4)));  // chunk d = tile d
+      } else {
+        s = (d >> 1) == 0 ? r.sc.x : (d >> 1) == 1 ? r.sc.y : (d >> 1) == 2 ? r.sc.z : r.sc.w;
+      }
       const uint2 a = dequant4(r.nope[d].x, s);
       const uint2 bq = dequant4(r.nope[d].y, s);
       const uint2 c = dequant4(r.nope[d].z, s);
@@ -230,12 +351,12 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
       const int o0 = base + d * 512 + c0, o1 = base + d * 512 + c1;
       store_local(o0, lo);
       store_local(o1, hi);
-      nx.nope[d] = load16(nrec, nx.valid, KvFmt::kNopeOffset + 64 * d + 16 * q);
+      nx.nope[d] = load16(nrec, nx.valid, Fmt::kNopeOffset + 64 * d + 16 * q);
     }
     store_local(base + r0, r.rope[0]);
     store_local(base + r1, r.rope[1]);
-    nx.rope[0] = load16(nrec, nx.valid, KvFmt::kRopeOffset + 16 * q);
-    nx.rope[1] = load16(nrec, nx.valid, KvFmt::kRopeOffset + 16 * (q + 4));
+    nx.rope[0] = load16(nrec, nx.valid, Fmt::kRopeOffset + 16 * q);
+    nx.rope[1] = load16(nrec, nx.valid, Fmt::kRopeOffset + 16 * (q + 4));
     // Validity bits of the block (bit t = token t): lanes 0-7 (q == 0) hold this CTA's tokens of
     // the warp, lanes 8-15 (q == 1) the peer half's (H = 128); one byte per 8 tokens.
     {
@@ -263,8 +384,9 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
     }
   };
 
-  auto valid2 = [&](int32_t idx2) -> int32_t {
+  auto valid2 = [&](int32_t idx2, [[maybe_unused]] Ext ext) -> int32_t {
     if constexpr (kPacked) return (uint32_t(idx2) >> tl) & 1u;  // the word holds 32 tokens: bit tl
+    if constexpr (kExtra) return idx2 >= 0 && int64_t(idx2) < (ext != 0 ? p.extra_num_slots : p.num_slots);
     return idx2 >= 0 && int64_t(idx2) < p.num_slots;
   };
 
@@ -272,7 +394,22 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
   // register loads issued one round later then hit L2 instead of waiting a full DRAM latency.
   // Thread quarter q touches the record's 128-byte lines q and q + 4 (656 bytes span <= 7 lines:
   // q == 0 also touches the last byte's line).
-  auto prefetch_record = [&](int32_t idx) {
+  auto prefetch_record = [&](int32_t idx, [[maybe_unused]] Ext ext) {
+    if constexpr (kM1) {
+      // The 576-byte record (<= 6 lines: quarters q and q + 4) and, q == 0, the scale bytes' line.
+      int32_t valid;
+      const uint8_t* sc;
+      const uint8_t* rec = record_of_m1(idx, ext, valid, sc);
+      if (valid) {
+        const uintptr_t line0 = reinterpret_cast<uintptr_t>(rec) & ~uintptr_t(127);
+        const uintptr_t last = (reinterpret_cast<uintptr_t>(rec) + Fmt::kRecordStride - 1) & ~uintptr_t(127);
+        const uintptr_t a = line0 + 128u * uintptr_t(q), b = line0 + 128u * uintptr_t(q + 4);
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+        if (b <= last) asm volatile("prefetch.global.L2 [%0];" ::"l"(b));
+        if (q == 0) asm volatile("prefetch.global.L2 [%0];" ::"l"(sc));
+      }
+      return;
+    }
     int32_t valid;
     const uint8_t* rec = record_of(idx, valid);
     if (valid) {
@@ -291,34 +428,42 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, Shared
   // step n) and slot n & 1 round n + 2's (prefetched into L2 in step n); step n then loads round
   // n + 3's into slot (n + 1) & 1. Prologue: rounds 0, 1 and 2, records of round 0.
   int32_t s0, s0p, s1, s1p;  // slot 0 / slot 1: this thread's index and the peer-half index
-  RoundRaw x0, x1;
+  Ext e0{}, e1{};            // (model1_fp8) slot 0 / slot 1: the cache of the slot's round
+  Raw x0, x1;
   int32_t v2_0 = 0, v2_1 = 0;
-  load_index(s0, s0p);  // round 0
-  load_index(s1, s1p);  // round 1
-  issue_loads(s0, x0);
+  load_index(s0, s0p, e0);  // round 0
+  load_index(s1, s1p, e1);  // round 1
+  issue_loads(s0, e0, x0);
   // Round 1's records to L2 now, alongside round 0's, not in step 0 after round 0 landed: the first
   // block of an H = 64 part needs both rounds (docs/perf-log.md: decode prologue prefetch).
   constexpr bool kL2Prefetch = !kPacked || DecodeTraits<kNumHeads>::kPackedL2Prefetch;
-  if constexpr (kL2Prefetch) prefetch_record(s1);
-  v2_0 = valid2(s0p);
-  load_index(s0, s0p);  // round 2
+  if constexpr (kL2Prefetch) prefetch_record(s1, e1);
+  v2_0 = valid2(s0p, e0);
+  load_index(s0, s0p, e0);  // round 2
 
   // One step: convert round n from `cx` while loading the records of round n + 1 into `nx`
   // (index slot `ni`, peer `ni2`) and prefetching round n + 2's into L2 (slot `pi`), then load
   // round n + 3's indices into the slot just used.
-  auto step = [&](int32_t n, RoundRaw& cx, int32_t& v2c, RoundRaw& nx, int32_t& v2n, int32_t& ni,
-                  int32_t& ni2, int32_t pi) {
+  auto step = [&](int32_t n, Raw& cx, int32_t& v2c, Raw& nx, int32_t& v2n, int32_t& ni,
+                  int32_t& ni2, Ext& nie, int32_t pi, Ext pie) {
     const bool more = n + 1 < total_rounds;
-    const uint8_t* nrec = record_of(more ? ni : -1, nx.valid);  // !more: nothing loaded
-    if (more) v2n = valid2(ni2);
-    if constexpr (kL2Prefetch) prefetch_record(pi);
+    const uint8_t* nrec;
+    const uint8_t* nsc = nullptr;
+    if constexpr (kM1) {
+      nrec = record_of_m1(more ? ni : -1, nie, nx.valid, nsc);  // !more: nothing loaded
+      nx.sc = ld_8_pred(nsc, nx.valid);
+    } else {
+      nrec = record_of(more ? ni : -1, nx.valid);  // !more: nothing loaded
+    }
+    if (more) v2n = valid2(ni2, nie);
+    if constexpr (kL2Prefetch) prefetch_record(pi, pie);
     convert(n, cx, v2c, nx, nrec);
-    load_index(ni, ni2);
+    load_index(ni, ni2, nie);
   };
 #pragma unroll 1
   for (int32_t n = 0; n < total_rounds; n += 2) {
-    step(n, x0, v2_0, x1, v2_1, s1, s1p, s0);
-    if (n + 1 < total_rounds) step(n + 1, x1, v2_1, x0, v2_0, s0, s0p, s1);
+    step(n, x0, v2_0, x1, v2_1, s1, s1p, e1, s0, e0);
+    if (n + 1 < total_rounds) step(n + 1, x1, v2_1, x0, v2_0, s0, s0p, e0, s1, e1);
   }
   SELKV_TL(if (threadIdx.x == 0) tl_stamp(2);)
 }

@@ -16,6 +16,7 @@
 #include "decode/sm90/config.h"
 #include "decode/sm90/consumer.cuh"
 #include "decode/sm90/invalid_plan.cuh"
+#include "decode/sm90/launch.h"
 #include "decode/sm90/part_iter.cuh"
 #include "decode/sm90/producer.cuh"
 
@@ -25,16 +26,25 @@ namespace selkv::decode::sm90 {
 // kF16Partials: split rows' partials in fp16 with a power-of-two scale, else fp32
 // (decode_params.h f16_partials_by_default; the combine reads the same format). kPacked: the
 // records come from a packed KV buffer (C6, selkv/packed.h; producer.cuh), else the paged cache.
-template <int kNumHeads, bool kDynamic, bool kF16Partials, bool kPacked>
+// kFormat: the cache's record format, which sets the geometry (DecodeLayout: d_qk 576 or 512) and
+// the producer's dequant; model1_fp8 kernels also take the optional extra cache (p.topk_extra).
+template <int kNumHeads, bool kDynamic, bool kF16Partials, bool kPacked, KvFormat kFormat>
 __global__ void __launch_bounds__(kNumThreads, 1)
 sparse_decode_sm90_kernel(const __grid_constant__ DecodeKernelParams p) {
+  using L = DecodeLayout<kFormat>;
+  using SharedStorage = typename L::SharedStorage;
+  constexpr bool kExtra = kFormat == KvFormat::kModel1Fp8;
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   if ((cute::cast_smem_ptr_to_uint(smem_raw) & 1023u) != 0) __trap();  // swizzle needs 1 KB alignment
   SharedStorage& ss = *reinterpret_cast<SharedStorage*>(smem_raw);
   SELKV_TL(if (threadIdx.x == 0) tl_stamp(0);)
 
-  PartIter it(make_schedule<kDynamic>(p));
+  auto make = [&] {
+    if constexpr (kExtra) return make_schedule_extra<kDynamic>(p);
+    else return make_schedule<kDynamic>(p);
+  };
+  PartIter it(make());
   if constexpr (kDynamic) {
     if (!it.sched.valid()) {  // the plan does not describe this call (uniform): NaN rows, no walk
       write_nan_rows(p);
@@ -78,14 +88,14 @@ sparse_decode_sm90_kernel(const __grid_constant__ DecodeKernelParams p) {
   // (docs/perf-log.md: decode code layout).
   if (wg != 0) {
     if (wg == 2) {
-      run_pv_wg<kNumHeads, kF16Partials>(p, ss, it);  // stays at the launch budget (kPvWgRegs)
+      run_pv_wg<L, kNumHeads, kF16Partials>(p, ss, it);  // stays at the launch budget (kPvWgRegs)
     } else {
       cutlass::arch::warpgroup_reg_alloc<kSoftmaxWgRegs>();
-      run_softmax_wg<kNumHeads, kF16Partials>(p, ss, it);
+      run_softmax_wg<L, kNumHeads, kF16Partials>(p, ss, it);
     }
   } else {
     cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
-    run_producer<kNumHeads, kDynamic, kPacked>(p, ss, it, rank);
+    run_producer<L, kNumHeads, kDynamic, kPacked>(p, ss, it, rank);
   }
   if constexpr (kCluster == 2) {
     // No CTA exits while its peer may still write its smem or arrive on its barriers.
@@ -98,12 +108,12 @@ sparse_decode_sm90_kernel(const __grid_constant__ DecodeKernelParams p) {
 }
 
 // Host launch (explicitly instantiated in instantiations/*.cu).
-template <int kNumHeads, bool kDynamic, bool kF16Partials, bool kPacked>
+template <int kNumHeads, bool kDynamic, bool kF16Partials, bool kPacked, KvFormat kFormat>
 cudaError_t launch_sparse_decode_sm90(const DecodeKernelParams& p, cudaStream_t stream) {
-  auto kernel = &sparse_decode_sm90_kernel<kNumHeads, kDynamic, kF16Partials, kPacked>;
-  constexpr int kSmem = int(sizeof(SharedStorage));
+  auto kernel = &sparse_decode_sm90_kernel<kNumHeads, kDynamic, kF16Partials, kPacked, kFormat>;
+  constexpr int kSmem = int(sizeof(typename DecodeLayout<kFormat>::SharedStorage));
   cudaError_t err =
-      selkv::detail::set_max_dynamic_smem_once<&sparse_decode_sm90_kernel<kNumHeads, kDynamic, kF16Partials, kPacked>>(kSmem);
+      selkv::detail::set_max_dynamic_smem_once<&sparse_decode_sm90_kernel<kNumHeads, kDynamic, kF16Partials, kPacked, kFormat>>(kSmem);
   if (err != cudaSuccess) return err;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(DecodeTraits<kNumHeads>::kCluster, p.num_sm_parts, 1);
@@ -127,10 +137,12 @@ cudaError_t launch_sparse_decode_sm90(const DecodeKernelParams& p, cudaStream_t 
 // would double the time).
 template <int kNumHeads>
 cudaError_t max_resident_sparse_decode_sm90(int parts, int* count) {
-  // (the native fixed fp16 instantiation stands for all: same smem, registers and cluster shape)
-  auto kernel = &sparse_decode_sm90_kernel<kNumHeads, false, true, false>;
+  // (the native fixed fp16 ds_mla_fp8 instantiation stands for all: one CTA per SM, the same
+  // registers and cluster shape; model1_fp8's smaller smem plan still fits only one)
+  auto kernel = &sparse_decode_sm90_kernel<kNumHeads, false, true, false, KvFormat::kDsMlaFp8>;
   constexpr int kSmem = int(sizeof(SharedStorage));
-  cudaError_t err = selkv::detail::set_max_dynamic_smem_once<&sparse_decode_sm90_kernel<kNumHeads, false, true, false>>(kSmem);
+  cudaError_t err = selkv::detail::set_max_dynamic_smem_once<
+      &sparse_decode_sm90_kernel<kNumHeads, false, true, false, KvFormat::kDsMlaFp8>>(kSmem);
   if (err != cudaSuccess) return err;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(DecodeTraits<kNumHeads>::kCluster, parts > 0 ? parts : 1, 1);
