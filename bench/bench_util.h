@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstdint>
 #include <cstring>
 #include <stdexcept>
@@ -150,6 +151,13 @@ void device_read_sweep(const void* ptr, size_t bytes, void* sink, cudaStream_t s
 void device_icache_sweep(void* sink, cudaStream_t stream);
 // bf16 uniform in [-1, 1) (never all zeros: timing on zeros is not representative).
 void device_fill_random_bf16(void* ptr, size_t count, uint64_t seed, cudaStream_t stream);
+
+// Split-KV granularity of every decode case (A/B of the scheduler without a rebuild):
+// SELKV_BENCH_MIN_BLOCKS, else 0 = the library's default for H.
+inline int32_t env_min_blocks() {
+  const char* env = std::getenv("SELKV_BENCH_MIN_BLOCKS");
+  return env != nullptr && *env ? int32_t(std::atoi(env)) : 0;
+}
 
 inline std::string human_count(int64_t n) {
   if (n >= 1024 && n % 1024 == 0) return std::to_string(n / 1024) + "K";

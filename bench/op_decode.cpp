@@ -33,13 +33,6 @@
 namespace selkv::bench {
 namespace {
 
-// Split-KV granularity of every decode case (A/B of the scheduler without a rebuild):
-// SELKV_BENCH_MIN_BLOCKS, else 0 = the library's default for H.
-int32_t default_min_blocks() {
-  const char* env = std::getenv("SELKV_BENCH_MIN_BLOCKS");
-  return env != nullptr && *env ? int32_t(std::atoi(env)) : 0;
-}
-
 // Partial format of every decode case: SELKV_BENCH_PARTIALS = fp32 | fp16, else the library's
 // choice (not in the case label, so bench_ab variants of it line up).
 DecodePartials default_partials() {
@@ -75,7 +68,7 @@ struct DecodeSpec {
   bool dynamic = false;    // pass topk_length = eff_k (or K); suffix poisoned with INT_MAX
   bool varlen = true;      // KV length per batch row uniform in [s_kv/2, s_kv]
   int check_rows = 4;      // query rows compared with the fp64 oracle
-  int32_t min_blocks = default_min_blocks();  // DecodeShape::min_blocks_per_part (0 = library default)
+  int32_t min_blocks = env_min_blocks();  // DecodeShape::min_blocks_per_part (0 = library default)
   DecodePartials partials = default_partials();
   uint64_t seed = 1;
   AnchorInfo anchor;
