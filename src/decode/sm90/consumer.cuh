@@ -200,19 +200,19 @@ __device__ __forceinline__ void pv_gemm_wait(TiledMma& mma, const ThrMma& thr, c
 }
 
 // Wait until block `buf` (phase) is complete in this CTA: the local producer's part (bar_full),
-// and for H = 128 the peer's part (bar_remote).
+// and in a 2-CTA cluster (H = 128) the peer's part (bar_remote).
 template <int kNumHeads, class SS>
 __device__ __forceinline__ void wait_kv_tile(SS& ss, int buf, uint32_t phase) {
   cutlass::arch::ClusterBarrier::wait(&ss.bar_full[buf], phase);
-  if constexpr (kNumHeads == 128) cutlass::arch::ClusterBarrier::wait(&ss.bar_remote[buf], phase);
+  if constexpr (DecodeTraits<kNumHeads>::kCluster == 2) cutlass::arch::ClusterBarrier::wait(&ss.bar_remote[buf], phase);
 }
 
 // Return buffer `buf` to the producer(s): one arrival per consumer warp, on this CTA's and
-// (H = 128) the peer's empty barrier (the peer's producer writes half of this tile).
+// (2-CTA cluster, H = 128) the peer's empty barrier (the peer's producer writes half of this tile).
 template <int kNumHeads, class SS>
 __device__ __forceinline__ void release_kv_tile(SS& ss, int buf, int lane) {
   __syncwarp();
-  if constexpr (kNumHeads == 128) {
+  if constexpr (DecodeTraits<kNumHeads>::kCluster == 2) {
     cutlass::arch::ClusterBarrier::arrive(&ss.bar_empty[buf], 0u, uint32_t(lane == 0));
     cutlass::arch::ClusterBarrier::arrive(&ss.bar_empty[buf], 1u, uint32_t(lane == 0));
   } else {
