@@ -2,7 +2,7 @@
 """Side by side with FlashMLA (DESIGN §6): the same inputs through selkv and FlashMLA's Python API.
 
     PYTHONPATH=python:<dir holding flash_mla> SELKV_OPS_LIBRARY=build/python/selkv/_selkv_ops.so \
-        python3 bench/compare_flash_mla.py [--quick] [--ops decode,prefill] [--csv out.csv]
+        python3 bench/compare_flash_mla.py [--quick] [--ops decode,prefill,packed,model1] [--csv out.csv]
 
 For every case of the C5 decode and C7 prefill targets (issues 3 and 4), and of seed 000's packed
 decode grid (``--ops packed``: selkv native, packed, pack + packed, the pack against a device copy
@@ -15,6 +15,16 @@ timed call (L2 flush, as the C++ harness does), CUDA events around the call, med
 schedule metadata is made outside the timed region (FlashMLA's on its first, untimed call).
 ``--graph`` times a CUDA-graph replay of the call instead of the eager call (both libraries are
 graph capturable); small decode shapes are dominated by launch latency either way, so say which.
+
+``--ops model1``: FlashMLA's MODEL1 sparse decode (d_qk 512, 584-byte ``model1_fp8`` tokens in
+pages padded to 576 bytes, optional extra KV cache), the cases of issue 18: FlashMLA's test file's
+production configs CONFIG1-4 for B in {2, 64, 74, 128, 148, 256} and its d_qk 512 peak cases.
+Both caches are written by selkv's C1 writer on the device; FlashMLA gets them as its
+``[num_blocks, page, 1, 584]`` float8 view of the padded pages. Three calls are timed interleaved
+on the same tensors: selkv's ops (``get_decode_metadata`` + ``sparse_mla_decode``, as the decode
+rows), selkv's drop-in ``selkv.flash_mla.flash_mla_with_kvcache`` with FlashMLA's exact arguments
+(what an engine switching imports costs: argument checks and the lse fix-up kernel included), and
+FlashMLA's ``flash_mla_with_kvcache``.
 
 Nothing of FlashMLA is part of this project: the script only imports ``flash_mla`` when it is
 importable (built ad hoc by whoever runs it) and reports selkv alone otherwise.
@@ -381,6 +391,176 @@ def run_prefill(c: PrefillCase, fm, timer: Timer, gen: torch.Generator) -> list[
     return [Row("prefill", c.shape(), "bf16 kv", s_med, f_med, flops, cos, mad)]
 
 
+# ---- MODEL1 (issue 18) ---------------------------------------------------------------------------
+M1_D = 512  # MODEL1 d_qk = d_v: 448 FP8 NoPE + 64 bf16 RoPE
+
+
+@dataclasses.dataclass
+class Model1Case:
+    B: int
+    H: int
+    K: int
+    page: int
+    s_kv: int
+    K2: int = 0  # extra cache top-k; 0: no extra cache
+    page2: int = 0
+    s_kv2: int = 0
+    extra_len: bool = False  # extra_topk_length uniform in [0, K2] per batch row
+    S: int = 2
+    quick: bool = True
+
+    def shape(self) -> str:
+        s = f"model1 B={self.B} S_q={self.S} H={self.H} K={self.K} s_kv={self.s_kv} page={self.page}"
+        if self.K2:
+            s += f" extra K2={self.K2} s_kv2={self.s_kv2} page2={self.page2}"
+            s += " extra_topk_length" if self.extra_len else ""
+        return s
+
+
+# FlashMLA's test file (tests/test_flash_mla_sparse_decoding.py, gen_testcase): the MODEL1
+# production configs (S_q 2, s_k = extra s_k = 16384, main pages of 256, topk 128, attn_sink on)
+# and the d_qk 512 peak cases (pages of 64, no extra cache).
+_M1_CONFIGS = (  # (H, K2, page2, extra_topk_length): CONFIG1..4
+    (64, 512, 64, False),
+    (128, 1024, 64, False),
+    (64, 1024, 2, True),
+    (128, 1024, 2, True),
+)
+MODEL1_CASES = [
+    *(Model1Case(B, H, 128, 256, 16384, K2, page2, 16384, xl, quick=B in (2, 128))
+      for (H, K2, page2, xl) in _M1_CONFIGS for B in (2, 64, 74, 128, 148, 256)),
+    *(Model1Case(148, H, 16384, 64, 32768, quick=H == 128) for H in (64, 128)),
+]
+
+
+def model1_side(B: int, S: int, K: int, page: int, s_kv: int, gen: torch.Generator,
+                dev: str | torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """One paged model1_fp8 cache written by selkv's C1 writer (randn / 10, pow2 UE8M0 scales),
+    request-disjoint: batch row b's s_kv positions live in its own ceil(s_kv / page) pages, placed
+    by a random page permutation (a shuffled block table, as FlashMLA's test makes). Each query
+    row selects K distinct positions of its row's length (uniform in [s_kv / 2, s_kv]; -1 where the
+    row is shorter than K) as physical slots. Returns (cache [blocks, page, 584] uint8 view of the
+    padded pages, indices int32 [B, S, K])."""
+    bpr = -(-s_kv // page)  # pages per batch row
+    nb = B * bpr
+    cache = selkv.empty_kv_cache(nb, page, "model1_fp8", device=dev)
+    tokens, chunk = nb * page, 1 << 20
+    for t0 in range(0, tokens, chunk):
+        n = min(chunk, tokens - t0)
+        latent = (torch.randn(n, 448, generator=gen, device=dev) / 10).bfloat16()
+        rope = (torch.randn(n, 64, generator=gen, device=dev) / 10).bfloat16()
+        slots = torch.arange(t0, t0 + n, dtype=torch.int64, device=dev)
+        selkv.write_kv_cache(latent, rope, slots, cache, "model1_fp8")
+    perm = torch.randperm(nb, generator=gen, device=dev)
+    lens = torch.randint(s_kv // 2, s_kv + 1, (B,), generator=gen, device=dev)
+    pos_all = torch.arange(s_kv, device=dev)
+    idx = torch.empty(B, S, K, dtype=torch.int32, device=dev)
+    rows_per_step = max(1, (64 << 20) // (S * s_kv * 8))  # bounded temporaries (argsort: int64)
+    for b0 in range(0, B, rows_per_step):
+        b1 = min(B, b0 + rows_per_step)
+        r = torch.rand(b1 - b0, S, s_kv, generator=gen, device=dev)
+        beyond = pos_all[None, :] >= lens[b0:b1, None]  # [b, s_kv]
+        r.masked_fill_(beyond[:, None, :], 2.0)  # chosen only when the row is shorter than K
+        pos = r.argsort(dim=-1)[..., :K]  # [b, S, K]
+        rows = torch.arange(b0, b1, device=dev)[:, None, None]
+        slot = perm[rows * bpr + pos // page] * page + pos % page
+        valid = r.gather(-1, pos) < 1.5  # not a position past the row's length
+        idx[b0:b1] = torch.where(valid, slot, -1).int()
+    return cache, idx
+
+
+def model1_inputs(c: Model1Case, gen: torch.Generator, dev: str | torch.device = "cuda") -> dict:
+    """q, attn_sink, the main cache + indices, and the extra cache + indices (+ extra_topk_length,
+    whose suffix keeps valid slots: FlashMLA's test convention, neither library may read them)."""
+    cache, idx = model1_side(c.B, c.S, c.K, c.page, c.s_kv, gen, dev)
+    x = {"q": torch.randn(c.B, c.S, c.H, M1_D, generator=gen, device=dev).bfloat16(),
+         "sink": torch.randn(c.H, generator=gen, device=dev), "cache": cache, "indices": idx,
+         "extra_cache": None, "extra_indices": None, "extra_topk_length": None}
+    if c.K2:
+        x["extra_cache"], x["extra_indices"] = model1_side(c.B, c.S, c.K2, c.page2, c.s_kv2, gen, dev)
+        if c.extra_len:
+            x["extra_topk_length"] = torch.randint(0, c.K2 + 1, (c.B,), generator=gen, device=dev,
+                                                   dtype=torch.int32)
+    return x
+
+
+def model1_flops(c: Model1Case, x: dict) -> float:
+    """FlashMLA's convention: 2 * H * attended tokens * (d_qk + d_v), valid entries only."""
+    n = int((x["indices"] >= 0).sum())
+    if x["extra_indices"] is not None:
+        ok = x["extra_indices"] >= 0
+        if x["extra_topk_length"] is not None:
+            k = torch.arange(c.K2, device=ok.device)
+            ok &= k[None, None, :] < x["extra_topk_length"][:, None, None]
+        n += int(ok.sum())
+    return 2.0 * c.H * n * (M1_D + M1_D)
+
+
+def model1_calls(c: Model1Case, x: dict, fm, min_blocks: int) -> dict[str, Callable[[], object]]:
+    """The calls on x: "ops" (selkv's plan + decode, plan made here, outside any timing),
+    "shim" (selkv.flash_mla with FlashMLA's arguments; plans at its first call), "fm" (FlashMLA,
+    when importable; schedules at its first call). All return (out [B, S, H, 512], lse)."""
+    from selkv import flash_mla as shim_mod
+
+    scale = M1_D**-0.55  # FlashMLA's test: d_qk ** -0.55
+    q, sink, cache, idx = x["q"], x["sink"], x["cache"], x["indices"]
+    xc, xi, xl = x["extra_cache"], x["extra_indices"], x["extra_topk_length"]
+    md = selkv.get_decode_metadata(c.B, c.S, c.H, c.K, None, min_blocks_per_part=min_blocks,
+                                   device=q.device, extra_topk=c.K2, extra_topk_length=xl)
+    calls = {"ops": lambda: selkv.sparse_mla_decode(q, cache, idx, md, scale, attn_sink=sink,
+                                                    extra_kv_cache=xc, extra_indices=xi,
+                                                    extra_topk_length=xl)}
+    # FlashMLA's cache argument: [blocks, page, 1, 584] float8 over the same padded pages
+    fm_view = lambda t: None if t is None else t.view(torch.float8_e4m3fn).unsqueeze(2)  # noqa: E731
+    args = (q, fm_view(cache), None, None, M1_D, None, scale, False, True, idx, sink, fm_view(xc), xi,
+            None, xl)
+    sched_s, _ = shim_mod.get_mla_metadata()
+    calls["shim"] = lambda: shim_mod.flash_mla_with_kvcache(*args[:5], sched_s, *args[5:])
+    if fm is not None:
+        sched_f, _ = fm.get_mla_metadata()
+        calls["fm"] = lambda: fm.flash_mla_with_kvcache(*args[:5], sched_f, *args[5:])
+    return calls
+
+
+def run_model1(c: Model1Case, fm, timer: Timer, gen: torch.Generator, min_blocks: int) -> list[Row]:
+    x = model1_inputs(c, gen)
+    flops = model1_flops(c, x)
+    calls = model1_calls(c, x, fm, min_blocks)
+    out_o, lse_o = calls["ops"]()
+    out_s, lse_s = calls["shim"]()  # lse: FlashMLA's [B, H, S_q] view
+    note = f"shim vs ops: out {'bitwise equal' if torch.equal(out_o, out_s) else 'DIFFERS'}"
+    cos = mad = cos_s = mad_s = f_med = None
+    names = ["ops", "shim"]
+    if fm is not None:
+        out_f, lse_f = calls["fm"]()
+        cos, mad = agreement(out_o, out_f)
+        cos_s, mad_s = agreement(out_s, out_f)
+        lf, lo = lse_f.transpose(1, 2), lse_o  # [B, S_q, H] both
+        fin = torch.isfinite(lf) & torch.isfinite(lo)
+        lse_diff = float((lf[fin].double() - lo[fin].double()).abs().max()) if bool(fin.any()) else 0.0
+        same_inf = torch.equal(torch.isfinite(lf), torch.isfinite(lo))
+        note += f"; lse vs flash_mla max abs {lse_diff:.2e}, same non-finite entries {same_inf}"
+        names.append("fm")
+    print(f"[model1] {c.shape()}: {note}")
+    med = [statistics.median(u) for u in timer._run([timer._prepare(calls[n]) for n in names])]
+    if fm is not None:
+        f_med = med[2]
+    return [Row("model1", c.shape(), "selkv ops", med[0], f_med, flops, cos, mad),
+            Row("model1", c.shape(), "selkv.flash_mla drop-in", med[1], f_med, flops, cos_s, mad_s)]
+
+
+def model1_summary(rows: list[Row]) -> list[str]:
+    """Per selkv variant: geometric mean of flash_mla / selkv over the MODEL1 cases and wins."""
+    out = []
+    for variant in ("selkv ops", "selkv.flash_mla drop-in"):
+        v = [r.fm_us / r.selkv_us for r in rows if r.op == "model1" and r.variant == variant and r.fm_us]
+        if v:
+            g = math.exp(sum(math.log(a) for a in v) / len(v))
+            out.append(f"flash_mla / {variant}: geomean {g:.3f}x, {sum(1 for a in v if a >= 1)}/{len(v)} cases "
+                       "selkv at least as fast")
+    return out
+
+
 # ---- main ---------------------------------------------------------------------------------------
 def git_hash() -> str:
     env = os.environ.get("SELKV_GIT_HASH")
@@ -403,12 +583,13 @@ def import_flash_mla(name: str):
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--ops", default="decode,prefill", help="comma list of decode, packed, prefill")
+    ap.add_argument("--ops", default="decode,prefill", help="comma list of decode, packed, prefill, model1")
     ap.add_argument("--quick", action="store_true", help="the quick subset of the cases")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--graph", action="store_true", help="time CUDA-graph replays of the calls")
-    ap.add_argument("--min-blocks", type=int, default=0, help="selkv decode split granularity (0 = default)")
+    ap.add_argument("--min-blocks", type=int, default=0,
+                    help="selkv decode (and model1) split granularity (0 = default)")
     ap.add_argument("--probe-pairing", action="store_true",
                     help="decode: also time selkv alone and interleaved with itself (the pairing cost)")
     ap.add_argument("--flash-mla-module", default="flash_mla")
@@ -442,6 +623,11 @@ def main() -> int:
                 if (not args.quick or c.quick) and picked(c):
                     rows += run_packed(c, fm, timer, gen)
                     torch.cuda.empty_cache()
+        if "model1" in ops:
+            for c in MODEL1_CASES:
+                if (not args.quick or c.quick) and picked(c):
+                    rows += run_model1(c, fm, timer, gen, args.min_blocks)
+                    torch.cuda.empty_cache()
         if "prefill" in ops:
             for c in PREFILL_CASES + (PREFILL_SWEEP if args.prefill_sweep else []):
                 if (not args.quick or c.quick) and picked(c):
@@ -464,6 +650,9 @@ def main() -> int:
               f"  cos {t[9]:>9}")
     for line in packed_summary(rows):
         print(f"[packed] {line}")
+        table.append(["summary", line, "", "", "", "", "", "", "", "", "", timing, ghash, gpu])
+    for line in model1_summary(rows):
+        print(f"[model1] {line}")
         table.append(["summary", line, "", "", "", "", "", "", "", "", "", timing, ghash, gpu])
     if args.csv:
         with open(args.csv, "w", newline="") as f:
