@@ -1,8 +1,12 @@
 // Device fills for the decode benchmark (see decode_fill.h).
 #include <cuda_bf16.h>
 
+#include <algorithm>
+
 #include "bench_util.h"
 #include "decode_fill.h"
+#include "selkv/cache_ops.h"
+#include "selkv/format_traits.h"
 
 namespace selkv::bench {
 namespace {
@@ -63,6 +67,36 @@ void device_fill_iota_i64(int64_t* ptr, size_t count, int64_t first, cudaStream_
   if (count == 0) return;
   iota_i64_kernel<<<grid_for(count), kThreads, 0, stream>>>(ptr, count, first);
   SELKV_BENCH_CUDA(cudaGetLastError());
+}
+
+void device_write_random_cache(void* cache, int64_t num_blocks, int32_t page, int64_t block_stride,
+                               KvFormat format, uint64_t seed, cudaStream_t st) {
+  const int nope = format == KvFormat::kModel1Fp8 ? KvFormatTraits<KvFormat::kModel1Fp8>::kNopeDim : fmt::kNopeDim;
+  const int rope = fmt::kRopeDim;
+  const int64_t num_slots = num_blocks * page;
+  const int64_t chunk = std::min<int64_t>(num_slots, int64_t(1) << 18);
+  DeviceBuffer latent(size_t(chunk) * nope * 2), rope_buf(size_t(chunk) * rope * 2), slots(size_t(chunk) * 8);
+  for (int64_t first = 0; first < num_slots; first += chunk) {
+    const int64_t nt = std::min(chunk, num_slots - first);
+    device_fill_normal_bf16(latent.get(), size_t(nt) * nope, 0.1f, 1.f, seed * 31 + uint64_t(first), st);
+    device_fill_normal_bf16(rope_buf.get(), size_t(nt) * rope, 0.1f, 1.f, seed * 37 + uint64_t(first) + 1, st);
+    device_fill_iota_i64(slots.as<int64_t>(), size_t(nt), first, st);
+    WriteKvCacheParams w;
+    w.latent = latent.get();
+    w.latent_row_stride = nope;
+    w.rope = rope_buf.get();
+    w.rope_row_stride = rope;
+    w.slot_mapping = slots.as<int64_t>();
+    w.num_tokens = nt;
+    w.cache = cache;
+    w.num_blocks = num_blocks;
+    w.page_size = page;
+    w.block_stride_bytes = block_stride;
+    w.format = format;
+    w.scale_mode = ScaleMode::kPow2;
+    throw_if_error(write_kv_cache(w, st));
+  }
+  SELKV_BENCH_CUDA(cudaStreamSynchronize(st));  // before the chunk buffers go away
 }
 
 }  // namespace selkv::bench

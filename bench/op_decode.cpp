@@ -270,36 +270,10 @@ class DecodeWorkload final : public Workload, public Anchored {
       for (int64_t j = 0; j < (lens[size_t(b)] + page - 1) / page; ++j)
         block_table[size_t(b * max_blocks + j)] = perm[next++];
 
-    // Cache: every slot written through selkv::write_kv_cache (randn/10, pow2 scales), in chunks.
-    const int64_t num_slots = num_blocks * page;
+    // Cache: every slot written through selkv::write_kv_cache (randn/10, pow2 scales).
     const int64_t block_stride = int64_t(page) * fmt::kDsMlaRecordBytes;
     cache_ = DeviceBuffer(size_t(num_blocks * block_stride));
-    {
-      const int64_t chunk = std::min<int64_t>(num_slots, int64_t(1) << 18);
-      DeviceBuffer latent(size_t(chunk) * fmt::kNopeDim * 2), rope(size_t(chunk) * fmt::kRopeDim * 2),
-          slots(size_t(chunk) * 8);
-      for (int64_t first = 0; first < num_slots; first += chunk) {
-        const int64_t nt = std::min(chunk, num_slots - first);
-        device_fill_normal_bf16(latent.get(), size_t(nt) * fmt::kNopeDim, 0.1f, 1.f, s_.seed * 31 + uint64_t(first), st);
-        device_fill_normal_bf16(rope.get(), size_t(nt) * fmt::kRopeDim, 0.1f, 1.f, s_.seed * 37 + uint64_t(first) + 1, st);
-        device_fill_iota_i64(slots.as<int64_t>(), size_t(nt), first, st);
-        WriteKvCacheParams w;
-        w.latent = latent.get();
-        w.latent_row_stride = fmt::kNopeDim;
-        w.rope = rope.get();
-        w.rope_row_stride = fmt::kRopeDim;
-        w.slot_mapping = slots.as<int64_t>();
-        w.num_tokens = nt;
-        w.cache = cache_.get();
-        w.num_blocks = num_blocks;
-        w.page_size = page;
-        w.block_stride_bytes = block_stride;
-        w.format = KvFormat::kDsMlaFp8;
-        w.scale_mode = ScaleMode::kPow2;
-        throw_if_error(write_kv_cache(w, st));
-      }
-      SELKV_BENCH_CUDA(cudaStreamSynchronize(st));  // before the chunk buffers go away
-    }
+    device_write_random_cache(cache_.get(), num_blocks, page, block_stride, KvFormat::kDsMlaFp8, s_.seed, st);
 
     // Request-local top-k positions -> physical slots through selkv::convert_req_indices_to_slots.
     const int32_t keff = s_.k_eff();

@@ -78,30 +78,7 @@ struct PagedSide {
       for (int64_t j = 0; j < (lens[size_t(b)] + page - 1) / page; ++j) table[size_t(b) * max_blocks + j] = perm[next++];
     stride = M1::page_bytes(page);
     cache = DeviceBuffer(size_t(num_blocks * stride));
-    const int64_t num_slots = num_blocks * page;
-    const int64_t chunk = std::min<int64_t>(num_slots, int64_t(1) << 18);
-    DeviceBuffer latent(size_t(chunk) * M1::kNopeDim * 2), rope(size_t(chunk) * M1::kRopeDim * 2), slots(size_t(chunk) * 8);
-    for (int64_t first = 0; first < num_slots; first += chunk) {
-      const int64_t nt = std::min(chunk, num_slots - first);
-      device_fill_normal_bf16(latent.get(), size_t(nt) * M1::kNopeDim, 0.1f, 1.f, seed * 31 + uint64_t(first), st);
-      device_fill_normal_bf16(rope.get(), size_t(nt) * M1::kRopeDim, 0.1f, 1.f, seed * 37 + uint64_t(first) + 1, st);
-      device_fill_iota_i64(slots.as<int64_t>(), size_t(nt), first, st);
-      WriteKvCacheParams w;
-      w.latent = latent.get();
-      w.latent_row_stride = M1::kNopeDim;
-      w.rope = rope.get();
-      w.rope_row_stride = M1::kRopeDim;
-      w.slot_mapping = slots.as<int64_t>();
-      w.num_tokens = nt;
-      w.cache = cache.get();
-      w.num_blocks = num_blocks;
-      w.page_size = page;
-      w.block_stride_bytes = stride;
-      w.format = KvFormat::kModel1Fp8;
-      w.scale_mode = ScaleMode::kPow2;
-      throw_if_error(write_kv_cache(w, st));
-    }
-    SELKV_BENCH_CUDA(cudaStreamSynchronize(st));
+    device_write_random_cache(cache.get(), num_blocks, page, stride, KvFormat::kModel1Fp8, seed, st);
   }
   int32_t slot_of(int32_t b, int64_t t) const {
     return table[size_t(b) * size_t(max_blocks) + size_t(t / page)] * page + int32_t(t % page);

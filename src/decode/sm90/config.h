@@ -33,7 +33,7 @@ struct DecodeTraits {
   // Packed decode (C6): whether the producer prefetches a round's records into L2 two rounds ahead
   // as the native path does. H = 64 is producer-bound and waits on its loads without it; H = 128
   // is consumer-bound and runs faster without the prefetch instructions (docs/perf-log.md:
-  // session 12, packed prefetch).
+  // packed prefetch).
   static constexpr bool kPackedL2Prefetch = kNumHeads == 64;
 };
 
