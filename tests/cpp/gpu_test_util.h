@@ -1,4 +1,4 @@
-// Shared helpers for the GPU GoogleTest suites: CUDA_OK, a RAII device buffer, host<->device copies.
+// Shared helpers for the GPU GoogleTest suites: CUDA_OK, ST_OK, a RAII device buffer, host<->device copies.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -10,6 +10,14 @@
 
 #ifndef CUDA_OK
 #define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
+#endif
+// A selkv::Status that must be ok (its message on failure).
+#ifndef ST_OK
+#define ST_OK(x)                              \
+  do {                                        \
+    const ::selkv::Status _st = (x);          \
+    ASSERT_TRUE(_st.ok()) << _st.to_string(); \
+  } while (0)
 #endif
 
 namespace selkv::test {

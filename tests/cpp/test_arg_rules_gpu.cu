@@ -19,12 +19,6 @@ namespace {
 using namespace selkv;
 using selkv::test::DevBuf;
 
-#define ST_OK(x)                                   \
-  do {                                             \
-    const ::selkv::Status _st = (x);               \
-    ASSERT_TRUE(_st.ok()) << _st.to_string();      \
-  } while (0)
-
 constexpr uint8_t kSentinel = 0x5A;
 constexpr size_t kArena = size_t(1) << 20;
 

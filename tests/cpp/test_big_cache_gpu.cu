@@ -36,12 +36,6 @@ using selkv::test::down;
 using selkv::test::test_seed;
 using selkv::test::up;
 
-#define ST_OK(x)                              \
-  do {                                        \
-    const ::selkv::Status _st = (x);          \
-    ASSERT_TRUE(_st.ok()) << _st.to_string(); \
-  } while (0)
-
 // A run of consecutive physical slots.
 struct Cluster {
   int64_t first = 0;

@@ -36,12 +36,6 @@ using selkv::test::down;
 using selkv::test::test_seed;
 using selkv::test::up;
 
-#define ST_OK(x)                              \
-  do {                                        \
-    const ::selkv::Status _st = (x);          \
-    ASSERT_TRUE(_st.ok()) << _st.to_string(); \
-  } while (0)
-
 #define SEED_TRACE(what) SCOPED_TRACE("SELKV_TEST_SEED=" + std::to_string(test_seed()) + " " + (what))
 
 std::mt19937_64 make_rng(uint64_t salt) { return std::mt19937_64(test_seed() * 0x9E3779B97F4A7C15ull + salt); }

@@ -28,12 +28,6 @@ using selkv::test::up;
 using selkv::test::bf16;
 using selkv::test::f32;
 
-#define ST_OK(x)                                   \
-  do {                                             \
-    const ::selkv::Status _st = (x);               \
-    ASSERT_TRUE(_st.ok()) << _st.to_string();      \
-  } while (0)
-
 struct Problem {
   int B = 1, S = 1, H = 64, K = 64;
   int64_t num_blocks = 0;

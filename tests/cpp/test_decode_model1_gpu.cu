@@ -30,12 +30,6 @@ using selkv::test::DevBuf;
 using selkv::test::Model1DecodeCase;
 using selkv::test::up;
 
-#define ST_OK(x)                              \
-  do {                                        \
-    const ::selkv::Status _st = (x);          \
-    ASSERT_TRUE(_st.ok()) << _st.to_string(); \
-  } while (0)
-
 struct GpuResult {
   std::vector<uint16_t> out;
   std::vector<float> lse;
