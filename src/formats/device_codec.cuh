@@ -118,14 +118,30 @@ __device__ __forceinline__ uint32_t dequant_e4m3x2(uint32_t codes, float s) {
 #endif
 }
 
+// 4 E4M3 codes (byte i = element i) with one scale -> 4 bf16 (one uint2). The two
+// cvt.rn.f16x2.e4m3x2 read the halves of `w` as 16-bit registers, which ptxas maps to the F2FP
+// source half selector (R.H1) instead of a shift per word (`w >> 16`: one SHF per 4 values).
+__device__ __forceinline__ uint2 dequant_e4m3x4(uint32_t w, float s) {
+#if defined(SELKV_E4M3_SOFTWARE)
+  return make_uint2(dequant_e4m3x2(w, s), dequant_e4m3x2(w >> 16, s));
+#else
+  uint32_t r01, r23;
+  asm("{\n\t.reg .b16 lo, hi;\n\tmov.b32 {lo, hi}, %2;\n\t"
+      "cvt.rn.f16x2.e4m3x2 %0, lo;\n\tcvt.rn.f16x2.e4m3x2 %1, hi;\n\t}"
+      : "=r"(r01), "=r"(r23)
+      : "r"(w));
+  const float2 f01 = __half22float2(*reinterpret_cast<const __half2*>(&r01));
+  const float2 f23 = __half22float2(*reinterpret_cast<const __half2*>(&r23));
+  const __nv_bfloat162 v01 = __floats2bfloat162_rn(__fmul_rn(f01.x, s), __fmul_rn(f01.y, s));
+  const __nv_bfloat162 v23 = __floats2bfloat162_rn(__fmul_rn(f23.x, s), __fmul_rn(f23.y, s));
+  return make_uint2(*reinterpret_cast<const uint32_t*>(&v01), *reinterpret_cast<const uint32_t*>(&v23));
+#endif
+}
+
 // 8 E4M3 codes (uint2, element 0 in the lowest byte) with one scale -> 8 bf16 (one uint4).
 __device__ __forceinline__ uint4 dequant_e4m3x8(const uint2& c, float s) {
-  uint4 r;
-  r.x = dequant_e4m3x2(c.x, s);
-  r.y = dequant_e4m3x2(c.x >> 16, s);
-  r.z = dequant_e4m3x2(c.y, s);
-  r.w = dequant_e4m3x2(c.y >> 16, s);
-  return r;
+  const uint2 a = dequant_e4m3x4(c.x, s), b = dequant_e4m3x4(c.y, s);
+  return make_uint4(a.x, a.y, b.x, b.y);
 }
 
 __device__ __forceinline__ uint16_t dequant_e4m3(uint8_t c, float s) {

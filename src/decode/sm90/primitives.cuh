@@ -1,5 +1,6 @@
-// Thread-level device primitives of the SM90 decode: FP8 dequant of 4 values, predicated 16-byte
-// record loads, and the cluster (shared::cluster) bulk copy of the H = 128 crossover.
+// Thread-level device primitives of the SM90 decode: predicated 16-byte record loads and the
+// cluster (shared::cluster) bulk copy of the H = 128 crossover. (The FP8 dequant is
+// dev::dequant_e4m3x4, formats/device_codec.cuh, shared with the cache kernels.)
 #pragma once
 
 #include <cuda_bf16.h>
@@ -15,22 +16,6 @@ namespace selkv::decode::sm90 {
 // ---- small device helpers -------------------------------------------------------------------
 using selkv::sm90::bf16x2_bits;  // src/sm90/common.cuh (shared with the C7 prefill)
 using selkv::sm90::f16x2_bits;
-
-// 4 FP8 E4M3 values (byte i = element i) -> 4 bf16 = bf16(float(e4m3) * scale), bit-exact with
-// codec::dequant_e4m3 (e4m3 -> f16 is exact, f16 -> f32 is exact, one fp32 multiply, one RNE).
-// The two cvt.rn.f16x2.e4m3x2 read the halves of `w` as 16-bit registers, which ptxas maps to the
-// F2FP source half selector (R.H1) instead of a shift per word (`w >> 16`: one SHF per 4 values).
-__device__ __forceinline__ uint2 dequant4(uint32_t w, float scale) {
-  uint32_t r01, r23;
-  asm("{\n\t.reg .b16 lo, hi;\n\tmov.b32 {lo, hi}, %2;\n\t"
-      "cvt.rn.f16x2.e4m3x2 %0, lo;\n\tcvt.rn.f16x2.e4m3x2 %1, hi;\n\t}"
-      : "=r"(r01), "=r"(r23)
-      : "r"(w));
-  const float2 f01 = __half22float2(*reinterpret_cast<const __half2*>(&r01));
-  const float2 f23 = __half22float2(*reinterpret_cast<const __half2*>(&r23));
-  return make_uint2(bf16x2_bits(f01.x * scale, f01.y * scale),
-                    bf16x2_bits(f23.x * scale, f23.y * scale));
-}
 
 // ---- cluster helpers (H = 128: a 2-CTA cluster shares the dequantized KV tile) --------------
 __device__ __forceinline__ uint32_t smem_u32(const void* ptr) { return cute::cast_smem_ptr_to_uint(ptr); }

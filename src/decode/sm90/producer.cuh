@@ -343,10 +343,10 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, typena
       } else {
         s = (d >> 1) == 0 ? r.sc.x : (d >> 1) == 1 ? r.sc.y : (d >> 1) == 2 ? r.sc.z : r.sc.w;
       }
-      const uint2 a = dequant4(r.nope[d].x, s);
-      const uint2 bq = dequant4(r.nope[d].y, s);
-      const uint2 c = dequant4(r.nope[d].z, s);
-      const uint2 e = dequant4(r.nope[d].w, s);
+      const uint2 a = dev::dequant_e4m3x4(r.nope[d].x, s);
+      const uint2 bq = dev::dequant_e4m3x4(r.nope[d].y, s);
+      const uint2 c = dev::dequant_e4m3x4(r.nope[d].z, s);
+      const uint2 e = dev::dequant_e4m3x4(r.nope[d].w, s);
       const uint4 lo = make_uint4(a.x, a.y, bq.x, bq.y), hi = make_uint4(c.x, c.y, e.x, e.y);
       const int o0 = base + d * 512 + c0, o1 = base + d * 512 + c1;
       store_local(o0, lo);
