@@ -68,6 +68,7 @@ struct DecodeGenOpts {
   float dup_rate = 0.02f;      // an entry repeating the previous one
   int empty_row = -1;          // a row (b * S + s) whose entries are all garbage
   float data_std = 0.1f;       // latent/rope std; q's is 0.1 / data_std (logit spread ~0.4)
+  bool sink = false;           // attn_sink [H] ~ N(0, 1)
 };
 
 inline DecodeProblem make_decode_problem(const DecodeGenOpts& o, std::mt19937_64& rng) {
@@ -121,6 +122,10 @@ inline DecodeProblem make_decode_problem(const DecodeGenOpts& o, std::mt19937_64
     const auto rope = randn_bf16(fmt::kRopeDim, o.data_std, rng);
     ref::encode_record(latent.data(), rope.data(), KvFormat::kDsMlaFp8,
                        (slot & 1) ? ScaleMode::kAmax : ScaleMode::kPow2, p.cache.data() + v.slot_offset(slot));
+  }
+  if (o.sink) {
+    std::normal_distribution<float> d(0.f, 1.f);
+    for (int h = 0; h < o.H; ++h) p.sink.push_back(d(rng));
   }
   return p;
 }
@@ -320,6 +325,7 @@ struct DecodeRunOpts {
   int min_blocks = 0;
   DecodePartials partials = DecodePartials::kAuto;
   DecodeLayout layout;
+  bool graph = false;  // capture metadata + decode into a CUDA graph and replay it twice
 };
 
 // Plans and runs one decode on a fresh stream; waits with a deadline. False on any failure
@@ -338,12 +344,33 @@ inline bool run_decode(const DecodeProblem& p, const DecodeRunOpts& o, DecodeOut
   const Status st = make_decode_metadata(d.shape(o.num_sms, o.min_blocks, o.partials), dmd.ptr, dmd.bytes, &md, stream);
   if (!st.ok()) { ADD_FAILURE() << what << ": " << st.to_string(); ok = false; }
   std::unique_ptr<DevBuf> dws;
-  if (ok) {
-    dws = std::make_unique<DevBuf>(decode_workspace_size(md));
+  if (ok) dws = std::make_unique<DevBuf>(decode_workspace_size(md));
+  if (ok && !o.graph) {
     const Status sd = sparse_mla_decode(d.sp, md, dws->ptr, dws->bytes, stream);
     if (!sd.ok()) { ADD_FAILURE() << what << ": " << sd.to_string(); ok = false; }
   }
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  if (ok && o.graph) {  // the eager plan above sized the workspace; the graph re-plans on each replay
+    ok = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
+    if (ok) {
+      const Status sm = make_decode_metadata(d.shape(o.num_sms, o.min_blocks, o.partials), dmd.ptr, dmd.bytes, &md, stream);
+      const Status sc = sm.ok() ? sparse_mla_decode(d.sp, md, dws->ptr, dws->bytes, stream) : sm;
+      const bool ended = cudaStreamEndCapture(stream, &graph) == cudaSuccess;
+      if (!sc.ok()) ADD_FAILURE() << what << ": " << sc.to_string();
+      ok = sc.ok() && ended && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess;
+    }
+    if (!ok) {
+      ADD_FAILURE() << what << ": graph capture / instantiate failed";
+    } else {
+      d.poison_outputs(stream);
+      ok = cudaGraphLaunch(exec, stream) == cudaSuccess && cudaGraphLaunch(exec, stream) == cudaSuccess;
+      if (!ok) ADD_FAILURE() << what << ": cudaGraphLaunch";
+    }
+  }
   ok = sync_or_abort(stream, what) && ok;
+  if (exec) cudaGraphExecDestroy(exec);
+  if (graph) cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
   if (ok) *res = d.read(what);
   return ok;
