@@ -400,6 +400,7 @@ struct PrefillGenOpts {
   bool dynamic = false;
   int empty_every = 17;  // token t with t % empty_every == 5: every entry invalid (0: none)
   std::vector<int32_t> lens;  // topk_length when dynamic (empty: random, edges included)
+  bool sink = false;  // attn_sink [H] ~ N(0, 2) (the lse's scale), head 0 -inf (no effect), head 1 +inf (out 0)
 };
 
 // q ~ randn, kv ~ randn / 10 (FlashMLA's calibration); kv rows no valid entry references are NaN.
@@ -435,6 +436,13 @@ inline PrefillProblem make_prefill_problem(const PrefillGenOpts& c, std::mt19937
   for (int64_t n = 0; n < c.N; ++n)
     if (!referenced[size_t(n)])
       for (int d = 0; d < c.D; ++d) pr.kv[size_t(n) * c.D + d] = 0x7FC1;
+  if (c.sink) {
+    std::normal_distribution<float> nd(0.f, 2.f);
+    pr.sink.resize(size_t(c.H));
+    for (auto& v : pr.sink) v = nd(rng);
+    pr.sink[0] = -INFINITY;
+    if (c.H > 1) pr.sink[1] = INFINITY;
+  }
   return pr;
 }
 
@@ -455,7 +463,9 @@ inline void prefill_oracle(const PrefillProblem& pr, PrefillOut* r, std::vector<
   a.sm_scale = pr.sm_scale;
   a.attn_sink = pr.sink.empty() ? nullptr : pr.sink.data();
   a.out = ref_out->data(); a.max_logits = r->ml.data(); a.lse = r->lse.data();
-  ref::sparse_prefill(a);
+  const Status st = ref::check_sparse_prefill_args(a);
+  EXPECT_TRUE(st.ok()) << st.to_string();
+  if (st.ok()) ref::sparse_prefill(a);
 }
 
 // The prefill tolerances of `got` against the oracle on the same problem.
@@ -473,8 +483,10 @@ struct PrefillLayout {
 };
 
 // Runs C7 with the given layout on a fresh stream (deadline wait); pads of q / kv / indices hold
-// NaN or out-of-range garbage, pads of out / ml / lse a poison that must survive.
-inline bool run_prefill(const PrefillProblem& pr, const PrefillLayout& l, PrefillOut* res, const std::string& what) {
+// NaN or out-of-range garbage, pads of out / ml / lse a poison that must survive. graph: the call
+// captured into a CUDA graph and replayed twice.
+inline bool run_prefill(const PrefillProblem& pr, const PrefillLayout& l, PrefillOut* res, const std::string& what,
+                        bool graph = false) {
   SparsePrefillParams p;
   p.num_tokens = pr.T; p.num_heads = pr.H; p.d_qk = pr.D; p.num_kv = pr.N; p.topk = pr.K;
   p.sm_scale = pr.sm_scale;
@@ -516,10 +528,27 @@ inline bool run_prefill(const PrefillProblem& pr, const PrefillLayout& l, Prefil
     ADD_FAILURE() << what << ": cudaStreamCreate";
     return false;
   }
-  const Status st = sparse_mla_prefill(p, stream);
-  bool ok = st.ok();
-  if (!ok) ADD_FAILURE() << what << ": " << st.to_string();
+  bool ok = true;
+  cudaGraph_t g = nullptr;
+  cudaGraphExec_t ge = nullptr;
+  if (graph) {
+    ok = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
+    if (ok) {
+      const Status st = sparse_mla_prefill(p, stream);
+      const bool ended = cudaStreamEndCapture(stream, &g) == cudaSuccess;
+      if (!st.ok()) ADD_FAILURE() << what << ": " << st.to_string();
+      ok = st.ok() && ended && cudaGraphInstantiate(&ge, g, 0) == cudaSuccess;
+    }
+    if (ok) ok = cudaGraphLaunch(ge, stream) == cudaSuccess && cudaGraphLaunch(ge, stream) == cudaSuccess;
+    if (!ok) ADD_FAILURE() << what << ": graph capture / instantiate / launch failed";
+  } else {
+    const Status st = sparse_mla_prefill(p, stream);
+    ok = st.ok();
+    if (!ok) ADD_FAILURE() << what << ": " << st.to_string();
+  }
   ok = sync_or_abort(stream, what) && ok;
+  if (ge) cudaGraphExecDestroy(ge);
+  if (g) cudaGraphDestroy(g);
   cudaStreamDestroy(stream);
   if (!ok) return false;
   const auto out = down<uint16_t>(dout, nout);
