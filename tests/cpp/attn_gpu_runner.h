@@ -1,6 +1,8 @@
-// Problem builders, oracles and GPU runners shared by the contract, fuzz and big-cache suites:
-// C5 decode (any strides, plan options, hang-safe waits) and C7 prefill (any strides). Kernels of
-// C5/C7 exist only with the CUTLASS headers, so include this under SELKV_HAVE_CUTLASS.
+// Problem builders, oracles and GPU runners shared by the decode, prefill, composed, contract,
+// fuzz and big-cache suites (one copy of each generator): C5 decode (any strides, plan options,
+// graph replay, hang-safe waits), C7 prefill (any strides, graph replay) and the composed C4 -> C7
+// route. Kernels of C5/C7 exist only with the CUTLASS headers, so include this under
+// SELKV_HAVE_CUTLASS.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -602,6 +604,8 @@ struct DqProblem {
   std::vector<uint8_t> cache;
   std::vector<uint16_t> q;        // [T, H, D]
   std::vector<int32_t> idx, len;  // [T, K]; len [T] or empty
+  int64_t idx_pad = 0;            // extra indices per token row on the device (garbage 0x5a5a5a5a)
+  size_t ws_slack = 0;            // workspace bytes past the required size (must stay untouched)
   int D() const { return fmt::dequant_dim(format); }
   int64_t P() const { return num_blocks * page; }
   PagedKvCache view() const { return PagedKvCache{cache.data(), num_blocks, page, block_stride, format}; }
@@ -614,6 +618,8 @@ struct DqGenOpts {
   int T = 4, H = 64, K = 64;
   bool dynamic = false;
   int empty_every = 13;  // token t with t % empty_every == 4 has no valid entry (0: none)
+  int64_t idx_pad = 0;   // DqProblem::idx_pad
+  size_t ws_slack = 0;   // DqProblem::ws_slack
 };
 
 // Records (randn / 10, pow2 and amax scales) only where a valid entry points; every other byte is
@@ -621,6 +627,7 @@ struct DqGenOpts {
 inline DqProblem make_dq_problem(const DqGenOpts& c, std::mt19937_64& rng) {
   DqProblem p;
   p.format = c.format; p.page = c.page; p.num_blocks = c.num_blocks; p.T = c.T; p.H = c.H; p.K = c.K;
+  p.idx_pad = c.idx_pad; p.ws_slack = c.ws_slack;
   p.block_stride = int64_t(c.page) * fmt::record_bytes(c.format) + 16 * int64_t(rng() % 2);
   p.cache.assign(size_t(p.num_blocks * p.block_stride), 0xFF);
   const int64_t P = p.P();
@@ -668,21 +675,35 @@ inline DequantPrefillParams dq_params(const DqProblem& p) {
   set_contiguous_strides(&a.attn);
   a.attn.kv_row_stride = 0;  // owned by the call
   a.attn.num_kv = 0;
+  a.attn.indices_token_stride = p.K + p.idx_pad;
   a.cache = p.view();
-  a.workspace_bytes = dequant_prefill_workspace_size(p.T, p.K, p.P(), p.format);
+  a.workspace_bytes = dequant_prefill_workspace_size(p.T, p.K, p.P(), p.format) + p.ws_slack;
   return a;
 }
 
-// GPU run (fresh stream, deadline wait); the workspace starts as 0xFF.
-inline bool run_dq_gpu(const DqProblem& p, ComposedOut* r, const std::string& what) {
+// The indices as laid out for the call: rows of K + idx_pad, pads 0x5a5a5a5a.
+inline std::vector<int32_t> dq_indices(const DqProblem& p) {
+  if (p.idx_pad == 0) return p.idx;
+  const int64_t st = p.K + p.idx_pad;
+  std::vector<int32_t> v(size_t(p.T * st), 0x5a5a5a5a);
+  for (int t = 0; t < p.T; ++t) std::copy_n(&p.idx[size_t(t) * p.K], p.K, &v[size_t(t * st)]);
+  return v;
+}
+
+// GPU run (fresh stream, deadline wait; graph: captured and replayed twice); the workspace starts
+// as 0xFF.
+inline bool run_dq_gpu(const DqProblem& p, ComposedOut* r, const std::string& what, bool graph = false) {
   DequantPrefillParams a = dq_params(p);
   const size_t nout = size_t(p.T) * p.H * 512, nst = size_t(p.T) * p.H;
-  DevBuf dcache(p.cache.size()), didx(p.idx.size() * 4), dlen(std::max<size_t>(p.len.size(), 1) * 4),
+  const std::vector<int32_t> idx = dq_indices(p);
+  DevBuf dcache(p.cache.size()), didx(idx.size() * 4), dlen(std::max<size_t>(p.len.size(), 1) * 4),
       dq(p.q.size() * 2), dws(a.workspace_bytes), dout(nout * 2), dml(nst * 4), dlse(nst * 4);
-  up(dcache, p.cache); up(didx, p.idx); up(dq, p.q);
+  up(dcache, p.cache); up(didx, idx); up(dq, p.q);
   if (!p.len.empty()) up(dlen, p.len);
   EXPECT_EQ(cudaMemset(dws.ptr, 0xFF, a.workspace_bytes), cudaSuccess);
   EXPECT_EQ(cudaMemset(dout.ptr, 0x7F, nout * 2), cudaSuccess);
+  EXPECT_EQ(cudaMemset(dml.ptr, 0xFF, nst * 4), cudaSuccess);
+  EXPECT_EQ(cudaMemset(dlse.ptr, 0xFF, nst * 4), cudaSuccess);
   a.attn.q = dq.ptr; a.attn.indices = didx.as<int32_t>();
   a.attn.topk_length = p.len.empty() ? nullptr : dlen.as<int32_t>();
   a.attn.out = dout.ptr; a.attn.max_logits = dml.as<float>(); a.attn.lse = dlse.as<float>();
@@ -690,10 +711,27 @@ inline bool run_dq_gpu(const DqProblem& p, ComposedOut* r, const std::string& wh
   a.workspace = dws.ptr;
   cudaStream_t stream;
   if (cudaStreamCreate(&stream) != cudaSuccess) return false;
-  const Status st = dequant_sparse_mla_prefill(a, stream);
-  bool ok = st.ok();
-  if (!ok) ADD_FAILURE() << what << ": " << st.to_string();
+  bool ok = true;
+  cudaGraph_t g = nullptr;
+  cudaGraphExec_t ge = nullptr;
+  if (graph) {
+    ok = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
+    if (ok) {
+      const Status st = dequant_sparse_mla_prefill(a, stream);
+      const bool ended = cudaStreamEndCapture(stream, &g) == cudaSuccess;
+      if (!st.ok()) ADD_FAILURE() << what << ": " << st.to_string();
+      ok = st.ok() && ended && cudaGraphInstantiate(&ge, g, 0) == cudaSuccess;
+    }
+    if (ok) ok = cudaGraphLaunch(ge, stream) == cudaSuccess && cudaGraphLaunch(ge, stream) == cudaSuccess;
+    if (!ok) ADD_FAILURE() << what << ": graph capture / instantiate / launch failed";
+  } else {
+    const Status st = dequant_sparse_mla_prefill(a, stream);
+    ok = st.ok();
+    if (!ok) ADD_FAILURE() << what << ": " << st.to_string();
+  }
   ok = sync_or_abort(stream, what) && ok;
+  if (ge) cudaGraphExecDestroy(ge);
+  if (g) cudaGraphDestroy(g);
   cudaStreamDestroy(stream);
   if (!ok) return false;
   r->o.out = down<uint16_t>(dout, nout);
@@ -712,7 +750,8 @@ inline bool run_dq_ref(const DqProblem& p, ComposedOut* r, std::vector<float>* r
   r->o.lse.assign(nst, 0.f);
   std::vector<uint8_t> host_ws(h.workspace_bytes + 16, 0xFF);
   auto* hw = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(host_ws.data()) + 15) & ~uintptr_t(15));
-  h.attn.q = p.q.data(); h.attn.indices = p.idx.data();
+  const std::vector<int32_t> idx = dq_indices(p);
+  h.attn.q = p.q.data(); h.attn.indices = idx.data();
   h.attn.topk_length = p.len.empty() ? nullptr : p.len.data();
   h.attn.out = out.data(); h.attn.max_logits = r->o.ml.data(); h.attn.lse = r->o.lse.data();
   h.workspace = hw;
@@ -727,10 +766,11 @@ inline bool run_dq_ref(const DqProblem& p, ComposedOut* r, std::vector<float>* r
 }
 
 // GPU vs oracle: prefill tolerances (NaN rows included), workspace bit for bit.
-inline void check_dq_case(const DqProblem& p, const std::string& what, ComposedOut* keep = nullptr) {
+inline void check_dq_case(const DqProblem& p, const std::string& what, ComposedOut* keep = nullptr,
+                          bool graph = false) {
   ComposedOut g, r;
   std::vector<float> ref_out;
-  if (!run_dq_gpu(p, &g, what) || !run_dq_ref(p, &r, &ref_out)) return;
+  if (!run_dq_gpu(p, &g, what, graph) || !run_dq_ref(p, &r, &ref_out)) return;
   expect_prefill_close(g.o.out, g.o.ml, g.o.lse, ref_out, r.o.ml, r.o.lse, p.H, what);
   EXPECT_TRUE(bits_equal(g.ws, r.ws)) << what << ": workspace differs from the oracle's";
   if (keep) *keep = std::move(g);
