@@ -4,10 +4,8 @@
 
 #include <algorithm>
 #include <cfloat>
-#include <climits>
 #include <cmath>
 #include <cstring>
-#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -15,7 +13,6 @@
 #include "attn_check_util.h"
 #include "decode/decode_params.h"
 #include "gpu_test_util.h"
-#include "reference/oracle.h"
 #include "selkv/decode.h"
 #include "test_util.h"
 
@@ -27,8 +24,6 @@ namespace {
 using namespace selkv;
 using selkv::test::DevBuf;
 using selkv::test::up;
-using selkv::test::bf16;
-using selkv::test::f32;
 
 #define ST_OK(x)                                   \
   do {                                             \

@@ -7,7 +7,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <climits>
 #include <cstdio>
 #include <cmath>
 #include <cstring>
@@ -17,7 +16,6 @@
 
 #include "attn_check_util.h"
 #include "gpu_test_util.h"
-#include "reference/oracle.h"
 #include "selkv/prefill.h"
 #include "test_util.h"
 
