@@ -31,6 +31,34 @@
 
 namespace selkv::test {
 
+// Runs `call(stream)` (enqueues work, returns a Status) eagerly, or captured into a CUDA graph and
+// replayed twice; then waits with a deadline (sync_or_abort). False on any failure (reported).
+template <typename F>
+bool run_call(cudaStream_t stream, F&& call, bool graph, const std::string& what) {
+  bool ok = true;
+  cudaGraph_t g = nullptr;
+  cudaGraphExec_t ge = nullptr;
+  if (graph) {
+    ok = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
+    if (ok) {
+      const Status st = call(stream);
+      const bool ended = cudaStreamEndCapture(stream, &g) == cudaSuccess;
+      if (!st.ok()) ADD_FAILURE() << what << ": " << st.to_string();
+      ok = st.ok() && ended && cudaGraphInstantiate(&ge, g, 0) == cudaSuccess;
+    }
+    if (ok) ok = cudaGraphLaunch(ge, stream) == cudaSuccess && cudaGraphLaunch(ge, stream) == cudaSuccess;
+    if (!ok) ADD_FAILURE() << what << ": graph capture / instantiate / launch failed";
+  } else {
+    const Status st = call(stream);
+    ok = st.ok();
+    if (!ok) ADD_FAILURE() << what << ": " << st.to_string();
+  }
+  ok = sync_or_abort(stream, what) && ok;
+  if (ge) cudaGraphExecDestroy(ge);
+  if (g) cudaGraphDestroy(g);
+  return ok;
+}
+
 // ---- C5 decode ------------------------------------------------------------------------------
 
 struct DecodeProblem {
@@ -346,33 +374,18 @@ inline bool run_decode(const DecodeProblem& p, const DecodeRunOpts& o, DecodeOut
   const Status st = make_decode_metadata(d.shape(o.num_sms, o.min_blocks, o.partials), dmd.ptr, dmd.bytes, &md, stream);
   if (!st.ok()) { ADD_FAILURE() << what << ": " << st.to_string(); ok = false; }
   std::unique_ptr<DevBuf> dws;
-  if (ok) dws = std::make_unique<DevBuf>(decode_workspace_size(md));
-  if (ok && !o.graph) {
-    const Status sd = sparse_mla_decode(d.sp, md, dws->ptr, dws->bytes, stream);
-    if (!sd.ok()) { ADD_FAILURE() << what << ": " << sd.to_string(); ok = false; }
+  if (ok) {
+    dws = std::make_unique<DevBuf>(decode_workspace_size(md));
+    ok = run_call(stream, [&](cudaStream_t s) {
+      if (o.graph) {  // the eager plan above sized the workspace; the graph re-plans on each replay
+        const Status sm = make_decode_metadata(d.shape(o.num_sms, o.min_blocks, o.partials), dmd.ptr, dmd.bytes, &md, s);
+        if (!sm.ok()) return sm;
+      }
+      return sparse_mla_decode(d.sp, md, dws->ptr, dws->bytes, s);
+    }, o.graph, what);
+  } else {
+    (void)sync_or_abort(stream, what);
   }
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  if (ok && o.graph) {  // the eager plan above sized the workspace; the graph re-plans on each replay
-    ok = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
-    if (ok) {
-      const Status sm = make_decode_metadata(d.shape(o.num_sms, o.min_blocks, o.partials), dmd.ptr, dmd.bytes, &md, stream);
-      const Status sc = sm.ok() ? sparse_mla_decode(d.sp, md, dws->ptr, dws->bytes, stream) : sm;
-      const bool ended = cudaStreamEndCapture(stream, &graph) == cudaSuccess;
-      if (!sc.ok()) ADD_FAILURE() << what << ": " << sc.to_string();
-      ok = sc.ok() && ended && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess;
-    }
-    if (!ok) {
-      ADD_FAILURE() << what << ": graph capture / instantiate failed";
-    } else {
-      d.poison_outputs(stream);
-      ok = cudaGraphLaunch(exec, stream) == cudaSuccess && cudaGraphLaunch(exec, stream) == cudaSuccess;
-      if (!ok) ADD_FAILURE() << what << ": cudaGraphLaunch";
-    }
-  }
-  ok = sync_or_abort(stream, what) && ok;
-  if (exec) cudaGraphExecDestroy(exec);
-  if (graph) cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
   if (ok) *res = d.read(what);
   return ok;
@@ -530,27 +543,7 @@ inline bool run_prefill(const PrefillProblem& pr, const PrefillLayout& l, Prefil
     ADD_FAILURE() << what << ": cudaStreamCreate";
     return false;
   }
-  bool ok = true;
-  cudaGraph_t g = nullptr;
-  cudaGraphExec_t ge = nullptr;
-  if (graph) {
-    ok = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
-    if (ok) {
-      const Status st = sparse_mla_prefill(p, stream);
-      const bool ended = cudaStreamEndCapture(stream, &g) == cudaSuccess;
-      if (!st.ok()) ADD_FAILURE() << what << ": " << st.to_string();
-      ok = st.ok() && ended && cudaGraphInstantiate(&ge, g, 0) == cudaSuccess;
-    }
-    if (ok) ok = cudaGraphLaunch(ge, stream) == cudaSuccess && cudaGraphLaunch(ge, stream) == cudaSuccess;
-    if (!ok) ADD_FAILURE() << what << ": graph capture / instantiate / launch failed";
-  } else {
-    const Status st = sparse_mla_prefill(p, stream);
-    ok = st.ok();
-    if (!ok) ADD_FAILURE() << what << ": " << st.to_string();
-  }
-  ok = sync_or_abort(stream, what) && ok;
-  if (ge) cudaGraphExecDestroy(ge);
-  if (g) cudaGraphDestroy(g);
+  const bool ok = run_call(stream, [&](cudaStream_t st) { return sparse_mla_prefill(p, st); }, graph, what);
   cudaStreamDestroy(stream);
   if (!ok) return false;
   const auto out = down<uint16_t>(dout, nout);
@@ -711,27 +704,7 @@ inline bool run_dq_gpu(const DqProblem& p, ComposedOut* r, const std::string& wh
   a.workspace = dws.ptr;
   cudaStream_t stream;
   if (cudaStreamCreate(&stream) != cudaSuccess) return false;
-  bool ok = true;
-  cudaGraph_t g = nullptr;
-  cudaGraphExec_t ge = nullptr;
-  if (graph) {
-    ok = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
-    if (ok) {
-      const Status st = dequant_sparse_mla_prefill(a, stream);
-      const bool ended = cudaStreamEndCapture(stream, &g) == cudaSuccess;
-      if (!st.ok()) ADD_FAILURE() << what << ": " << st.to_string();
-      ok = st.ok() && ended && cudaGraphInstantiate(&ge, g, 0) == cudaSuccess;
-    }
-    if (ok) ok = cudaGraphLaunch(ge, stream) == cudaSuccess && cudaGraphLaunch(ge, stream) == cudaSuccess;
-    if (!ok) ADD_FAILURE() << what << ": graph capture / instantiate / launch failed";
-  } else {
-    const Status st = dequant_sparse_mla_prefill(a, stream);
-    ok = st.ok();
-    if (!ok) ADD_FAILURE() << what << ": " << st.to_string();
-  }
-  ok = sync_or_abort(stream, what) && ok;
-  if (ge) cudaGraphExecDestroy(ge);
-  if (g) cudaGraphDestroy(g);
+  const bool ok = run_call(stream, [&](cudaStream_t st) { return dequant_sparse_mla_prefill(a, st); }, graph, what);
   cudaStreamDestroy(stream);
   if (!ok) return false;
   r->o.out = down<uint16_t>(dout, nout);

@@ -66,31 +66,18 @@ void compare(const Outs& g, const Outs& r, int H) {
   EXPECT_EQ(bw, 0u) << "workspace differs from the oracle's, first at byte " << fw;
 }
 
-// Runs `call` eagerly, or captured into a graph and replayed twice.
+// Runs `call` on a fresh stream: eagerly, or captured into a graph and replayed twice
+// (test::run_call, deadline wait). False on any failure (reported).
 template <typename F>
-void launch(F&& call, bool graph) {
+bool launch(F&& call, bool graph, const std::string& what) {
   cudaStream_t s;
-  CUDA_OK(cudaStreamCreate(&s));
-  if (graph) {
-    cudaGraph_t g;
-    cudaGraphExec_t ge;
-    CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-    const Status st = call(s);
-    CUDA_OK(cudaStreamEndCapture(s, &g));
-    ASSERT_TRUE(st.ok()) << st.to_string();
-    CUDA_OK(cudaGraphInstantiate(&ge, g, 0));
-    CUDA_OK(cudaGraphLaunch(ge, s));
-    CUDA_OK(cudaGraphLaunch(ge, s));
-    CUDA_OK(cudaStreamSynchronize(s));
-    cudaGraphExecDestroy(ge);
-    cudaGraphDestroy(g);
-  } else {
-    const Status st = call(s);
-    ASSERT_TRUE(st.ok()) << st.to_string();
-    CUDA_OK(cudaStreamSynchronize(s));
+  if (cudaStreamCreate(&s) != cudaSuccess) {
+    ADD_FAILURE() << what << ": cudaStreamCreate";
+    return false;
   }
-  CUDA_OK(cudaGetLastError());
+  const bool ok = test::run_call(s, call, graph, what);
   cudaStreamDestroy(s);
+  return ok;
 }
 
 // ---- (a) C4 -> C7 ---------------------------------------------------------------------------------
@@ -219,7 +206,7 @@ void run_gather_case(const GaCase& c, uint64_t salt, bool graph = false, Outs* k
   p.num_kv_rows = kv_rows;
   p.workspace = dws.ptr;
   p.workspace_bytes = ws_bytes;
-  launch([&](cudaStream_t s) { return gather_sparse_mla_prefill(p, s); }, graph);
+  ASSERT_TRUE(launch([&](cudaStream_t s) { return gather_sparse_mla_prefill(p, s); }, graph, what));
 
   Outs g, r;
   g.out = down<uint16_t>(dout, size_t(c.T) * c.H * 512);
