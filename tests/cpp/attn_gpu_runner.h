@@ -1,6 +1,8 @@
-// Problem builders, oracles and GPU runners shared by the contract, fuzz and big-cache suites:
-// C5 decode (any strides, plan options, hang-safe waits) and C7 prefill (any strides). Kernels of
-// C5/C7 exist only with the CUTLASS headers, so include this under SELKV_HAVE_CUTLASS.
+// Problem builders, oracles and GPU runners shared by the decode, prefill, composed, contract,
+// fuzz and big-cache suites (one copy of each generator): C5 decode (any strides, plan options,
+// graph replay, hang-safe waits), C7 prefill (any strides, graph replay) and the composed C4 -> C7
+// route. Kernels of C5/C7 exist only with the CUTLASS headers, so include this under
+// SELKV_HAVE_CUTLASS.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -28,6 +30,34 @@
 #include "test_util.h"
 
 namespace selkv::test {
+
+// Runs `call(stream)` (enqueues work, returns a Status) eagerly, or captured into a CUDA graph and
+// replayed twice; then waits with a deadline (sync_or_abort). False on any failure (reported).
+template <typename F>
+bool run_call(cudaStream_t stream, F&& call, bool graph, const std::string& what) {
+  bool ok = true;
+  cudaGraph_t g = nullptr;
+  cudaGraphExec_t ge = nullptr;
+  if (graph) {
+    ok = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
+    if (ok) {
+      const Status st = call(stream);
+      const bool ended = cudaStreamEndCapture(stream, &g) == cudaSuccess;
+      if (!st.ok()) ADD_FAILURE() << what << ": " << st.to_string();
+      ok = st.ok() && ended && cudaGraphInstantiate(&ge, g, 0) == cudaSuccess;
+    }
+    if (ok) ok = cudaGraphLaunch(ge, stream) == cudaSuccess && cudaGraphLaunch(ge, stream) == cudaSuccess;
+    if (!ok) ADD_FAILURE() << what << ": graph capture / instantiate / launch failed";
+  } else {
+    const Status st = call(stream);
+    ok = st.ok();
+    if (!ok) ADD_FAILURE() << what << ": " << st.to_string();
+  }
+  ok = sync_or_abort(stream, what) && ok;
+  if (ge) cudaGraphExecDestroy(ge);
+  if (g) cudaGraphDestroy(g);
+  return ok;
+}
 
 // ---- C5 decode ------------------------------------------------------------------------------
 
@@ -68,6 +98,7 @@ struct DecodeGenOpts {
   float dup_rate = 0.02f;      // an entry repeating the previous one
   int empty_row = -1;          // a row (b * S + s) whose entries are all garbage
   float data_std = 0.1f;       // latent/rope std; q's is 0.1 / data_std (logit spread ~0.4)
+  bool sink = false;           // attn_sink [H] ~ N(0, 1)
 };
 
 inline DecodeProblem make_decode_problem(const DecodeGenOpts& o, std::mt19937_64& rng) {
@@ -121,6 +152,10 @@ inline DecodeProblem make_decode_problem(const DecodeGenOpts& o, std::mt19937_64
     const auto rope = randn_bf16(fmt::kRopeDim, o.data_std, rng);
     ref::encode_record(latent.data(), rope.data(), KvFormat::kDsMlaFp8,
                        (slot & 1) ? ScaleMode::kAmax : ScaleMode::kPow2, p.cache.data() + v.slot_offset(slot));
+  }
+  if (o.sink) {
+    std::normal_distribution<float> d(0.f, 1.f);
+    for (int h = 0; h < o.H; ++h) p.sink.push_back(d(rng));
   }
   return p;
 }
@@ -320,6 +355,7 @@ struct DecodeRunOpts {
   int min_blocks = 0;
   DecodePartials partials = DecodePartials::kAuto;
   DecodeLayout layout;
+  bool graph = false;  // capture metadata + decode into a CUDA graph and replay it twice
 };
 
 // Plans and runs one decode on a fresh stream; waits with a deadline. False on any failure
@@ -340,10 +376,16 @@ inline bool run_decode(const DecodeProblem& p, const DecodeRunOpts& o, DecodeOut
   std::unique_ptr<DevBuf> dws;
   if (ok) {
     dws = std::make_unique<DevBuf>(decode_workspace_size(md));
-    const Status sd = sparse_mla_decode(d.sp, md, dws->ptr, dws->bytes, stream);
-    if (!sd.ok()) { ADD_FAILURE() << what << ": " << sd.to_string(); ok = false; }
+    ok = run_call(stream, [&](cudaStream_t s) {
+      if (o.graph) {  // the eager plan above sized the workspace; the graph re-plans on each replay
+        const Status sm = make_decode_metadata(d.shape(o.num_sms, o.min_blocks, o.partials), dmd.ptr, dmd.bytes, &md, s);
+        if (!sm.ok()) return sm;
+      }
+      return sparse_mla_decode(d.sp, md, dws->ptr, dws->bytes, s);
+    }, o.graph, what);
+  } else {
+    (void)sync_or_abort(stream, what);
   }
-  ok = sync_or_abort(stream, what) && ok;
   cudaStreamDestroy(stream);
   if (ok) *res = d.read(what);
   return ok;
@@ -373,6 +415,7 @@ struct PrefillGenOpts {
   bool dynamic = false;
   int empty_every = 17;  // token t with t % empty_every == 5: every entry invalid (0: none)
   std::vector<int32_t> lens;  // topk_length when dynamic (empty: random, edges included)
+  bool sink = false;  // attn_sink [H] ~ N(0, 2) (the lse's scale), head 0 -inf (no effect), head 1 +inf (out 0)
 };
 
 // q ~ randn, kv ~ randn / 10 (FlashMLA's calibration); kv rows no valid entry references are NaN.
@@ -408,6 +451,13 @@ inline PrefillProblem make_prefill_problem(const PrefillGenOpts& c, std::mt19937
   for (int64_t n = 0; n < c.N; ++n)
     if (!referenced[size_t(n)])
       for (int d = 0; d < c.D; ++d) pr.kv[size_t(n) * c.D + d] = 0x7FC1;
+  if (c.sink) {
+    std::normal_distribution<float> nd(0.f, 2.f);
+    pr.sink.resize(size_t(c.H));
+    for (auto& v : pr.sink) v = nd(rng);
+    pr.sink[0] = -INFINITY;
+    if (c.H > 1) pr.sink[1] = INFINITY;
+  }
   return pr;
 }
 
@@ -428,7 +478,9 @@ inline void prefill_oracle(const PrefillProblem& pr, PrefillOut* r, std::vector<
   a.sm_scale = pr.sm_scale;
   a.attn_sink = pr.sink.empty() ? nullptr : pr.sink.data();
   a.out = ref_out->data(); a.max_logits = r->ml.data(); a.lse = r->lse.data();
-  ref::sparse_prefill(a);
+  const Status st = ref::check_sparse_prefill_args(a);
+  EXPECT_TRUE(st.ok()) << st.to_string();
+  if (st.ok()) ref::sparse_prefill(a);
 }
 
 // The prefill tolerances of `got` against the oracle on the same problem.
@@ -446,8 +498,10 @@ struct PrefillLayout {
 };
 
 // Runs C7 with the given layout on a fresh stream (deadline wait); pads of q / kv / indices hold
-// NaN or out-of-range garbage, pads of out / ml / lse a poison that must survive.
-inline bool run_prefill(const PrefillProblem& pr, const PrefillLayout& l, PrefillOut* res, const std::string& what) {
+// NaN or out-of-range garbage, pads of out / ml / lse a poison that must survive. graph: the call
+// captured into a CUDA graph and replayed twice.
+inline bool run_prefill(const PrefillProblem& pr, const PrefillLayout& l, PrefillOut* res, const std::string& what,
+                        bool graph = false) {
   SparsePrefillParams p;
   p.num_tokens = pr.T; p.num_heads = pr.H; p.d_qk = pr.D; p.num_kv = pr.N; p.topk = pr.K;
   p.sm_scale = pr.sm_scale;
@@ -489,10 +543,7 @@ inline bool run_prefill(const PrefillProblem& pr, const PrefillLayout& l, Prefil
     ADD_FAILURE() << what << ": cudaStreamCreate";
     return false;
   }
-  const Status st = sparse_mla_prefill(p, stream);
-  bool ok = st.ok();
-  if (!ok) ADD_FAILURE() << what << ": " << st.to_string();
-  ok = sync_or_abort(stream, what) && ok;
+  const bool ok = run_call(stream, [&](cudaStream_t st) { return sparse_mla_prefill(p, st); }, graph, what);
   cudaStreamDestroy(stream);
   if (!ok) return false;
   const auto out = down<uint16_t>(dout, nout);
@@ -546,6 +597,8 @@ struct DqProblem {
   std::vector<uint8_t> cache;
   std::vector<uint16_t> q;        // [T, H, D]
   std::vector<int32_t> idx, len;  // [T, K]; len [T] or empty
+  int64_t idx_pad = 0;            // extra indices per token row on the device (garbage 0x5a5a5a5a)
+  size_t ws_slack = 0;            // workspace bytes past the required size (must stay untouched)
   int D() const { return fmt::dequant_dim(format); }
   int64_t P() const { return num_blocks * page; }
   PagedKvCache view() const { return PagedKvCache{cache.data(), num_blocks, page, block_stride, format}; }
@@ -558,6 +611,8 @@ struct DqGenOpts {
   int T = 4, H = 64, K = 64;
   bool dynamic = false;
   int empty_every = 13;  // token t with t % empty_every == 4 has no valid entry (0: none)
+  int64_t idx_pad = 0;   // DqProblem::idx_pad
+  size_t ws_slack = 0;   // DqProblem::ws_slack
 };
 
 // Records (randn / 10, pow2 and amax scales) only where a valid entry points; every other byte is
@@ -565,6 +620,7 @@ struct DqGenOpts {
 inline DqProblem make_dq_problem(const DqGenOpts& c, std::mt19937_64& rng) {
   DqProblem p;
   p.format = c.format; p.page = c.page; p.num_blocks = c.num_blocks; p.T = c.T; p.H = c.H; p.K = c.K;
+  p.idx_pad = c.idx_pad; p.ws_slack = c.ws_slack;
   p.block_stride = int64_t(c.page) * fmt::record_bytes(c.format) + 16 * int64_t(rng() % 2);
   p.cache.assign(size_t(p.num_blocks * p.block_stride), 0xFF);
   const int64_t P = p.P();
@@ -612,21 +668,35 @@ inline DequantPrefillParams dq_params(const DqProblem& p) {
   set_contiguous_strides(&a.attn);
   a.attn.kv_row_stride = 0;  // owned by the call
   a.attn.num_kv = 0;
+  a.attn.indices_token_stride = p.K + p.idx_pad;
   a.cache = p.view();
-  a.workspace_bytes = dequant_prefill_workspace_size(p.T, p.K, p.P(), p.format);
+  a.workspace_bytes = dequant_prefill_workspace_size(p.T, p.K, p.P(), p.format) + p.ws_slack;
   return a;
 }
 
-// GPU run (fresh stream, deadline wait); the workspace starts as 0xFF.
-inline bool run_dq_gpu(const DqProblem& p, ComposedOut* r, const std::string& what) {
+// The indices as laid out for the call: rows of K + idx_pad, pads 0x5a5a5a5a.
+inline std::vector<int32_t> dq_indices(const DqProblem& p) {
+  if (p.idx_pad == 0) return p.idx;
+  const int64_t st = p.K + p.idx_pad;
+  std::vector<int32_t> v(size_t(p.T * st), 0x5a5a5a5a);
+  for (int t = 0; t < p.T; ++t) std::copy_n(&p.idx[size_t(t) * p.K], p.K, &v[size_t(t * st)]);
+  return v;
+}
+
+// GPU run (fresh stream, deadline wait; graph: captured and replayed twice); the workspace starts
+// as 0xFF.
+inline bool run_dq_gpu(const DqProblem& p, ComposedOut* r, const std::string& what, bool graph = false) {
   DequantPrefillParams a = dq_params(p);
   const size_t nout = size_t(p.T) * p.H * 512, nst = size_t(p.T) * p.H;
-  DevBuf dcache(p.cache.size()), didx(p.idx.size() * 4), dlen(std::max<size_t>(p.len.size(), 1) * 4),
+  const std::vector<int32_t> idx = dq_indices(p);
+  DevBuf dcache(p.cache.size()), didx(idx.size() * 4), dlen(std::max<size_t>(p.len.size(), 1) * 4),
       dq(p.q.size() * 2), dws(a.workspace_bytes), dout(nout * 2), dml(nst * 4), dlse(nst * 4);
-  up(dcache, p.cache); up(didx, p.idx); up(dq, p.q);
+  up(dcache, p.cache); up(didx, idx); up(dq, p.q);
   if (!p.len.empty()) up(dlen, p.len);
   EXPECT_EQ(cudaMemset(dws.ptr, 0xFF, a.workspace_bytes), cudaSuccess);
   EXPECT_EQ(cudaMemset(dout.ptr, 0x7F, nout * 2), cudaSuccess);
+  EXPECT_EQ(cudaMemset(dml.ptr, 0xFF, nst * 4), cudaSuccess);
+  EXPECT_EQ(cudaMemset(dlse.ptr, 0xFF, nst * 4), cudaSuccess);
   a.attn.q = dq.ptr; a.attn.indices = didx.as<int32_t>();
   a.attn.topk_length = p.len.empty() ? nullptr : dlen.as<int32_t>();
   a.attn.out = dout.ptr; a.attn.max_logits = dml.as<float>(); a.attn.lse = dlse.as<float>();
@@ -634,10 +704,7 @@ inline bool run_dq_gpu(const DqProblem& p, ComposedOut* r, const std::string& wh
   a.workspace = dws.ptr;
   cudaStream_t stream;
   if (cudaStreamCreate(&stream) != cudaSuccess) return false;
-  const Status st = dequant_sparse_mla_prefill(a, stream);
-  bool ok = st.ok();
-  if (!ok) ADD_FAILURE() << what << ": " << st.to_string();
-  ok = sync_or_abort(stream, what) && ok;
+  const bool ok = run_call(stream, [&](cudaStream_t st) { return dequant_sparse_mla_prefill(a, st); }, graph, what);
   cudaStreamDestroy(stream);
   if (!ok) return false;
   r->o.out = down<uint16_t>(dout, nout);
@@ -656,7 +723,8 @@ inline bool run_dq_ref(const DqProblem& p, ComposedOut* r, std::vector<float>* r
   r->o.lse.assign(nst, 0.f);
   std::vector<uint8_t> host_ws(h.workspace_bytes + 16, 0xFF);
   auto* hw = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(host_ws.data()) + 15) & ~uintptr_t(15));
-  h.attn.q = p.q.data(); h.attn.indices = p.idx.data();
+  const std::vector<int32_t> idx = dq_indices(p);
+  h.attn.q = p.q.data(); h.attn.indices = idx.data();
   h.attn.topk_length = p.len.empty() ? nullptr : p.len.data();
   h.attn.out = out.data(); h.attn.max_logits = r->o.ml.data(); h.attn.lse = r->o.lse.data();
   h.workspace = hw;
@@ -671,10 +739,11 @@ inline bool run_dq_ref(const DqProblem& p, ComposedOut* r, std::vector<float>* r
 }
 
 // GPU vs oracle: prefill tolerances (NaN rows included), workspace bit for bit.
-inline void check_dq_case(const DqProblem& p, const std::string& what, ComposedOut* keep = nullptr) {
+inline void check_dq_case(const DqProblem& p, const std::string& what, ComposedOut* keep = nullptr,
+                          bool graph = false) {
   ComposedOut g, r;
   std::vector<float> ref_out;
-  if (!run_dq_gpu(p, &g, what) || !run_dq_ref(p, &r, &ref_out)) return;
+  if (!run_dq_gpu(p, &g, what, graph) || !run_dq_ref(p, &r, &ref_out)) return;
   expect_prefill_close(g.o.out, g.o.ml, g.o.lse, ref_out, r.o.ml, r.o.lse, p.H, what);
   EXPECT_TRUE(bits_equal(g.ws, r.ws)) << what << ": workspace differs from the oracle's";
   if (keep) *keep = std::move(g);

@@ -4,7 +4,8 @@
 // The workspace must match the oracle's bit for bit (both start from the same poison, so rows the
 // op must not touch are checked too); out / max_logits / lse use the prefill tolerances
 // (out |err| < 8e-4 or rel < 3.01/128, cosine distance < 7e-6; stats |err| < 1e-6 or rel <
-// 2.01/65536). Records no valid index references are NaN (E4M3 0x7F), so stray reads show.
+// 2.01/65536). In (a) records no valid index references are 0xFF (NaN codes and scales), in (b)
+// the workspace's gap rows stay NaN, so stray reads show.
 // Skips without a GPU; failures print the seed.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -25,6 +26,8 @@
 #include "test_util.h"
 
 #ifdef SELKV_HAVE_CUTLASS
+#include "attn_gpu_runner.h"
+
 namespace {
 
 using namespace selkv;
@@ -34,7 +37,7 @@ using selkv::test::up;
 using selkv::test::test_seed;
 
 // A paged cache whose slots are all real records (latent + RoPE ~ randn/10, pow2 and amax scales
-// mixed), then `nan_slots` overwritten with NaN E4M3 codes.
+// mixed).
 std::vector<uint8_t> make_cache(const PagedKvCache& view, std::mt19937_64& rng) {
   std::vector<uint8_t> cache(size_t(view.num_blocks * view.block_stride_bytes), 0xA5);
   std::vector<uint16_t> lat(512), rope(64);
@@ -45,9 +48,6 @@ std::vector<uint8_t> make_cache(const PagedKvCache& view, std::mt19937_64& rng) 
                        cache.data() + view.slot_offset(s));
   }
   return cache;
-}
-void poison_record(std::vector<uint8_t>& cache, const PagedKvCache& view, int64_t slot) {
-  std::memset(cache.data() + view.slot_offset(slot), 0x7F, 512);  // E4M3 NaN everywhere
 }
 
 struct Outs {
@@ -66,118 +66,36 @@ void compare(const Outs& g, const Outs& r, int H) {
   EXPECT_EQ(bw, 0u) << "workspace differs from the oracle's, first at byte " << fw;
 }
 
-// Runs `call` eagerly, or captured into a graph and replayed twice.
+// Runs `call` on a fresh stream: eagerly, or captured into a graph and replayed twice
+// (test::run_call, deadline wait). False on any failure (reported).
 template <typename F>
-void launch(F&& call, bool graph) {
+bool launch(F&& call, bool graph, const std::string& what) {
   cudaStream_t s;
-  CUDA_OK(cudaStreamCreate(&s));
-  if (graph) {
-    cudaGraph_t g;
-    cudaGraphExec_t ge;
-    CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-    const Status st = call(s);
-    CUDA_OK(cudaStreamEndCapture(s, &g));
-    ASSERT_TRUE(st.ok()) << st.to_string();
-    CUDA_OK(cudaGraphInstantiate(&ge, g, 0));
-    CUDA_OK(cudaGraphLaunch(ge, s));
-    CUDA_OK(cudaGraphLaunch(ge, s));
-    CUDA_OK(cudaStreamSynchronize(s));
-    cudaGraphExecDestroy(ge);
-    cudaGraphDestroy(g);
-  } else {
-    const Status st = call(s);
-    ASSERT_TRUE(st.ok()) << st.to_string();
-    CUDA_OK(cudaStreamSynchronize(s));
+  if (cudaStreamCreate(&s) != cudaSuccess) {
+    ADD_FAILURE() << what << ": cudaStreamCreate";
+    return false;
   }
-  CUDA_OK(cudaGetLastError());
+  const bool ok = test::run_call(s, call, graph, what);
   cudaStreamDestroy(s);
+  return ok;
 }
 
 // ---- (a) C4 -> C7 ---------------------------------------------------------------------------------
-struct DqCase {
-  KvFormat format;
-  int page;
-  int64_t blocks;
-  int T, H, K;
-  bool dynamic;
-};
+// Cases are test::DqGenOpts {format, page, num_blocks, T, H, K, dynamic}; make_dq_problem
+// (attn_gpu_runner.h) builds them: token t with t % 13 == 4 has no valid entry, records only where a
+// valid entry points (every other byte 0xFF: NaN codes and scales).
+using DqCase = test::DqGenOpts;
 
-void run_dequant_case(const DqCase& c, uint64_t salt, bool graph = false, Outs* keep = nullptr) {
-  const std::string what = "format=" + std::to_string(int(c.format)) + " page=" + std::to_string(c.page) +
-                           " blocks=" + std::to_string(c.blocks) + " T=" + std::to_string(c.T) + " H=" +
-                           std::to_string(c.H) + " K=" + std::to_string(c.K) + " dyn=" + std::to_string(c.dynamic);
-  SCOPED_TRACE("SELKV_TEST_SEED=" + std::to_string(test_seed()) + " " + what);
+// The index rows carry 64 garbage entries past K (a non-contiguous indices_token_stride) and the
+// workspace 256 bytes past the required size, which must stay as the poison left them.
+void run_dequant_case(DqCase c, uint64_t salt, bool graph = false, test::ComposedOut* keep = nullptr) {
+  c.idx_pad = 64;
+  c.ws_slack = 256;
   std::mt19937_64 rng(test_seed() * 1000033ull + salt);
-  const int rb = fmt::record_bytes(c.format), D = fmt::dequant_dim(c.format);
-  PagedKvCache view{nullptr, c.blocks, c.page, int64_t(c.page) * rb + 16 * int64_t(rng() % 2), c.format};
-  const int64_t P = view.num_slots();
-  std::vector<uint8_t> cache = make_cache(view, rng);
-  const int32_t bad[] = {-1, INT_MIN, int32_t(P), int32_t(P + 1), INT_MAX, -2};
-  const int64_t idx_stride = c.K + 64;
-  std::vector<int32_t> idx(size_t(c.T) * idx_stride, 0x5a5a5a5a), len(size_t(c.T));
-  std::vector<char> referenced(size_t(P), 0);
-  for (int t = 0; t < c.T; ++t) {
-    int32_t l = c.K;
-    if (c.dynamic) {
-      const int r = int(rng() % 4);
-      l = r == 0 ? -1 : r == 1 ? c.K + 3 : int32_t(rng() % uint64_t(c.K + 1));
-    }
-    len[size_t(t)] = l;
-    for (int k = 0; k < c.K; ++k) {
-      int32_t v = int32_t(rng() % uint64_t(P));
-      const int r = int(rng() % 8);
-      if (t % 13 == 4 || r == 0) v = bad[rng() % 6];                  // row 4, 17, ...: empty
-      else if (r == 1 && k > 0) v = idx[size_t(t) * idx_stride + k - 1];  // duplicate
-      idx[size_t(t) * idx_stride + k] = v;
-      if (k < l && v >= 0 && v < P) referenced[size_t(v)] = 1;
-    }
-  }
-  for (int64_t s = 0; s < P; ++s)
-    if (!referenced[size_t(s)]) poison_record(cache, view, s);
-  const std::vector<uint16_t> q = test::randn_bf16(size_t(c.T) * c.H * D, 1.f, rng);
-  const size_t ws_bytes = dequant_prefill_workspace_size(c.T, c.K, P, c.format) + 256;
-
-  DevBuf dcache(cache.size()), didx(idx.size() * 4), dlen(len.size() * 4), dq(q.size() * 2), dws(ws_bytes),
-      dout(size_t(c.T) * c.H * 512 * 2), dml(size_t(c.T) * c.H * 4), dlse(size_t(c.T) * c.H * 4);
-  up(dcache, cache); up(didx, idx); up(dlen, len); up(dq, q);
-  CUDA_OK(cudaMemset(dws.ptr, 0xFF, ws_bytes));
-  CUDA_OK(cudaMemset(dout.ptr, 0xFF, size_t(c.T) * c.H * 512 * 2));
-  CUDA_OK(cudaMemset(dml.ptr, 0xFF, size_t(c.T) * c.H * 4));
-  CUDA_OK(cudaMemset(dlse.ptr, 0xFF, size_t(c.T) * c.H * 4));
-
-  DequantPrefillParams p;
-  p.attn.q = dq.ptr; p.attn.num_tokens = c.T; p.attn.num_heads = c.H; p.attn.d_qk = D;
-  p.attn.topk = c.K; p.attn.sm_scale = std::pow(float(D), -0.55f);
-  set_contiguous_strides(&p.attn);
-  p.attn.kv_row_stride = 0;  // owned by the call
-  p.attn.indices = didx.as<int32_t>(); p.attn.indices_token_stride = idx_stride;
-  p.attn.topk_length = c.dynamic ? dlen.as<int32_t>() : nullptr;
-  p.attn.out = dout.ptr; p.attn.max_logits = dml.as<float>(); p.attn.lse = dlse.as<float>();
-  p.cache = view;
-  p.cache.data = dcache.ptr;
-  p.workspace = dws.ptr;
-  p.workspace_bytes = ws_bytes;
-  launch([&](cudaStream_t s) { return dequant_sparse_mla_prefill(p, s); }, graph);
-
-  Outs g, r;
-  g.out = down<uint16_t>(dout, size_t(c.T) * c.H * 512);
-  g.ml = down<float>(dml, size_t(c.T) * c.H);
-  g.lse = down<float>(dlse, size_t(c.T) * c.H);
-  g.ws = down<uint8_t>(dws, ws_bytes);
-  r.out.assign(g.out.size(), 0xFFFF); r.ml.assign(g.ml.size(), 0.f); r.lse.assign(g.lse.size(), 0.f);
-  r.ws.assign(ws_bytes, 0xFF);
-  DequantPrefillParams h = p;
-  h.attn.q = q.data(); h.attn.indices = idx.data(); h.attn.topk_length = c.dynamic ? len.data() : nullptr;
-  h.attn.out = r.out.data(); h.attn.max_logits = r.ml.data(); h.attn.lse = r.lse.data();
-  h.cache.data = cache.data();
-  std::vector<uint8_t> host_ws(ws_bytes + 16, 0xFF);  // 16-byte aligned view of it
-  auto* hw = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(host_ws.data()) + 15) & ~uintptr_t(15));
-  h.workspace = hw;
-  const Status st = ref::dequant_sparse_mla_prefill(h);
-  ASSERT_TRUE(st.ok()) << st.to_string();
-  std::memcpy(r.ws.data(), hw, ws_bytes);
-  compare(g, r, c.H);
-  if (keep) *keep = g;
+  const test::DqProblem p = test::make_dq_problem(c, rng);
+  const std::string what = test::dq_name(p) + (graph ? " graph" : "");
+  SCOPED_TRACE("SELKV_TEST_SEED=" + std::to_string(test_seed()) + " " + what);
+  test::check_dq_case(p, what, keep, graph);
 }
 
 TEST(ComposedGpu, DequantPrefillSelectedMatchesOracle) {
@@ -201,11 +119,13 @@ TEST(ComposedGpu, DequantPrefillFullPoolMatchesOracle) {
 
 TEST(ComposedGpu, DequantPrefillGraphReplayBitwiseEqual) {
   SELKV_REQUIRE_GPU();
-  Outs e, g;
+  test::ComposedOut e, g;
   run_dequant_case({KvFormat::kDsMlaFp8, 64, 40, 11, 128, 256, true}, 300, false, &e);
   run_dequant_case({KvFormat::kDsMlaFp8, 64, 40, 11, 128, 256, true}, 300, true, &g);
-  EXPECT_EQ(e.out, g.out);
-  EXPECT_EQ(0, std::memcmp(e.lse.data(), g.lse.data(), e.lse.size() * 4));
+  ASSERT_FALSE(e.ws.empty());  // both runs completed
+  ASSERT_FALSE(g.ws.empty());
+  EXPECT_EQ(e.o.out, g.o.out);
+  EXPECT_EQ(0, std::memcmp(e.o.lse.data(), g.o.lse.data(), e.o.lse.size() * 4));
   EXPECT_EQ(e.ws, g.ws);
 }
 
@@ -286,7 +206,7 @@ void run_gather_case(const GaCase& c, uint64_t salt, bool graph = false, Outs* k
   p.num_kv_rows = kv_rows;
   p.workspace = dws.ptr;
   p.workspace_bytes = ws_bytes;
-  launch([&](cudaStream_t s) { return gather_sparse_mla_prefill(p, s); }, graph);
+  ASSERT_TRUE(launch([&](cudaStream_t s) { return gather_sparse_mla_prefill(p, s); }, graph, what));
 
   Outs g, r;
   g.out = down<uint16_t>(dout, size_t(c.T) * c.H * 512);

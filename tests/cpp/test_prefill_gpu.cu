@@ -7,7 +7,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <climits>
 #include <cstdio>
 #include <cmath>
 #include <cstring>
@@ -17,158 +16,41 @@
 
 #include "attn_check_util.h"
 #include "gpu_test_util.h"
-#include "reference/oracle.h"
 #include "selkv/prefill.h"
 #include "test_util.h"
 
 #ifdef SELKV_HAVE_CUTLASS
+#include "attn_gpu_runner.h"
+
 namespace {
 
 using namespace selkv;
-using selkv::test::DevBuf;
-using selkv::test::down;
-using selkv::test::up;
 using selkv::test::test_seed;
-
-struct Case {
-  int T, H, D, K;
-  int64_t N;
-  bool dynamic;
-  bool all_invalid_rows = true;  // a few rows with no valid entry
-  bool sink = false;             // attn_sink [H] (fused in the epilogue)
-};
-
-std::string name(const Case& c) {
-  return "T=" + std::to_string(c.T) + " H=" + std::to_string(c.H) + " D=" + std::to_string(c.D) +
-         " K=" + std::to_string(c.K) + " N=" + std::to_string(c.N) + " dyn=" + std::to_string(c.dynamic);
-}
-
-struct Problem {
-  Case c;
-  std::vector<uint16_t> q, kv;
-  std::vector<int32_t> idx, len;
-  std::vector<float> sink;  // [H] when c.sink
-  float sm_scale;
-};
+// Cases are test::PrefillGenOpts {T, H, D, K, N, dynamic}; every 17th token (t % 17 == 5) has no
+// valid entry (empty_every); make_prefill_problem (attn_gpu_runner.h) builds the data.
+using Case = test::PrefillGenOpts;
+using Problem = test::PrefillProblem;
+using Outs = test::PrefillOut;
 
 Problem make_problem(const Case& c, uint64_t salt) {
-  Problem pr;
-  pr.c = c;
   std::mt19937_64 rng(test_seed() * 7919ull + salt);
-  pr.q = test::randn_bf16(size_t(c.T) * c.H * c.D, 1.f, rng);
-  pr.kv = test::randn_bf16(size_t(c.N) * c.D, 0.1f, rng);
-  pr.sm_scale = std::pow(float(c.D), -0.55f);
-  if (c.sink) {  // around the lse's scale, plus the edge values -inf (no effect) and +inf (out 0)
-    std::normal_distribution<float> nd(0.f, 2.f);
-    pr.sink.resize(size_t(c.H));
-    for (auto& v : pr.sink) v = nd(rng);
-    pr.sink[0] = -INFINITY;
-    pr.sink[1] = INFINITY;
-  }
-  const int32_t bad[] = {-1, INT_MIN, int32_t(c.N), int32_t(c.N + 1), INT_MAX, -2};
-  pr.idx.resize(size_t(c.T) * c.K);
-  pr.len.resize(size_t(c.T));
-  std::vector<char> referenced(size_t(c.N), 0);
-  for (int t = 0; t < c.T; ++t) {
-    int32_t l = c.K;
-    if (c.dynamic) {
-      const int r = int(rng() % 5);
-      l = r == 0 ? -int32_t(rng() % 3) : r == 1 ? c.K + int32_t(rng() % 3) : int32_t(rng() % uint64_t(c.K + 1));
-    }
-    pr.len[size_t(t)] = l;
-    const bool empty_row = c.all_invalid_rows && (t % 17 == 5);
-    for (int k = 0; k < c.K; ++k) {
-      int32_t v;
-      const int r = int(rng() % 8);
-      if (empty_row || r == 0) v = bad[rng() % 6];
-      else if (r == 1 && k > 0) v = pr.idx[size_t(t) * c.K + k - 1];  // duplicate
-      else v = int32_t(rng() % uint64_t(c.N));
-      pr.idx[size_t(t) * c.K + k] = v;
-      if (k < l && v >= 0 && v < c.N) referenced[size_t(v)] = 1;
-    }
-  }
-  // Tails (k >= len) point anywhere, often at NaN rows; unreferenced rows are NaN.
-  for (int64_t n = 0; n < c.N; ++n)
-    if (!referenced[size_t(n)])
-      for (int d = 0; d < c.D; ++d) pr.kv[size_t(n) * c.D + d] = 0x7FC1;
-  return pr;
+  return test::make_prefill_problem(c, rng);
 }
 
-struct Outs {
-  std::vector<uint16_t> out;
-  std::vector<float> ml, lse;
-};
-
-// Runs the GPU op (eager, or captured once and replayed twice).
-void run_gpu(const Problem& pr, bool graph, Outs* o) {
-  const Case& c = pr.c;
-  DevBuf dq(pr.q.size() * 2), dkv(pr.kv.size() * 2), didx(pr.idx.size() * 4), dlen(pr.len.size() * 4),
-      dout(size_t(c.T) * c.H * 512 * 2), dml(size_t(c.T) * c.H * 4), dlse(size_t(c.T) * c.H * 4),
-      dsink(size_t(c.H) * 4);
-  up(dq, pr.q); up(dkv, pr.kv); up(didx, pr.idx); up(dlen, pr.len);
-  if (c.sink) up(dsink, pr.sink);
-  CUDA_OK(cudaMemset(dout.ptr, 0xFF, size_t(c.T) * c.H * 512 * 2));  // NaN poison
-  CUDA_OK(cudaMemset(dml.ptr, 0xFF, size_t(c.T) * c.H * 4));
-  CUDA_OK(cudaMemset(dlse.ptr, 0xFF, size_t(c.T) * c.H * 4));
-  SparsePrefillParams p;
-  p.q = dq.ptr; p.num_tokens = c.T; p.num_heads = c.H; p.d_qk = c.D;
-  p.kv = dkv.ptr; p.num_kv = c.N;
-  p.indices = didx.as<int32_t>(); p.topk = c.K;
-  p.topk_length = c.dynamic ? dlen.as<int32_t>() : nullptr;
-  p.sm_scale = pr.sm_scale;
-  p.attn_sink = c.sink ? dsink.as<float>() : nullptr;
-  p.out = dout.ptr; p.max_logits = dml.as<float>(); p.lse = dlse.as<float>();
-  set_contiguous_strides(&p);
-  cudaStream_t s;
-  CUDA_OK(cudaStreamCreate(&s));
-  if (graph) {
-    cudaGraph_t g;
-    cudaGraphExec_t ge;
-    CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-    const Status st = sparse_mla_prefill(p, s);
-    CUDA_OK(cudaStreamEndCapture(s, &g));
-    ASSERT_TRUE(st.ok()) << st.to_string();
-    CUDA_OK(cudaGraphInstantiate(&ge, g, 0));
-    CUDA_OK(cudaGraphLaunch(ge, s));
-    CUDA_OK(cudaGraphLaunch(ge, s));
-    CUDA_OK(cudaStreamSynchronize(s));
-    cudaGraphExecDestroy(ge);
-    cudaGraphDestroy(g);
-  } else {
-    const Status st = sparse_mla_prefill(p, s);
-    ASSERT_TRUE(st.ok()) << st.to_string();
-    CUDA_OK(cudaStreamSynchronize(s));
-  }
-  CUDA_OK(cudaGetLastError());
-  cudaStreamDestroy(s);
-  o->out = down<uint16_t>(dout, size_t(c.T) * c.H * 512);
-  o->ml = down<float>(dml, size_t(c.T) * c.H);
-  o->lse = down<float>(dlse, size_t(c.T) * c.H);
+// Runs the GPU op (eager, or captured once and replayed twice); false on a failure (reported).
+bool run_gpu(const Problem& pr, bool graph, Outs* o) {
+  return test::run_prefill(pr, {}, o, test::prefill_name(pr) + (graph ? " graph" : ""), graph);
 }
 
 void check_vs_oracle(const Problem& pr, const Outs& o) {
-  const Case& c = pr.c;
-  const size_t rows = size_t(c.T) * c.H;
-  std::vector<float> out(rows * 512), ml(rows), lse(rows);
-  ref::SparsePrefillRefArgs a;
-  a.q = pr.q.data(); a.T = c.T; a.H = c.H; a.d_qk = c.D;
-  a.kv = pr.kv.data(); a.num_kv = c.N; a.indices = pr.idx.data(); a.K = c.K;
-  a.topk_length = c.dynamic ? pr.len.data() : nullptr;
-  a.sm_scale = pr.sm_scale;
-  a.attn_sink = c.sink ? pr.sink.data() : nullptr;
-  a.out = out.data(); a.max_logits = ml.data(); a.lse = lse.data();
-  ASSERT_TRUE(ref::check_sparse_prefill_args(a).ok());
-  ref::sparse_prefill(a);
-
-  test::expect_prefill_close(o.out, o.ml, o.lse, out, ml, lse, c.H, name(c));
+  test::expect_prefill_matches_oracle(pr, o, test::prefill_name(pr));
 }
 
 void run_case(const Case& c, uint64_t salt) {
-  SCOPED_TRACE("SELKV_TEST_SEED=" + std::to_string(test_seed()) + " " + name(c));
   const Problem pr = make_problem(c, salt);
+  SCOPED_TRACE("SELKV_TEST_SEED=" + std::to_string(test_seed()) + " " + test::prefill_name(pr));
   Outs o;
-  run_gpu(pr, false, &o);
-  check_vs_oracle(pr, o);
+  if (run_gpu(pr, false, &o)) check_vs_oracle(pr, o);
 }
 
 TEST(PrefillGpu, MatchesOracleSmall) {
@@ -191,10 +73,10 @@ TEST(PrefillGpu, AttnSinkFused) {
     for (int H : {64, 128}) {
       Case c{62, H, D, 128, 1000, true};
       c.sink = true;
-      SCOPED_TRACE("SELKV_TEST_SEED=" + std::to_string(test_seed()) + " sink " + name(c));
       const Problem pr = make_problem(c, salt++);
+      SCOPED_TRACE("SELKV_TEST_SEED=" + std::to_string(test_seed()) + " " + test::prefill_name(pr));
       Outs o;
-      run_gpu(pr, false, &o);
+      ASSERT_TRUE(run_gpu(pr, false, &o));
       check_vs_oracle(pr, o);
       for (int t = 0; t < c.T; ++t)
         for (int d = 0; d < 512; ++d) ASSERT_EQ(o.out[(size_t(t) * H + 1) * 512 + d] & 0x7fff, 0) << "t=" << t;
@@ -224,7 +106,7 @@ TEST(PrefillGpu, EmptyRowsAndZeroTopk) {
   Problem pr = pr0;
   for (auto& l : pr.len) l = 0;  // every row empty: out 0, lse = max_logits = -inf
   Outs o;
-  run_gpu(pr, false, &o);
+  ASSERT_TRUE(run_gpu(pr, false, &o));
   check_vs_oracle(pr, o);
   for (uint16_t v : o.out) ASSERT_EQ(v, 0u);
   for (float v : o.lse) ASSERT_TRUE(std::isinf(v) && v < 0);
@@ -233,12 +115,12 @@ TEST(PrefillGpu, EmptyRowsAndZeroTopk) {
 TEST(PrefillGpu, GraphReplayAndRepeatBitwiseEqual) {
   SELKV_REQUIRE_GPU();
   const Case c{62, 128, 576, 576, 2000, true};
-  SCOPED_TRACE("SELKV_TEST_SEED=" + std::to_string(test_seed()) + " " + name(c));
   const Problem pr = make_problem(c, 300);
+  SCOPED_TRACE("SELKV_TEST_SEED=" + std::to_string(test_seed()) + " " + test::prefill_name(pr));
   Outs e1, e2, g;
-  run_gpu(pr, false, &e1);
-  run_gpu(pr, false, &e2);
-  run_gpu(pr, true, &g);
+  ASSERT_TRUE(run_gpu(pr, false, &e1));
+  ASSERT_TRUE(run_gpu(pr, false, &e2));
+  ASSERT_TRUE(run_gpu(pr, true, &g));
   EXPECT_EQ(0, std::memcmp(e1.out.data(), e2.out.data(), e1.out.size() * 2));
   EXPECT_EQ(0, std::memcmp(e1.out.data(), g.out.data(), e1.out.size() * 2));
   EXPECT_EQ(0, std::memcmp(e1.lse.data(), g.lse.data(), e1.lse.size() * 4));
