@@ -168,10 +168,12 @@ SELKV_DEC_HD int32_t row_start_part_begin(const int32_t* prefix, int32_t rows, i
 }
 
 // The rule of both row-start cuts (fixed_part_unit, and the scheduler's for dynamic top-k): taken
-// when the cut's longest part is at most kSplitCostBlocks blocks longer than the balanced cut's,
-// ceil(total / np). total >= 1, np >= 1.
+// when the cut's longest part is at most min(kSplitCostBlocks, balanced) blocks longer than the
+// balanced cut's, balanced = ceil(total / np). total >= 1, np >= 1.
 SELKV_DEC_HD bool row_start_cut_pays(int64_t longest, int32_t total, int32_t np) {
-  return longest <= int64_t((total - 1) / np + 1) + kSplitCostBlocks;
+  const int64_t balanced = (total - 1) / np + 1;
+  // At most doubling the balanced part: short parts (short rows, few rows) gain most from a split.
+  return longest <= balanced + (balanced < kSplitCostBlocks ? balanced : kSplitCostBlocks);
 }
 
 // Fixed top-k: cutting the parts at row starts only leaves no row split: no partial is written and

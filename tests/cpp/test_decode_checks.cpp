@@ -403,6 +403,8 @@ TEST(DecodeChecks, FixedScheduleWholeRows) {
   EXPECT_EQ(fixed_part_unit(64, 32, 132), 1);    // H64 B=64 S_q=1: 32 vs 16
   EXPECT_EQ(fixed_part_unit(4, 32, 32), 1);      // H128 B=2 S_q=2
   EXPECT_EQ(fixed_part_unit(1, 32, 1), 32);      // one part: nothing to split
+  EXPECT_EQ(fixed_part_unit(4, 10, 20), 1);      // MODEL1 K 128 + K2 512, B=2 S_q=2: 10 vs 2 blocks
+  EXPECT_EQ(fixed_part_unit(4, 10, 4), 10);      // one row per part either way
   const FixedSchedule s(128, 2048, 4, 66);
   EXPECT_FALSE(s.has_split_rows());
   EXPECT_EQ(s.begin(1), 32);  // floor(1 * 128 / 66) = 1 row

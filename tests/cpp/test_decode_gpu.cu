@@ -269,7 +269,8 @@ TEST(DecodeGpu, SchedulerTablesMatchHost) {
           row_start[q] = row_start_part_begin(P.data(), rows, T, np, q);
           if (q > 0) longest = std::max(longest, row_start[q] - row_start[q - 1]);
         }
-        const bool rs = longest <= (T - 1) / np + 1 + kSplitCostBlocks;
+        const int balanced_longest = (T - 1) / np + 1;
+        const bool rs = longest <= balanced_longest + std::min(balanced_longest, int(kSplitCostBlocks));
         ASSERT_EQ(md[5], rs ? 1 : 0) << what;
         const std::vector<int32_t>& begins = rs ? row_start : balanced;
         ASSERT_EQ(begins[np], T) << what;  // the last entry's g1 below
