@@ -97,7 +97,8 @@ inline constexpr int kSimpleUnroll = 4;
 
 // kFixup: the fix-up pass after the page-4 kernel (qsa_api.cpp), a separate instantiation so the
 // plain kernel carries none of it: the page-4 kernel leaves a NaN in element 0 of the heads it did
-// not serve exactly, and a CTA without one has nothing to do.
+// not serve exactly, and a CTA without one has nothing to do. Its min-blocks hint 1 keeps ptxas
+// from capping registers for occupancy (D 128 / G 4 spilled without it); 0 leaves the plain kernel as is.
 template <typename T, int D, int G, bool kFixup = false>
 __global__ void __launch_bounds__(kSimpleThreads, kFixup ? 1 : 0) qsa_simple_kernel(const QsaSimpleParams p) {
   constexpr int E = D / 32;  // elements per lane
