@@ -1,6 +1,9 @@
 // C8 QSA sparse prefill (selkv::qsa_sparse_prefill): R query rows, each selecting 512 random
 // 4-token blocks of its request's context plus its causal partial block (vLLM's expanded
 // [R, 2051] selection), fp16, page 16. The plan (qsa_plan) is built once, outside the timed call.
+// "page4" cases time the page-4 route (qsa::qsa_sparse_prefill_page4: the SM90 page-4 kernel and
+// the fix-up pass) whatever qsa_route picks; "overlap N%" cases give each row N% of the previous
+// row's blocks (neighbouring query tokens select mostly the same blocks), the rest random.
 // Bytes (the floor, DESIGN §6): the unique K / V tokens the batch selects (each read once, every
 // kv head) + q + the selection + out + lse, at the copy rate. The variant also states the K / V
 // bytes the simple kernel gathers (every selected token once per row and kv head), the traffic a
@@ -13,6 +16,7 @@
 
 #include "cache_common.h"
 #include "formats/codec.h"
+#include "qsa/qsa_page4.h"
 #include "reference/oracle.h"
 #include "selkv/qsa.h"
 
@@ -29,13 +33,17 @@ struct QsaShape {
   int32_t context = 8192;  // live tokens of each request
   bool interleaved = false;
   bool force_simple = false;
+  bool page4 = false;      // time qsa::qsa_sparse_prefill_page4
+  int32_t rows_per_cta = 0;  // page4: rows one CTA groups (0: the kernel's default)
+  int32_t overlap = 0;     // % of the previous row's blocks a row keeps (0: independent random rows)
   uint64_t seed = 0x95a;
 };
 
 std::string shape_str(const QsaShape& s) {
   return "R=" + human_count(s.rows) + " Hq=" + std::to_string(s.q_heads) + " Hkv=" + std::to_string(s.kv_heads) +
          " D=" + std::to_string(s.dim) + " blocks=" + std::to_string(s.blocks) + " ctx=" + human_count(s.context) +
-         " page=" + std::to_string(s.page);
+         " page=" + std::to_string(s.page) + (s.overlap > 0 ? " overlap=" + std::to_string(s.overlap) + "%" : "") +
+         (s.page4 && s.rows_per_cta > 0 ? " rows/cta=" + std::to_string(s.rows_per_cta) : "");
 }
 
 class QsaWorkload final : public Workload {
@@ -58,7 +66,8 @@ class QsaWorkload final : public Workload {
     const int64_t cols = qsa_expanded_cols(kQsaMaxBlocks);
     sel_.assign(size_t(s.rows * cols), -1);
     std::vector<char> used(size_t(pages_ * s.page), 0);
-    std::vector<int32_t> pool;
+    std::vector<int32_t> pool, prev;
+    std::vector<char> chosen;
     for (int64_t r = 0; r < s.rows; ++r) {
       const int32_t rq = int32_t(r / rows_per_req_);
       const int32_t p = s.context - int32_t(rows_per_req_) + int32_t(r % rows_per_req_);
@@ -69,6 +78,22 @@ class QsaWorkload final : public Workload {
       std::iota(pool.begin(), pool.end(), 0);
       const int32_t n = std::min(s.blocks, complete);
       for (int32_t i = 0; i < n; ++i) std::swap(pool[size_t(i)], pool[size_t(i + int32_t(rng.next() % uint64_t(complete - i)))]);
+      if (s.overlap > 0 && r % rows_per_req_ != 0 && int32_t(prev.size()) == n) {
+        // Keep the previous row's blocks, replace (100 - overlap)% of them by blocks it lacks.
+        chosen.assign(size_t(complete), 0);
+        for (int32_t b : prev) chosen[size_t(b)] = 1;
+        const int32_t replace = n - int32_t(int64_t(n) * s.overlap / 100);
+        for (int32_t k = 0; k < replace && n < complete; ++k) {
+          int32_t b;
+          do b = int32_t(rng.next() % uint64_t(complete)); while (chosen[size_t(b)]);
+          const size_t victim = size_t(rng.next() % uint64_t(n));
+          chosen[size_t(prev[victim])] = 0;
+          chosen[size_t(b)] = 1;
+          prev[victim] = b;
+        }
+        std::copy(prev.begin(), prev.end(), pool.begin());
+      }
+      prev.assign(pool.begin(), pool.begin() + n);
       int32_t* row = sel_.data() + r * cols;
       int c = 0;
       auto mark = [&](int32_t t) {
@@ -111,7 +136,7 @@ class QsaWorkload final : public Workload {
     const QsaSparsePrefillParams p = device_params();
     std::snprintf(buf, sizeof buf, "fp16 %s %s; gathered %.3g GB, floor %.3g GB",
                   s_.interleaved ? "interleaved" : "separate",
-                  qsa_route(p) == QsaKernel::kPage4 ? "page4" : "simple",
+                  s_.page4 || qsa_route(p) == QsaKernel::kPage4 ? "page4" : "simple",
                   double(gathered_tokens_) * slot_elems_ * 4 / 1e9, bytes() / 1e9);
     return buf;
   }
@@ -124,7 +149,10 @@ class QsaWorkload final : public Workload {
     // Per gathered token and query head: q.k and p.v, 2 * D FLOPs each.
     return double(gathered_tokens_) * s_.q_heads * 4.0 * s_.dim;
   }
-  void run(cudaStream_t stream) override { throw_if_error(qsa_sparse_prefill(device_params(), stream)); }
+  void run(cudaStream_t stream) override {
+    throw_if_error(s_.page4 ? qsa::qsa_sparse_prefill_page4(device_params(), stream, s_.rows_per_cta)
+                            : qsa_sparse_prefill(device_params(), stream));
+  }
 
   // Rows 0, R/2 and R-1 through the oracle on host copies of their inputs.
   CheckResult check(cudaStream_t stream) override {
@@ -250,6 +278,10 @@ QsaShape shape_from(const Params& p) {
   s.blocks = int32_t(checked_positive("topk", p.get_int("topk", 512)));
   s.context = int32_t(checked_positive("s-kv", p.get_int("s-kv", 8192)));
   s.page = int32_t(checked_positive("page-size", p.get_int("page-size", 16)));
+  s.page4 = p.get_int("page4", 0) != 0;
+  s.rows_per_cta = int32_t(p.get_int("rows-per-cta", 0));
+  s.overlap = int32_t(p.get_int("overlap", 0));
+  if (s.overlap < 0 || s.overlap > 100) throw std::invalid_argument("--overlap must be in [0, 100]");
   s.seed = p.seed() ^ 0x95a;
   return s;
 }
@@ -269,7 +301,10 @@ SELKV_BENCH_REGISTER(register_qsa) {
                {"head-dim", "head dim D, 128 or 256 (qsa: 256)"},
                {"topk", "selected blocks per row, <= 512 (qsa: 512)"},
                {"s-kv", "context tokens per request (qsa: 8192)"},
-               {"page-size", "page size, a multiple of 4 (qsa: 16)"}};
+               {"page-size", "page size, a multiple of 4 (qsa: 16)"},
+               {"page4", "1: time the page-4 route (qsa: 0, the routed kernel)"},
+               {"rows-per-cta", "page-4 rows per CTA, 0 = default (qsa: 0)"},
+               {"overlap", "% of the previous row's blocks each row keeps (qsa: 0, random rows)"}};
   op.make = [](const Params& p) -> std::unique_ptr<Workload> { return std::make_unique<QsaWorkload>(shape_from(p)); };
   op_registry().push_back(std::move(op));
 
@@ -277,6 +312,10 @@ SELKV_BENCH_REGISTER(register_qsa) {
     int64_t rows;
     int32_t hq, hkv, context;
     bool interleaved;
+    bool page4 = false;
+    int32_t blocks = 512;
+    int32_t overlap = 0;
+    int32_t rows_per_cta = 0;
   };
   std::vector<Case> cases;
   for (auto [hq, hkv] : {std::pair{16, 2}, std::pair{32, 4}})
@@ -285,13 +324,27 @@ SELKV_BENCH_REGISTER(register_qsa) {
   // The anchor shape (Qwen QSA: Hq 6, Hkv 1, interleaved K/V) at 8K and 128K contexts.
   cases.push_back({4096, 6, 1, 8192, true});
   cases.push_back({4096, 6, 1, 131072, true});
+  // The page-4 route on the cases: the anchor shape with random 512 / 128 / 16-block
+  // selections (2048 / 512 / 64 tokens) at 8K and 128K, with 90-99% overlap between neighbouring
+  // rows, a rows-per-CTA sweep, and the Hq 16 / Hkv 2 grid's large batches.
+  for (int32_t ctx : {8192, 131072})
+    for (int32_t blocks : {512, 128, 16}) cases.push_back({4096, 6, 1, ctx, true, true, blocks});
+  for (int32_t ctx : {8192, 131072})
+    for (int32_t blocks : {128, 16}) cases.push_back({4096, 6, 1, ctx, true, false, blocks});  // simple, same
+  for (int32_t ctx : {8192, 131072})
+    for (int32_t ov : {90, 95, 99}) cases.push_back({4096, 6, 1, ctx, true, true, 512, ov});
+  for (int32_t rpc : {1, 2, 5})
+    for (int32_t ov : {0, 90}) cases.push_back({4096, 6, 1, 8192, true, true, 512, ov, rpc});
+  for (int64_t rows : {int64_t(4096), int64_t(16384)}) cases.push_back({rows, 16, 2, 8192, false, true});
   for (const Case& k : cases) {
     BenchCase c;
     c.op = "qsa";
-    c.label = "qsa R=" + human_count(k.rows) + " Hq=" + std::to_string(k.hq) + " Hkv=" + std::to_string(k.hkv) +
-              " D=256 512 blocks ctx=" + human_count(k.context) + " page=16 fp16" +
-              (k.interleaved ? " interleaved" : "");
-    c.quick = k.rows == 64 || (k.rows == 4096 && k.hq == 6 && k.context == 8192);
+    c.label = std::string(k.page4 ? "qsa page4" : "qsa") + " R=" + human_count(k.rows) + " Hq=" + std::to_string(k.hq) +
+              " Hkv=" + std::to_string(k.hkv) + " D=256 " + std::to_string(k.blocks) + " blocks ctx=" +
+              human_count(k.context) + " page=16 fp16" + (k.interleaved ? " interleaved" : "") +
+              (k.overlap > 0 ? " overlap=" + std::to_string(k.overlap) + "%" : "") +
+              (k.rows_per_cta > 0 ? " rows/cta=" + std::to_string(k.rows_per_cta) : "");
+    c.quick = !k.page4 && k.blocks == 512 && (k.rows == 64 || (k.rows == 4096 && k.hq == 6 && k.context == 8192));
     c.graph = k.rows <= 64;
     c.make = [k](uint64_t seed) -> std::unique_ptr<Workload> {
       QsaShape s;
@@ -300,6 +353,10 @@ SELKV_BENCH_REGISTER(register_qsa) {
       s.kv_heads = k.hkv;
       s.context = k.context;
       s.interleaved = k.interleaved;
+      s.page4 = k.page4;
+      s.blocks = k.blocks;
+      s.overlap = k.overlap;
+      s.rows_per_cta = k.rows_per_cta;
       s.seed = seed ^ 0x95a;
       return std::make_unique<QsaWorkload>(s);
     };

@@ -1,8 +1,8 @@
 // selkv/qsa.h — C8: QSA sparse prefill over selected 4-token blocks of a paged fp16 / bf16 KV
 // cache, through "virtual page-4" tables (DESIGN §3 C8, seed 002). Status: the contract, the
-// argument checks, the CPU oracle, the page-4 plan (CPU reference and GPU kernel) and the exact
-// simple CUDA kernel exist; the SM90 page-4 attention kernel does not yet (every CUDA call runs
-// the simple kernel, see qsa_route).
+// argument checks, the CPU oracle, the page-4 plan (CPU reference and GPU kernel), the exact
+// simple CUDA kernel and the SM90 page-4 kernel exist; the page-4 kernel has not run on a GPU yet,
+// so qsa_route does not pick it (every call runs the simple kernel).
 //
 // Rows. Row r (r < num_rows) is one query token of request req = req_ids[r] at causal position
 // p = positions[r]. q [R, Hq, D], out [R, Hq, D], lse [R, Hq] (optional, fp32, natural log).
@@ -136,7 +136,10 @@ Status check_qsa_sparse_prefill(const QsaSparsePrefillParams& p);
 Status qsa_sparse_prefill(const QsaSparsePrefillParams& p, cudaStream_t stream);
 
 // The two C8 kernels: the exact simple kernel (one CTA per row and kv head, SIMT, SM70 and newer)
-// and the SM90 page-4 kernel over the plan (not built yet).
+// and the SM90 page-4 kernel over the plan (a CTA per group of consecutive rows and kv head loads
+// each selected block once for the rows that selected it; the rows it cannot serve exactly are
+// recomputed by a fix-up pass of the simple kernel). The page-4 route computes the plan's
+// selection: re-plan whenever the selection, seq_lens or the block table change.
 enum class QsaKernel : int32_t { kSimple = 0, kPage4 = 1 };
 // Rows from which a call may take the page-4 kernel.
 inline constexpr int64_t kQsaPage4MinRows = 4096;
@@ -145,7 +148,7 @@ inline constexpr int64_t kQsaPage4MinRows = 4096;
 // device memory.
 bool qsa_page4_wanted(const QsaSparsePrefillParams& p);
 // The kernel qsa_sparse_prefill runs for p (valid p): kPage4 when qsa_page4_wanted(p) and the
-// page-4 kernel is built, else kSimple. Today always kSimple.
+// page-4 route is enabled (it is not until measured on a GPU), else kSimple. Today always kSimple.
 QsaKernel qsa_route(const QsaSparsePrefillParams& p);
 
 // Bytes of the page-4 plan of num_rows rows selecting up to max_blocks blocks (0 for invalid

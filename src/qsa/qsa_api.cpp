@@ -3,17 +3,21 @@
 //
 // Routing. The page-4 kernel (SM90, reads the plan of qsa_plan) is for large batches: rows >=
 // kQsaPage4MinRows, a plan passed in p.metadata, neither p.force_simple nor SELKV_QSA_PAGE4=0.
-// It is not built yet (kPage4Built), so every call runs the exact simple kernel, which walks the
-// selection itself and needs no plan. When the page-4 kernel lands it must still serve the rows
-// the plan flags irregular (counts = -1) exactly, e.g. by a simple-kernel pass over those rows.
+// Until it is measured on the GPU (kPage4Built) every call runs the exact simple kernel, which
+// walks the selection itself and needs no plan; qsa::qsa_sparse_prefill_page4 runs the page-4
+// route directly. That route is the page-4 kernel, then a fix-up pass of the simple kernel over
+// the (row, kv head)s the page-4 kernel flags (non-finite out): rows the plan marks irregular
+// (counts = -1), a plan that does not match the call, and a non-finite V of another row's token.
 #include <cstdlib>
 #include <cstring>
 
+#include "common/arch.h"
 #include "common/check.h"
 #include "common/cuda_check.h"
 #include "common/sm_scale.h"
 #include "qsa/qsa_checks.h"
 #include "qsa/qsa_kernel_params.h"
+#include "qsa/qsa_page4.h"
 #include "qsa/qsa_plan.h"
 #include "qsa/qsa_simple.h"
 #include "selkv/qsa.h"
@@ -21,7 +25,7 @@
 namespace selkv {
 namespace {
 
-constexpr bool kPage4Built = false;  // the SM90 page-4 kernel (a later task)
+constexpr bool kPage4Built = false;  // the SM90 page-4 kernel: not yet measured on the GPU
 
 qsa::QsaSelectionParams selection_params(const QsaSparsePrefillParams& p) {
   qsa::QsaSelectionParams s{};
@@ -60,13 +64,11 @@ QsaKernel qsa_route(const QsaSparsePrefillParams& p) {
   return kPage4Built && qsa_page4_wanted(p) ? QsaKernel::kPage4 : QsaKernel::kSimple;
 }
 
-Status qsa_sparse_prefill(const QsaSparsePrefillParams& p, cudaStream_t stream) {
-  constexpr const char* kOp = "selkv::qsa_sparse_prefill";
-  qsa::Work work;
-  SELKV_RETURN_IF_ERROR(qsa::check_params(kOp, p, qsa::Use::kAttention, /*device=*/true, &work));
-  if (work == qsa::Work::kNone) return Status::Ok();
-  // qsa_route(p) == kPage4 cannot happen until the page-4 kernel exists; its launch goes here.
-  qsa::QsaSimpleParams k{};
+namespace qsa {
+namespace {
+
+QsaSimpleParams simple_params(const QsaSparsePrefillParams& p) {
+  QsaSimpleParams k{};
   k.sel = selection_params(p);
   k.num_kv_heads = p.num_kv_heads;
   k.group = p.num_q_heads / p.num_kv_heads;
@@ -88,7 +90,85 @@ Status qsa_sparse_prefill(const QsaSparsePrefillParams& p, cudaStream_t stream) 
   k.lse = p.lse;
   k.lse_row_stride = p.lse_row_stride;
   k.lse_head_stride = p.lse_head_stride;
-  SELKV_CUDA_RETURN(qsa::launch_qsa_simple(k, p.dtype == QsaDtype::kBf16, p.head_dim, stream), kOp);
+  return k;
+}
+
+cudaError_t launch_page4(const QsaPage4Params& k, bool bf16, int head_dim, cudaStream_t stream) {
+  if (head_dim == 256) return bf16 ? launch_qsa_page4<__nv_bfloat16, 256>(k, stream) : launch_qsa_page4<__half, 256>(k, stream);
+  if (head_dim == 128) return bf16 ? launch_qsa_page4<__nv_bfloat16, 128>(k, stream) : launch_qsa_page4<__half, 128>(k, stream);
+  return cudaErrorInvalidValue;
+}
+
+// The page-4 route after the checks (p valid, rows > 0).
+Status run_page4(const char* kOp, const QsaSparsePrefillParams& p, int rows_per_cta, cudaStream_t stream) {
+  const int group = p.num_q_heads / p.num_kv_heads;
+  const int max_rows = qsa_page4_max_rows(group);
+  SELKV_CHECK_ARG(p.metadata != nullptr, "metadata", "the page-4 kernel needs the plan of qsa_plan, got null");
+  SELKV_CHECK_ARG(rows_per_cta >= 0 && rows_per_cta <= max_rows, "rows_per_cta", "must be 0 (default) or in [1, ",
+                  max_rows, "] for num_q_heads / num_kv_heads = ", group, ", got ", rows_per_cta);
+  SELKV_RETURN_IF_ERROR(detail::require_sm90(kOp));
+  const bool bf16 = p.dtype == QsaDtype::kBf16;
+  if (p.num_pages > int64_t(0xFFFFFFFE) / (p.page_size / kQsaBlockTokens)) {
+    // The kernel merges rows by a 32-bit block index; a cache of 2^32 blocks or more (2^34
+    // tokens) takes the simple kernel.
+    SELKV_CUDA_RETURN(launch_qsa_simple(simple_params(p), bf16, p.head_dim, stream), kOp);
+    return Status::Ok();
+  }
+  QsaPage4Params k{};
+  k.md = static_cast<const int32_t*>(p.metadata);
+  k.num_rows = int32_t(p.num_rows);
+  k.max_blocks = p.max_blocks;
+  k.num_kv_heads = p.num_kv_heads;
+  k.group = group;
+  k.rows_per_cta = rows_per_cta == 0 ? max_rows : rows_per_cta;
+  k.q = p.q;
+  k.q_row_stride = p.q_row_stride;
+  k.q_head_stride = p.q_head_stride;
+  k.k = p.k_cache.data;
+  k.k_page_stride = p.k_cache.page_stride;
+  k.k_slot_stride = p.k_cache.slot_stride;
+  k.k_head_stride = p.k_cache.head_stride;
+  k.v = p.v_cache.data;
+  k.v_page_stride = p.v_cache.page_stride;
+  k.v_slot_stride = p.v_cache.slot_stride;
+  k.v_head_stride = p.v_cache.head_stride;
+  k.num_pages = p.num_pages;
+  k.page_size = p.page_size;
+  k.scale_log2 = detail::sm_scale_log2(p.scale);
+  k.out = p.out;
+  k.out_row_stride = p.out_row_stride;
+  k.out_head_stride = p.out_head_stride;
+  k.lse = p.lse;
+  k.lse_row_stride = p.lse_row_stride;
+  k.lse_head_stride = p.lse_head_stride;
+  SELKV_CUDA_RETURN(launch_page4(k, bf16, p.head_dim, stream), kOp);
+  QsaSimpleParams fix = simple_params(p);
+  fix.only_nonfinite = true;
+  SELKV_CUDA_RETURN(launch_qsa_simple(fix, bf16, p.head_dim, stream), kOp);
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status qsa_sparse_prefill_page4(const QsaSparsePrefillParams& p, cudaStream_t stream, int rows_per_cta) {
+  constexpr const char* kOp = "selkv::qsa_sparse_prefill (page-4)";
+  Work work;
+  SELKV_RETURN_IF_ERROR(check_params(kOp, p, Use::kAttention, /*device=*/true, &work));
+  if (work == Work::kNone) return Status::Ok();
+  return run_page4(kOp, p, rows_per_cta, stream);
+}
+
+}  // namespace qsa
+
+Status qsa_sparse_prefill(const QsaSparsePrefillParams& p, cudaStream_t stream) {
+  constexpr const char* kOp = "selkv::qsa_sparse_prefill";
+  qsa::Work work;
+  SELKV_RETURN_IF_ERROR(qsa::check_params(kOp, p, qsa::Use::kAttention, /*device=*/true, &work));
+  if (work == qsa::Work::kNone) return Status::Ok();
+  // The page-4 kernel is SM90 only; other GPUs keep the simple kernel.
+  if (qsa_route(p) == QsaKernel::kPage4 && detail::require_sm90(kOp).ok()) return qsa::run_page4(kOp, p, 0, stream);
+  SELKV_CUDA_RETURN(qsa::launch_qsa_simple(qsa::simple_params(p), p.dtype == QsaDtype::kBf16, p.head_dim, stream),
+                    kOp);
   return Status::Ok();
 }
 

@@ -1,5 +1,5 @@
-// Device-side parameters of the C8 kernels (the plan kernel and the exact simple kernel), filled
-// by qsa_api.cpp from QsaSparsePrefillParams. Plain data, no CUDA or selkv headers, so the simple
+// Device-side parameters of the C8 kernels (the plan kernel, the exact simple kernel and the SM90
+// page-4 kernel), filled by qsa_api.cpp from QsaSparsePrefillParams. Plain data, no CUDA or selkv headers, so the simple
 // kernel's translation unit compiles on its own for any target (CI assembles it for sm_70).
 #pragma once
 
@@ -43,6 +43,40 @@ struct QsaSimpleParams {
   int64_t out_row_stride, out_head_stride;
   float* lse;              // null: not written
   int64_t lse_row_stride, lse_head_stride;
+  // Fix-up pass after the page-4 kernel: a CTA computes its (row, kv head) only when element 0 of
+  // one of its G heads' out is non-finite (the page-4 kernel's flag for pairs it cannot serve).
+  bool only_nonfinite;
 };
+
+// The SM90 page-4 kernel (qsa_page4.cuh): one CTA per group of rows_per_cta consecutive rows and
+// kv head, reading the plan of qsa_plan.
+struct QsaPage4Params {
+  const int32_t* md;       // the plan (src/qsa/qsa_layout.h)
+  int32_t num_rows;        // R
+  int32_t max_blocks;      // K
+  int32_t num_kv_heads;
+  int32_t group;           // Hq / Hkv
+  int32_t rows_per_cta;    // rows of one CTA, 1 .. qsa_page4_max_rows(group)
+  const void* q;
+  int64_t q_row_stride, q_head_stride;
+  const void* k;
+  int64_t k_page_stride, k_slot_stride, k_head_stride;
+  const void* v;
+  int64_t v_page_stride, v_slot_stride, v_head_stride;
+  int64_t num_pages;
+  int32_t page_size;
+  float scale_log2;
+  void* out;
+  int64_t out_row_stride, out_head_stride;
+  float* lse;
+  int64_t lse_row_stride, lse_head_stride;
+};
+
+// (row, head) pairs of one page-4 CTA (16 per consumer warp) and rows it may group: one lane of
+// the merging warp per row, so at most 32.
+inline constexpr int kQsaPage4Pairs = 64;
+inline constexpr int qsa_page4_max_rows(int group) {
+  return group < 1 ? 0 : (kQsaPage4Pairs / group < 32 ? kQsaPage4Pairs / group : 32);
+}
 
 }  // namespace selkv::qsa

@@ -13,21 +13,26 @@
 namespace selkv::qsa {
 namespace {
 
-template <typename T, int D>
+template <typename T, int D, bool kFixup>
 cudaError_t launch_group(const QsaSimpleParams& p, int64_t ctas, cudaStream_t stream) {
   const dim3 grid{unsigned(ctas)}, block{unsigned(kSimpleThreads)};
   switch (p.group) {
-    case 1: qsa_simple_kernel<T, D, 1><<<grid, block, 0, stream>>>(p); break;
-    case 2: qsa_simple_kernel<T, D, 2><<<grid, block, 0, stream>>>(p); break;
-    case 3: qsa_simple_kernel<T, D, 3><<<grid, block, 0, stream>>>(p); break;
-    case 4: qsa_simple_kernel<T, D, 4><<<grid, block, 0, stream>>>(p); break;
-    case 5: qsa_simple_kernel<T, D, 5><<<grid, block, 0, stream>>>(p); break;
-    case 6: qsa_simple_kernel<T, D, 6><<<grid, block, 0, stream>>>(p); break;
-    case 7: qsa_simple_kernel<T, D, 7><<<grid, block, 0, stream>>>(p); break;
-    case 8: qsa_simple_kernel<T, D, 8><<<grid, block, 0, stream>>>(p); break;
+    case 1: qsa_simple_kernel<T, D, 1, kFixup><<<grid, block, 0, stream>>>(p); break;
+    case 2: qsa_simple_kernel<T, D, 2, kFixup><<<grid, block, 0, stream>>>(p); break;
+    case 3: qsa_simple_kernel<T, D, 3, kFixup><<<grid, block, 0, stream>>>(p); break;
+    case 4: qsa_simple_kernel<T, D, 4, kFixup><<<grid, block, 0, stream>>>(p); break;
+    case 5: qsa_simple_kernel<T, D, 5, kFixup><<<grid, block, 0, stream>>>(p); break;
+    case 6: qsa_simple_kernel<T, D, 6, kFixup><<<grid, block, 0, stream>>>(p); break;
+    case 7: qsa_simple_kernel<T, D, 7, kFixup><<<grid, block, 0, stream>>>(p); break;
+    case 8: qsa_simple_kernel<T, D, 8, kFixup><<<grid, block, 0, stream>>>(p); break;
     default: return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
+}
+
+template <typename T, int D>
+cudaError_t launch_dim(const QsaSimpleParams& p, int64_t ctas, cudaStream_t stream) {
+  return p.only_nonfinite ? launch_group<T, D, true>(p, ctas, stream) : launch_group<T, D, false>(p, ctas, stream);
 }
 
 }  // namespace
@@ -37,9 +42,9 @@ cudaError_t launch_qsa_simple(const QsaSimpleParams& p, bool bf16, int head_dim,
   if (ctas <= 0) return cudaSuccess;
   if (ctas > 0x7FFFFFFF) return cudaErrorInvalidConfiguration;
   if (head_dim == 256)
-    return bf16 ? launch_group<__nv_bfloat16, 256>(p, ctas, stream) : launch_group<__half, 256>(p, ctas, stream);
+    return bf16 ? launch_dim<__nv_bfloat16, 256>(p, ctas, stream) : launch_dim<__half, 256>(p, ctas, stream);
   if (head_dim == 128)
-    return bf16 ? launch_group<__nv_bfloat16, 128>(p, ctas, stream) : launch_group<__half, 128>(p, ctas, stream);
+    return bf16 ? launch_dim<__nv_bfloat16, 128>(p, ctas, stream) : launch_dim<__half, 128>(p, ctas, stream);
   return cudaErrorInvalidValue;
 }
 

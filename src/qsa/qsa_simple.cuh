@@ -30,6 +30,7 @@ struct Elem;
 
 template <>
 struct Elem<__half> {
+  static constexpr uint32_t kExp = 0x7C00u;  // exponent bits: all set = Inf or NaN
   static __device__ __forceinline__ float2 unpack(uint32_t w) {
     __half2 h;
     memcpy(&h, &w, 4);
@@ -45,6 +46,7 @@ struct Elem<__half> {
 
 template <>
 struct Elem<__nv_bfloat16> {
+  static constexpr uint32_t kExp = 0x7F80u;
   // bf16 -> fp32 is exact (the upper half of the float); the pack rounds to nearest even.
   static __device__ __forceinline__ float2 unpack(uint32_t w) {
     return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xFFFF0000u));
@@ -93,8 +95,12 @@ __device__ __forceinline__ float warp_max(float x) {
 // Tokens whose K (pass 1) or V (pass 2) loads are issued together.
 inline constexpr int kSimpleUnroll = 4;
 
-template <typename T, int D, int G>
-__global__ void __launch_bounds__(kSimpleThreads) qsa_simple_kernel(const QsaSimpleParams p) {
+// kFixup: the fix-up pass after the page-4 kernel (qsa_api.cpp), a separate instantiation so the
+// plain kernel carries none of it: the page-4 kernel leaves a NaN in element 0 of the heads it did
+// not serve exactly, and a CTA without one has nothing to do. Its min-blocks hint 1 keeps ptxas
+// from capping registers for occupancy (D 128 / G 4 spilled without it); 0 leaves the plain kernel as is.
+template <typename T, int D, int G, bool kFixup = false>
+__global__ void __launch_bounds__(kSimpleThreads, kFixup ? 1 : 0) qsa_simple_kernel(const QsaSimpleParams p) {
   constexpr int E = D / 32;  // elements per lane
   constexpr int W = E / 2;   // 32-bit words per lane
   const float kNegInf = -__int_as_float(0x7F800000);
@@ -102,6 +108,15 @@ __global__ void __launch_bounds__(kSimpleThreads) qsa_simple_kernel(const QsaSim
   const int64_t cta = blockIdx.x;
   const int32_t r = int32_t(cta / p.num_kv_heads);
   const int32_t kvh = int32_t(cta - int64_t(r) * p.num_kv_heads);
+  if constexpr (kFixup) {
+    bool flagged = false;
+    if (threadIdx.x < unsigned(G)) {
+      const uint16_t x = *reinterpret_cast<const uint16_t*>(static_cast<const T*>(p.out) + int64_t(r) * p.out_row_stride +
+                                                            (int64_t(kvh) * G + threadIdx.x) * p.out_head_stride);
+      flagged = (x & Elem<T>::kExp) == Elem<T>::kExp;
+    }
+    if (__syncthreads_or(flagged) == 0) return;
+  }
   const RowSel rs = row_sel(p.sel, r);
 
   // q of the G heads, this lane's E elements, in fp32.

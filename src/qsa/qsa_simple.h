@@ -9,6 +9,7 @@
 namespace selkv::qsa {
 
 // One CTA per (row, kv head) on `stream`; head_dim 128 or 256, p.group in [1, 8].
+// p.only_nonfinite: the fix-up pass after the page-4 kernel (only flagged (row, kv head)s run).
 cudaError_t launch_qsa_simple(const QsaSimpleParams& p, bool bf16, int head_dim, cudaStream_t stream);
 
 }  // namespace selkv::qsa

@@ -1,5 +1,6 @@
 // C8 QSA sparse prefill: CPU tests of every argument rule (selkv/qsa.h, src/qsa/qsa_checks.cpp),
-// the zero-row no-op, the plan size, and the routing rule (qsa_page4_wanted / qsa_route).
+// the zero-row no-op, the plan size, the routing rule (qsa_page4_wanted / qsa_route) and the
+// page-4 route's own arguments (qsa::qsa_sparse_prefill_page4), all rejected before any CUDA call.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "qsa/qsa_layout.h"
+#include "qsa/qsa_page4.h"
 #include "qsa_test_util.h"
 #include "reference/oracle.h"
 #include "selkv/qsa.h"
@@ -262,6 +264,56 @@ TEST(QsaChecks, MetadataRules) {
   EXPECT_EQ(check_qsa_sparse_prefill(pr.p).code(), StatusCode::kWorkspaceTooSmall);
   pr.p.metadata_bytes = need;
   EXPECT_NE(check_qsa_sparse_prefill(pr.p).code(), StatusCode::kWorkspaceTooSmall);
+}
+
+// The page-4 route checks the common rules first (same messages, its own op name), then needs a
+// plan and a rows_per_cta within the merging warp's reach; nothing is launched on a rejection.
+TEST(QsaChecks, Page4RouteArguments) {
+  EXPECT_EQ(qsa::qsa_page4_max_rows(1), 32);
+  EXPECT_EQ(qsa::qsa_page4_max_rows(2), 32);
+  EXPECT_EQ(qsa::qsa_page4_max_rows(3), 21);
+  EXPECT_EQ(qsa::qsa_page4_max_rows(6), 10);
+  EXPECT_EQ(qsa::qsa_page4_max_rows(8), 8);
+  Problem pr = valid();  // Hq 2, Hkv 1: group 2
+  Status st = qsa::qsa_sparse_prefill_page4(pr.p, nullptr);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+  EXPECT_NE(st.message().find("selkv::qsa_sparse_prefill (page-4): metadata:"), std::string::npos) << st.message();
+  const size_t need = qsa_metadata_size(pr.R, pr.K);
+  std::vector<int32_t> md(need / 4 + 4);
+  pr.p.metadata = md.data();
+  pr.p.metadata_bytes = need;
+  for (int bad : {-1, 33, 1000}) {
+    st = qsa::qsa_sparse_prefill_page4(pr.p, nullptr, bad);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << bad << ": " << st.to_string();
+    EXPECT_NE(st.message().find(": rows_per_cta: must be 0 (default) or in [1, 32]"), std::string::npos)
+        << st.message();
+  }
+  pr.p.metadata_bytes = need - 4;
+  EXPECT_EQ(qsa::qsa_sparse_prefill_page4(pr.p, nullptr).code(), StatusCode::kWorkspaceTooSmall);
+  pr.p.metadata_bytes = need;
+  pr.p.scale = 0.f;
+  st = qsa::qsa_sparse_prefill_page4(pr.p, nullptr);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find(": scale:"), std::string::npos) << st.message();
+  pr.p.scale = 0.0625f;
+  pr.p.num_q_heads = 6;
+  pr.p.num_kv_heads = 1;
+  pr.q.resize(size_t(pr.R * 6 * pr.D));
+  pr.out.resize(size_t(pr.R * 6 * pr.D));
+  pr.lse.resize(size_t(pr.R * 6));
+  pr.p.q = pr.q.data();
+  pr.p.out = pr.out.data();
+  pr.p.lse = pr.lse.data();
+  pr.p.q_row_stride = pr.p.out_row_stride = 6 * pr.D;
+  pr.p.lse_row_stride = 6;
+  st = qsa::qsa_sparse_prefill_page4(pr.p, nullptr, 11);
+  EXPECT_NE(st.message().find("rows_per_cta: must be 0 (default) or in [1, 10] for num_q_heads / num_kv_heads = 6"),
+            std::string::npos)
+      << st.message();
+  // Zero rows: a no-op, no plan needed.
+  pr.p.num_rows = 0;
+  pr.p.metadata = nullptr;
+  EXPECT_TRUE(qsa::qsa_sparse_prefill_page4(pr.p, nullptr).ok());
 }
 
 }  // namespace

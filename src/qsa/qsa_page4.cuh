@@ -1,0 +1,496 @@
+// C8 SM90 page-4 kernel (selkv/qsa.h; plan layout src/qsa/qsa_layout.h). One CTA serves a group
+// of rows_per_cta consecutive query rows and one kv head: the (row, head) pairs of the group are
+// the M dimension of the tensor-core tiles (16 pairs per consumer warp), and every selected 4-token
+// block is loaded once for all rows of the group that selected it.
+//
+// Warp roles. A producer warp merges the group's plan rows (one lane per row; each row's entries
+// are sorted by (page, slot base)) into one stream of distinct blocks: per step the lanes' current
+// keys are min-reduced, every lane holding the minimum contributes its 4-bit token mask (a ballot
+// per token gives the token's row-membership word) and advances. 16 blocks (64 tokens) make a
+// tile; the producer bulk-copies (cp.async.bulk, mbarrier transaction count) the K and V rows of
+// the tile's tokens that some row uses into a stage, never a token no row uses. The 4 consumer
+// warps compute S = Q K^T with mma.sync m16n8k16 (fp32 accumulation), replace the scores of tokens
+// a row did not select with -inf (a select, so garbage K never leaks), run the fp32 online softmax
+// and accumulate P V. Equal keys of one row (a block listed twice) are consumed one per step, so
+// every entry stays one softmax term; the merge does not need the rows' lists to be sorted for
+// correctness (the causal tail entries come last), only for sharing.
+//
+// What it does not serve exactly, it flags: a row the plan marks irregular, a plan whose header
+// does not match the call, a count out of range or an entry outside [0, num_pages) x [0, P) gets
+// NaN in its out and lse, and so does a pair whose out is not finite in T (a non-finite V of a
+// token only other rows selected reaches it as 0 * NaN). The fix-up pass of the simple kernel
+// (QsaSimpleParams::only_nonfinite) recomputes exactly every (row, kv head) with a NaN in element
+// 0 of one of its heads.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "common/arch.h"
+#include "qsa/qsa_kernel_params.h"
+#include "qsa/qsa_layout.h"
+#include "qsa/qsa_page4.h"
+#include "qsa/qsa_simple.cuh"  // Elem<T>
+
+namespace selkv::qsa {
+
+inline constexpr int kP4ConsumerWarps = kQsaPage4Pairs / 16;
+inline constexpr int kP4ConsumerThreads = kP4ConsumerWarps * 32;
+inline constexpr int kP4Threads = kP4ConsumerThreads + 32;  // + the producer warp
+inline constexpr int kP4Blocks = 16;                        // blocks of one tile
+inline constexpr int kP4Tokens = 4 * kP4Blocks;
+inline constexpr int kP4Stages = 2;
+inline constexpr int kP4Chunk = 8;  // plan entries a producer lane has in flight ahead of its cursor
+
+// Shared memory of one CTA. Rows of Q, K and V are D elements padded by 16 bytes, so the 8 rows
+// an ldmatrix reads fall in distinct banks.
+template <int D>
+struct P4Layout {
+  static constexpr int kRow = D * 2 + 16;
+  static constexpr int kQ = 0;
+  static constexpr int kK = kQ + kQsaPage4Pairs * kRow;  // stage s: kK + s * kStageBytes
+  static constexpr int kV = kK + kP4Tokens * kRow;
+  static constexpr int kStageBytes = 2 * kP4Tokens * kRow;
+  static constexpr int kTokw = kK + kP4Stages * kStageBytes;  // [stage][64] u32 row-membership words
+  static constexpr int kNblk = kTokw + kP4Stages * kP4Tokens * 4;
+  static constexpr int kBlkPage = kNblk + 16;
+  static constexpr int kBlkBase = kBlkPage + kP4Blocks * 4;
+  static constexpr int kBadRows = kBlkBase + kP4Blocks * 4;
+  static constexpr int kBars = (kBadRows + 4 + 7) / 8 * 8;  // full[stage], empty[stage]
+  static constexpr int kBytes = kBars + 2 * kP4Stages * 8;
+};
+
+namespace p4 {
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n"
+        "}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (done == 0);
+}
+
+// Global -> shared bulk copy completing `bytes` of the barrier's transaction count (16-byte
+// aligned addresses, a multiple of 16 bytes).
+__device__ __forceinline__ void bulk_g2s(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+      "l"(src), "r"(bytes), "r"(bar)
+      : "memory");
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// d += a b, m16n8k16, fp32 accumulators.
+template <typename T>
+__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same_v<T, __half>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+// 2^x on MUFU.EX2, denormal results flushed to 0; exp2_ftz(-inf) = 0.
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+}  // namespace p4
+
+// The producer warp: merges the group's plan rows into tiles of distinct blocks and loads them.
+template <int D>
+__device__ __forceinline__ void p4_producer(const QsaPage4Params& p, uint8_t* smem, int32_t row0, int32_t rows,
+                                            int32_t kvh) {
+  using L = P4Layout<D>;
+  const int lane = int(threadIdx.x) % 32;
+  const int64_t R = p.num_rows, K = p.max_blocks, C = capacity(K);
+  const int32_t* md = p.md;
+  // A plan of another call (header) or a count out of range: the row is flagged, never walked.
+  const bool header_ok = md[0] == kMagic && md[1] == p.num_rows && md[2] == p.max_blocks && md[3] == int32_t(C);
+  const int32_t r = row0 + (lane < rows ? lane : 0);
+  int32_t n = 0;
+  bool bad = false;
+  if (lane < rows) {
+    const int32_t cnt = header_ok ? md[counts_offset() + r] : kIrregular;
+    if (cnt < 0 || cnt > C) bad = true;
+    else n = cnt;
+  }
+  const int2* ents = reinterpret_cast<const int2*>(md + entry_offset(R, K, r, 0));
+
+  // Entries [pos - idx, pos - idx + kChunk) are in win, the next kChunk in flight into nxt.
+  int2 win[kP4Chunk], nxt[kP4Chunk];
+#pragma unroll
+  for (int i = 0; i < kP4Chunk; ++i) {
+    win[i] = i < n ? __ldg(ents + i) : make_int2(0, 0);
+    nxt[i] = kP4Chunk + i < n ? __ldg(ents + kP4Chunk + i) : make_int2(0, 0);
+  }
+  int32_t pos = 0;
+  int idx = 0;
+  // key = page * (P / 4) + slot base / 4, the block's index in the cache (< 2^32 - 1, checked on
+  // the host): one min-reduction per step, and the plan's (page, base) order. ~0: this lane is done.
+  const uint32_t blocks_per_page = uint32_t(p.page_size) / 4u;
+  uint32_t key = ~0u, cur_mask = 0, cur_page = 0, cur_base = 0;
+  auto fetch = [&]() {
+    key = ~0u;
+    if (pos >= n) return;
+    int2 e = win[0];
+#pragma unroll
+    for (int i = 1; i < kP4Chunk; ++i)
+      if (idx == i) e = win[i];
+    const uint32_t base = (uint32_t(e.y) >> 4) * 4u;
+    if (e.x < 0 || int64_t(e.x) >= p.num_pages || base >= uint32_t(p.page_size)) {  // DESIGN §2: re-check
+      bad = true;
+      n = pos;
+      return;
+    }
+    cur_page = uint32_t(e.x);
+    cur_base = base;
+    key = cur_page * blocks_per_page + base / 4u;
+    cur_mask = uint32_t(e.y) & 15u;
+  };
+  fetch();
+
+  uint32_t* tokw_all = reinterpret_cast<uint32_t*>(smem + L::kTokw);
+  int32_t* nblk_all = reinterpret_cast<int32_t*>(smem + L::kNblk);
+  int32_t* blk_page = reinterpret_cast<int32_t*>(smem + L::kBlkPage);
+  int32_t* blk_base = reinterpret_cast<int32_t*>(smem + L::kBlkBase);
+  const uint32_t bars = p4::smem_addr(smem + L::kBars);
+  const char* kbase = static_cast<const char*>(p.k) + int64_t(kvh) * p.k_head_stride * 2;
+  const char* vbase = static_cast<const char*>(p.v) + int64_t(kvh) * p.v_head_stride * 2;
+
+  for (int t = 0;; ++t) {
+    const int s = t % kP4Stages;
+    const uint32_t phase = uint32_t(t / kP4Stages) & 1u;
+    const uint32_t full = bars + 8u * uint32_t(s), empty = bars + 8u * uint32_t(kP4Stages + s);
+    p4::mbar_wait(empty, phase ^ 1u);  // the consumers are done with this stage's previous tile
+    uint32_t* tokw = tokw_all + s * kP4Tokens;
+
+    int nb = 0;
+    for (; nb < kP4Blocks; ++nb) {
+      const uint32_t kmin = __reduce_min_sync(~0u, key);
+      if (kmin == ~0u) break;  // every row done
+      const bool member = key == kmin;
+      const uint32_t m = member ? cur_mask : 0u;
+      uint4 w;
+      w.x = __ballot_sync(~0u, m & 1u);
+      w.y = __ballot_sync(~0u, m & 2u);
+      w.z = __ballot_sync(~0u, m & 4u);
+      w.w = __ballot_sync(~0u, m & 8u);
+      if (lane == 0) *reinterpret_cast<uint4*>(tokw + 4 * nb) = w;
+      // The lowest lane with a token of the block says where it is (none: nothing is loaded).
+      if (lane == __ffs(w.x | w.y | w.z | w.w) - 1) {
+        blk_page[nb] = int32_t(cur_page);
+        blk_base[nb] = int32_t(cur_base);
+      }
+      if (member) {  // one entry per step: a block listed twice by a row takes two steps
+        ++pos;
+        if (++idx == kP4Chunk) {
+          idx = 0;
+#pragma unroll
+          for (int i = 0; i < kP4Chunk; ++i) {
+            win[i] = nxt[i];
+            nxt[i] = pos + kP4Chunk + i < n ? __ldg(ents + pos + kP4Chunk + i) : make_int2(0, 0);
+          }
+        }
+        fetch();
+      }
+    }
+    for (int j = 4 * nb + lane; j < kP4Tokens; j += 32) tokw[j] = 0u;
+    const uint32_t bad_rows = __ballot_sync(~0u, bad);
+    if (lane == 0) {
+      nblk_all[s] = nb;
+      if (nb == 0) *reinterpret_cast<uint32_t*>(smem + L::kBadRows) = bad_rows;
+    }
+    __syncwarp();
+
+    // Token j = 4b + i of the tile is loaded iff some row uses it.
+    const uint32_t tw0 = tokw[lane], tw1 = tokw[lane + 32];
+    const uint32_t n_used = __popc(__ballot_sync(~0u, tw0 != 0u)) + __popc(__ballot_sync(~0u, tw1 != 0u));
+    if (lane == 0) p4::mbar_arrive_expect_tx(full, n_used * uint32_t(2 * D * 2));
+    else p4::mbar_arrive(full);
+    if (nb == 0) break;  // the consumers stop at this tile
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int j = lane + 32 * h;
+      if ((h == 0 ? tw0 : tw1) == 0u) continue;
+      const int64_t page = blk_page[j / 4];
+      const int64_t slot = blk_base[j / 4] + (j % 4);
+      const uint32_t kdst = p4::smem_addr(smem + L::kK + s * L::kStageBytes + j * L::kRow);
+      const uint32_t vdst = p4::smem_addr(smem + L::kV + s * L::kStageBytes + j * L::kRow);
+      p4::bulk_g2s(kdst, kbase + (page * p.k_page_stride + slot * p.k_slot_stride) * 2, D * 2, full);
+      p4::bulk_g2s(vdst, vbase + (page * p.v_page_stride + slot * p.v_slot_stride) * 2, D * 2, full);
+    }
+  }
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kP4Threads, 1) qsa_page4_kernel(const QsaPage4Params p) {
+  using L = P4Layout<D>;
+  extern __shared__ __align__(128) uint8_t smem[];
+  const float kNegInf = -__int_as_float(0x7F800000);
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  const int32_t grp = int32_t(blockIdx.x / unsigned(p.num_kv_heads));
+  const int32_t kvh = int32_t(blockIdx.x - unsigned(grp) * unsigned(p.num_kv_heads));
+  const int32_t row0 = grp * p.rows_per_cta;
+  const int32_t rows = min(p.rows_per_cta, p.num_rows - row0);
+  const int G = p.group;
+  const int pairs = rows * G;
+  const uint32_t bars = p4::smem_addr(smem + L::kBars);
+
+  // V rows of tokens no row uses are never loaded; they must hold finite values (P = 0 there), so
+  // every V stage starts zeroed. Later they hold other tokens' V: finite, or flagged (see above).
+  for (int i = int(threadIdx.x); i < kP4Stages * kP4Tokens * (D / 8); i += kP4Threads) {
+    const int s = i / (kP4Tokens * (D / 8)), rem = i % (kP4Tokens * (D / 8));
+    *reinterpret_cast<uint4*>(smem + L::kV + s * L::kStageBytes + (rem / (D / 8)) * L::kRow + (rem % (D / 8)) * 16) =
+        make_uint4(0, 0, 0, 0);
+  }
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kP4Stages; ++s) {
+      p4::mbar_init(bars + 8u * uint32_t(s), 32);                                    // full: the producer lanes
+      p4::mbar_init(bars + 8u * uint32_t(kP4Stages + s), uint32_t(kP4ConsumerThreads));  // empty
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the zeros before the bulk copies
+  __syncthreads();
+
+  if (warp == kP4ConsumerWarps) {
+    p4_producer<D>(p, smem, row0, rows, kvh);
+    return;
+  }
+
+  // ---- consumers: warp w owns pairs [16 w, 16 w + 16), pair = row_in_group * G + head ----
+  const int tid = int(threadIdx.x);
+  for (int i = tid; i < kQsaPage4Pairs * (D / 8); i += kP4ConsumerThreads) {
+    const int pr = i / (D / 8), c = i % (D / 8);
+    uint4 x = make_uint4(0, 0, 0, 0);
+    if (pr < pairs) {
+      const int64_t row = row0 + pr / G, head = int64_t(kvh) * G + pr % G;
+      x = __ldg(reinterpret_cast<const uint4*>(static_cast<const T*>(p.q) + row * p.q_row_stride +
+                                               head * p.q_head_stride + c * 8));
+    }
+    *reinterpret_cast<uint4*>(smem + L::kQ + pr * L::kRow + c * 16) = x;
+  }
+  asm volatile("bar.sync 1, %0;\n" ::"n"(kP4ConsumerThreads) : "memory");
+
+  const bool active = warp * 16 < pairs;
+  const int pair0 = warp * 16 + lane / 4, pair1 = pair0 + 8;
+  const uint32_t bit0 = pair0 < pairs ? 1u << (pair0 / G) : 0u;
+  const uint32_t bit1 = pair1 < pairs ? 1u << (pair1 / G) : 0u;
+  // Rows of the group this warp's pairs belong to: a 16-token chunk none of them uses is skipped.
+  const int first_row = (warp * 16) / G, last_row = (min(warp * 16 + 15, pairs - 1)) / G;
+  const uint32_t warp_rows = active ? ((2u << last_row) - 1u) & ~((1u << first_row) - 1u) : 0u;
+  const uint32_t q_addr = p4::smem_addr(smem + L::kQ + (warp * 16 + lane % 16) * L::kRow + (lane / 16) * 16);
+  // ldmatrix lane offsets: K (B of S, n = token): token (lane / 16) * 8 + lane % 8, d + ((lane / 8) % 2) * 8;
+  // V (B of P V, k = token, .trans): token ((lane / 8) % 2) * 8 + lane % 8, d + (lane / 16) * 8.
+  const int k_off = ((lane / 16) * 8 + lane % 8) * L::kRow + ((lane / 8) % 2) * 16;
+  const int v_off = (((lane / 8) % 2) * 8 + lane % 8) * L::kRow + (lane / 16) * 16;
+
+  float o[D / 8][4];
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  float m0 = kNegInf, m1 = kNegInf, l0 = 0.f, l1 = 0.f;  // rows lane / 4 and lane / 4 + 8 of the warp
+  bool nan0 = false, nan1 = false;
+
+  for (int t = 0;; ++t) {
+    const int s = t % kP4Stages;
+    const uint32_t full = bars + 8u * uint32_t(s), empty = bars + 8u * uint32_t(kP4Stages + s);
+    p4::mbar_wait(full, uint32_t(t / kP4Stages) & 1u);
+    const int nb = *reinterpret_cast<const volatile int32_t*>(smem + L::kNblk + 4 * s);
+    if (nb == 0) break;
+    const uint32_t* tokw = reinterpret_cast<const uint32_t*>(smem + L::kTokw) + s * kP4Tokens;
+    // need bit c: chunk c (tokens 16 c .. 16 c + 15) holds a token one of the warp's rows uses.
+    const uint32_t use_lo = __ballot_sync(~0u, (tokw[lane] & warp_rows) != 0u);
+    const uint32_t use_hi = __ballot_sync(~0u, (tokw[lane + 32] & warp_rows) != 0u);
+    const uint32_t need = (use_lo & 0xFFFFu ? 1u : 0u) | (use_lo >> 16 ? 2u : 0u) | (use_hi & 0xFFFFu ? 4u : 0u) |
+                          (use_hi >> 16 ? 8u : 0u);
+    if (need != 0u) {
+      const uint32_t k_addr = p4::smem_addr(smem + L::kK + s * L::kStageBytes) + uint32_t(k_off);
+      const uint32_t v_addr = p4::smem_addr(smem + L::kV + s * L::kStageBytes) + uint32_t(v_off);
+      float sc[8][4];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
+      // Not unrolled fully: the O accumulators hold D / 2 registers, little is left for loads in flight.
+#pragma unroll 2
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t a[4];
+        p4::ldsm_x4(a, q_addr + uint32_t(kk * 32));
+#pragma unroll
+        for (int n2 = 0; n2 < 4; ++n2) {
+          if ((need & (1u << n2)) == 0u) continue;  // its scores are masked below
+          uint32_t b[4];
+          p4::ldsm_x4(b, k_addr + uint32_t(n2 * 16 * L::kRow + kk * 32));
+          p4::mma16816<T>(sc[2 * n2], a, b[0], b[1]);
+          p4::mma16816<T>(sc[2 * n2 + 1], a, b[2], b[3]);
+        }
+      }
+      // Membership: token 8 j + 2 (lane % 4) + e of the tile for the thread's two rows.
+      float mx0 = kNegInf, mx1 = kNegInf;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const uint2 w = *reinterpret_cast<const uint2*>(tokw + 8 * j + 2 * (lane % 4));
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const uint32_t tw = e == 0 ? w.x : w.y;
+          const float x0 = sc[j][e] * p.scale_log2, x1 = sc[j][2 + e] * p.scale_log2;
+          const bool in0 = (tw & bit0) != 0u, in1 = (tw & bit1) != 0u;
+          nan0 = nan0 || (in0 && x0 != x0);
+          nan1 = nan1 || (in1 && x1 != x1);
+          sc[j][e] = in0 ? x0 : kNegInf;
+          sc[j][2 + e] = in1 ? x1 : kNegInf;
+          mx0 = fmaxf(mx0, sc[j][e]);
+          mx1 = fmaxf(mx1, sc[j][2 + e]);
+        }
+      }
+      mx0 = fmaxf(mx0, __shfl_xor_sync(~0u, mx0, 1));
+      mx0 = fmaxf(mx0, __shfl_xor_sync(~0u, mx0, 2));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(~0u, mx1, 1));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(~0u, mx1, 2));
+      const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
+      // A row still without a member keeps m = -inf, P = 0 (exp2(-inf - 0)) and O = 0.
+      const float a0 = n0 == kNegInf ? 1.f : p4::exp2_ftz(m0 - n0);
+      const float a1 = n1 == kNegInf ? 1.f : p4::exp2_ftz(m1 - n1);
+      const float b0 = n0 == kNegInf ? 0.f : n0, b1 = n1 == kNegInf ? 0.f : n1;
+      m0 = n0;
+      m1 = n1;
+      float sum0 = 0.f, sum1 = 0.f;
+      uint32_t pa[4][4];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float p00 = p4::exp2_ftz(sc[j][0] - b0), p01 = p4::exp2_ftz(sc[j][1] - b0);
+        const float p10 = p4::exp2_ftz(sc[j][2] - b1), p11 = p4::exp2_ftz(sc[j][3] - b1);
+        sum0 += p00 + p01;
+        sum1 += p10 + p11;
+        pa[j / 2][(j % 2) * 2 + 0] = Elem<T>::pack(p00, p01);
+        pa[j / 2][(j % 2) * 2 + 1] = Elem<T>::pack(p10, p11);
+      }
+      l0 = l0 * a0 + sum0;
+      l1 = l1 * a1 + sum1;
+#pragma unroll
+      for (int i = 0; i < D / 8; ++i) {
+        o[i][0] *= a0;
+        o[i][1] *= a0;
+        o[i][2] *= a1;
+        o[i][3] *= a1;
+      }
+#pragma unroll
+      for (int kc = 0; kc < 4; ++kc) {
+        if ((need & (1u << kc)) == 0u) continue;  // P = 0 there
+#pragma unroll
+        for (int n2 = 0; n2 < D / 16; ++n2) {
+          uint32_t b[4];
+          p4::ldsm_x4_trans(b, v_addr + uint32_t(kc * 16 * L::kRow + n2 * 32));
+          p4::mma16816<T>(o[2 * n2], pa[kc], b[0], b[1]);
+          p4::mma16816<T>(o[2 * n2 + 1], pa[kc], b[2], b[3]);
+        }
+      }
+    }
+    p4::mbar_arrive(empty);
+  }
+  if (!active) return;
+
+  // ---- epilogue: out = O / l (0 for a pair without a member, NaN when flagged), lse = ln(sum exp) ----
+  l0 += __shfl_xor_sync(~0u, l0, 1);
+  l0 += __shfl_xor_sync(~0u, l0, 2);
+  l1 += __shfl_xor_sync(~0u, l1, 1);
+  l1 += __shfl_xor_sync(~0u, l1, 2);
+  const uint32_t bad_rows = *reinterpret_cast<const volatile uint32_t*>(smem + L::kBadRows);
+  const float inv0 = m0 == kNegInf ? 0.f : 1.f / l0, inv1 = m1 == kNegInf ? 0.f : 1.f / l1;
+  // A value that is not finite in T (NaN, Inf, or out of T's range once rounded) may come from a
+  // non-finite V of a token another row selected (0 * NaN): the pair is flagged for the fix-up.
+  const float kLimit = std::is_same_v<T, __half> ? 65520.f : 3.3895313e38f;  // fp16: rounds to Inf; bf16: its max
+  bool over0 = false, over1 = false;
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) {
+    over0 = over0 || !(fabsf(o[i][0] * inv0) < kLimit) || !(fabsf(o[i][1] * inv0) < kLimit);
+    over1 = over1 || !(fabsf(o[i][2] * inv1) < kLimit) || !(fabsf(o[i][3] * inv1) < kLimit);
+  }
+  const uint32_t flag0 = __ballot_sync(~0u, nan0 || over0), flag1 = __ballot_sync(~0u, nan1 || over1);
+  const float qnan = __int_as_float(0x7FC00000);
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    const int pr = hr == 0 ? pair0 : pair1;
+    if (pr >= pairs) continue;
+    const int rr = pr / G;
+    // Flagged (any lane of the quad, or the row): out and lse NaN, so the fix-up recomputes it.
+    const bool nan = (((hr == 0 ? flag0 : flag1) >> (lane & ~3)) & 0xFu) != 0u || ((bad_rows >> rr) & 1u) != 0u;
+    const float m = hr == 0 ? m0 : m1, l = hr == 0 ? l0 : l1, inv = hr == 0 ? inv0 : inv1;
+    const bool empty_row = m == kNegInf;
+    const int64_t head = int64_t(kvh) * G + pr % G;
+    T* dst = static_cast<T*>(p.out) + int64_t(row0 + rr) * p.out_row_stride + head * p.out_head_stride + 2 * (lane % 4);
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      float x = o[i][2 * hr] * inv, y = o[i][2 * hr + 1] * inv;
+      if (nan) x = y = qnan;
+      else if (empty_row) x = y = 0.f;
+      *reinterpret_cast<uint32_t*>(dst + 8 * i) = Elem<T>::pack(x, y);
+    }
+    if (p.lse != nullptr && lane % 4 == 0) {
+      const float lse = nan ? qnan : empty_row ? kNegInf : m * 0.69314718055994530942f + logf(l);
+      p.lse[int64_t(row0 + rr) * p.lse_row_stride + head * p.lse_head_stride] = lse;
+    }
+  }
+}
+
+template <typename T, int D>
+cudaError_t launch_qsa_page4(const QsaPage4Params& p, cudaStream_t stream) {
+  constexpr int kSmem = P4Layout<D>::kBytes;
+  static_assert(kSmem <= 227 * 1024, "page-4 CTA shared memory");
+  if (p.num_rows <= 0) return cudaSuccess;
+  const int64_t groups = (int64_t(p.num_rows) + p.rows_per_cta - 1) / p.rows_per_cta;
+  const int64_t ctas = groups * p.num_kv_heads;
+  if (ctas > 0x7FFFFFFF) return cudaErrorInvalidConfiguration;
+  cudaError_t err = selkv::detail::set_max_dynamic_smem_once<&qsa_page4_kernel<T, D>>(kSmem);
+  if (err != cudaSuccess) return err;
+  qsa_page4_kernel<T, D><<<dim3{unsigned(ctas)}, dim3{unsigned(kP4Threads)}, kSmem, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace selkv::qsa

@@ -1,0 +1,392 @@
+// C8 SM90 page-4 kernel (qsa::qsa_sparse_prefill_page4: the page-4 kernel over the GPU plan, then
+// the simple kernel's fix-up pass) against the fp64 oracle with DESIGN §5 tolerances and against
+// the exact simple kernel, on the generator of qsa_gpu_util.h (every garbage class, NaN in every
+// cache slot no valid entry uses). Also: rows grouped 1..max per CTA, overlapping and duplicated
+// selections, rows the page-4 kernel must hand to the fix-up (irregular rows, a plan of another
+// call, out-of-range plan entries and counts, a NaN V only another row of the group selected),
+// graph replay, and Qwen's shape at 4096 rows.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "attn_check_util.h"
+#include "gpu_test_util.h"
+#include "qsa/qsa_kernel_params.h"
+#include "qsa/qsa_layout.h"
+#include "qsa/qsa_page4.h"
+#include "qsa_gpu_util.h"
+#include "qsa_test_util.h"
+#include "reference/oracle.h"
+#include "selkv/qsa.h"
+#include "test_util.h"
+
+namespace {
+
+using namespace selkv;
+using namespace qsa_gpu_test;
+using qsa_test::Problem;
+using test::DevBuf;
+
+// The GPU plan of dp's selection in `form` (the call's rows).
+std::unique_ptr<DevBuf> gpu_plan(const DeviceProblem& dp, QsaSelectionForm form, size_t* bytes) {
+  QsaSparsePrefillParams p = dp.p;
+  p.form = form;
+  *bytes = qsa_metadata_size(p.num_rows, p.max_blocks);
+  auto md = std::make_unique<DevBuf>(*bytes);
+  const Status st = qsa_plan(p, md->ptr, *bytes, nullptr);
+  EXPECT_TRUE(st.ok()) << st.to_string();
+  return md;
+}
+
+// The page-4 route on dp in `form`, over `md` (null: a fresh GPU plan of the same form).
+Result run_page4(DeviceProblem& dp, const Problem& pr, QsaSelectionForm form, const std::string& what,
+                 int rows_per_cta = 0, const DevBuf* md = nullptr) {
+  size_t bytes = 0;
+  std::unique_ptr<DevBuf> own;
+  if (md == nullptr) {
+    own = gpu_plan(dp, form, &bytes);
+    md = own.get();
+  }
+  return run_gpu_with(dp, pr, form, what, [&](QsaSparsePrefillParams p) {
+    p.metadata = md->ptr;
+    p.metadata_bytes = md->bytes;
+    return qsa::qsa_sparse_prefill_page4(p, nullptr, rows_per_cta);
+  });
+}
+
+// Page-4 vs the oracle and vs the simple kernel; expanded == compact bit for bit (the same plan
+// bytes); separate == interleaved bit for bit.
+void check_page4_config(Config c, uint64_t seed) {
+  const std::string what = c.name() + " seed " + std::to_string(seed);
+  Result bits[2];
+  for (int il = 0; il < 2; ++il) {
+    c.interleaved = il == 1;
+    std::mt19937_64 rng(seed);
+    Problem pr = make_problem(c, rng);
+    poison_unused(pr);
+    DeviceProblem dp(pr);
+    const std::string w = what + (il ? " interleaved" : " separate");
+    pr.p.form = QsaSelectionForm::kExpanded;
+    const Result ref = run_oracle(pr);
+    const Result ge = run_page4(dp, pr, QsaSelectionForm::kExpanded, w + " page4 expanded");
+    const Result gc = run_page4(dp, pr, QsaSelectionForm::kCompact, w + " page4 compact");
+    const Result simple = run_gpu(dp, pr, QsaSelectionForm::kExpanded, w + " simple", true);
+    const int64_t empty = expect_close(pr, ge, ref, w + " page4 vs oracle");
+    EXPECT_GT(empty, 0) << w << ": the problem should hold empty rows";
+    expect_close(pr, ge, simple, w + " page4 vs simple");
+    EXPECT_TRUE(test::bits_equal(ge.out, gc.out)) << w << ": expanded vs compact out";
+    EXPECT_TRUE(test::bits_equal(ge.lse, gc.lse)) << w << ": expanded vs compact lse";
+    bits[il] = ge;
+  }
+  EXPECT_TRUE(test::bits_equal(bits[0].out, bits[1].out)) << what << ": separate vs interleaved out";
+  EXPECT_TRUE(test::bits_equal(bits[0].lse, bits[1].lse)) << what << ": separate vs interleaved lse";
+}
+
+TEST(QsaPage4Gpu, MatchesOracleAndSimpleAcrossDtypeHeadDimGroupAndPageSize) {
+  SELKV_REQUIRE_GPU();
+  const uint64_t seed = test::test_seed();
+  SCOPED_TRACE("SELKV_TEST_SEED=" + std::to_string(seed));
+  for (QsaDtype dt : {QsaDtype::kFp16, QsaDtype::kBf16})
+    for (int D : {256, 128})
+      for (int G : {1, 2, 3, 6, 8}) {
+        Config c;
+        c.dtype = dt;
+        c.D = D;
+        c.G = G;
+        c.Hkv = G >= 6 ? 1 : 2;
+        c.P = (G % 2 == 0) ? 16 : 784;
+        c.R = 40;  // more than one group of rows for every G
+        check_page4_config(c, seed + uint64_t(G * 1000 + D + int(dt)));
+      }
+}
+
+TEST(QsaPage4Gpu, LongSelectionsManyTiles) {
+  SELKV_REQUIRE_GPU();
+  const uint64_t seed = test::test_seed() + 7;
+  SCOPED_TRACE("SELKV_TEST_SEED=" + std::to_string(test::test_seed()));
+  Config c;
+  c.P = 784;
+  c.K = 96;
+  c.max_len = 1600;
+  c.R = 40;
+  c.G = 4;
+  c.Hkv = 2;
+  check_page4_config(c, seed);
+  c.P = 16;
+  c.dtype = QsaDtype::kBf16;
+  check_page4_config(c, seed + 1);
+}
+
+// Neighbouring rows of one request select mostly the same blocks (what the grouping is for), some
+// rows list a block twice (two softmax terms), rows of two requests share a group. Every
+// rows_per_cta from 1 to the maximum gives the oracle's result.
+TEST(QsaPage4Gpu, OverlappingAndDuplicatedSelectionsAnyRowsPerCta) {
+  SELKV_REQUIRE_GPU();
+  std::mt19937_64 rng(test::test_seed() + 29);
+  SCOPED_TRACE("SELKV_TEST_SEED=" + std::to_string(test::test_seed()));
+  for (int G : {1, 6}) {
+    Config c;
+    c.G = G;
+    c.Hkv = G == 1 ? 2 : 1;
+    c.K = 64;
+    c.R = 70;
+    c.num_req = 2;
+    c.max_len = 1200;
+    Problem pr = make_problem(c, rng);
+    // Rows 0..R-1: request r < 50 ? 0 : 1, consecutive positions; each row keeps ~90% of the
+    // previous row's blocks (a random one replaced per row), and every 7th row lists a block twice.
+    pr.lens[0] = pr.lens[1] = 1100;
+    std::vector<int32_t> blocks;
+    for (int64_t r = 0; r < pr.R; ++r) {
+      const int rq = r < 50 ? 0 : 1;
+      const int32_t pos = 900 + int32_t(r % 50);
+      const int32_t complete = (pos + 1) / 4;
+      if (blocks.empty() || r == 50) {
+        blocks.clear();
+        std::set<int32_t> s;
+        while (int(s.size()) < c.K - 1) s.insert(int32_t(rng() % uint64_t(complete)));
+        blocks.assign(s.begin(), s.end());
+      } else {
+        blocks[rng() % blocks.size()] = int32_t(rng() % uint64_t(complete));
+      }
+      std::vector<int32_t> sel = blocks;
+      if (r % 7 == 3) sel.push_back(sel[sel.size() / 2]);  // a duplicate: counted twice
+      std::shuffle(sel.begin(), sel.end(), rng);
+      std::fill(pr.sel.begin() + r * qsa_expanded_cols(c.K), pr.sel.begin() + (r + 1) * qsa_expanded_cols(c.K), -1);
+      std::fill(pr.ids.begin() + r * c.K, pr.ids.begin() + (r + 1) * c.K, -1);
+      pr.select(r, rq, pos, sel);
+    }
+    poison_unused(pr);
+    DeviceProblem dp(pr);
+    const Result ref = run_oracle(pr);
+    const int max_rows = qsa::qsa_page4_max_rows(G);
+    for (int rows : {1, 2, 5, max_rows - 1, max_rows, 0}) {
+      const std::string w = "G" + std::to_string(G) + " rows_per_cta " + std::to_string(rows);
+      const Result g = run_page4(dp, pr, QsaSelectionForm::kCompact, w, rows);
+      expect_close(pr, g, ref, w);
+    }
+  }
+}
+
+// Rows the page-4 kernel cannot serve go through the fix-up pass and stay exact: irregular
+// expanded rows (counts = -1), plan entries outside the cache or the page, counts out of range, and
+// a plan whose header names another call (every row).
+TEST(QsaPage4Gpu, FlaggedRowsAreRecomputedExactly) {
+  SELKV_REQUIRE_GPU();
+  std::mt19937_64 rng(test::test_seed() + 31);
+  SCOPED_TRACE("SELKV_TEST_SEED=" + std::to_string(test::test_seed()));
+  Config c;
+  c.R = 40;
+  c.G = 3;
+  c.Hkv = 2;
+  Problem pr = make_problem(c, rng);
+  // Rows 1 and 2: irregular expanded groups (a repeated token; tokens of two blocks).
+  const int64_t cols = qsa_expanded_cols(pr.K);
+  for (int64_t r : {1, 2}) {
+    pr.req[size_t(r)] = 1;
+    pr.pos[size_t(r)] = 100;
+    std::fill(pr.sel.begin() + r * cols, pr.sel.begin() + (r + 1) * cols, -1);
+  }
+  pr.lens[1] = std::max(pr.lens[1], 128);
+  pr.table[size_t(pr.width + 0)] = 0;  // real pages under the tokens used below (P = 16)
+  pr.table[size_t(pr.width + 2)] = 1;
+  const int32_t irregular[2][8] = {{8, 9, 10, 10, 40, 41, 42, 43}, {8, 9, 12, 13, 40, 41, 42, 43}};
+  for (int r = 0; r < 2; ++r)
+    for (int i = 0; i < 8; ++i) pr.sel[size_t((r + 1) * cols + i)] = irregular[r][i];
+  poison_unused(pr);
+  DeviceProblem dp(pr);
+  pr.p.form = QsaSelectionForm::kExpanded;
+  const Result ref = run_oracle(pr);
+  size_t bytes = 0;
+  std::unique_ptr<DevBuf> md = gpu_plan(dp, QsaSelectionForm::kExpanded, &bytes);
+  std::vector<int32_t> plan = test::down<int32_t>(*md, bytes / 4);
+  ASSERT_EQ(plan[size_t(qsa::counts_offset() + 1)], qsa::kIrregular);
+  ASSERT_EQ(plan[size_t(qsa::counts_offset() + 2)], qsa::kIrregular);
+  expect_close(pr, run_page4(dp, pr, QsaSelectionForm::kExpanded, "irregular rows", 0, md.get()), ref,
+               "irregular rows");
+
+  // Corrupted entries and counts in rows with entries.
+  std::vector<int64_t> with;
+  for (int64_t r = 3; r < pr.R && with.size() < 4; ++r)
+    if (plan[size_t(qsa::counts_offset() + r)] > 0) with.push_back(r);
+  ASSERT_EQ(with.size(), 4u);
+  const int32_t C = int32_t(qsa::capacity(pr.K));
+  std::vector<int32_t> bad = plan;
+  bad[size_t(qsa::entry_offset(pr.R, pr.K, with[0], 0))] = int32_t(pr.pages) + 7;  // page past the cache
+  bad[size_t(qsa::entry_offset(pr.R, pr.K, with[1], 0)) + 1] = qsa::pack_word(pr.P, 15);  // slot past the page
+  bad[size_t(qsa::counts_offset() + with[2])] = C + 5;
+  bad[size_t(qsa::counts_offset() + with[3])] = -7;
+  md->upload(bad);
+  expect_close(pr, run_page4(dp, pr, QsaSelectionForm::kExpanded, "corrupted entries", 0, md.get()), ref,
+               "corrupted entries");
+
+  // A plan of another row count: every row is recomputed by the fix-up.
+  bad = plan;
+  bad[1] = int32_t(pr.R) + 1;
+  md->upload(bad);
+  expect_close(pr, run_page4(dp, pr, QsaSelectionForm::kExpanded, "foreign header", 0, md.get()), ref,
+               "foreign header");
+}
+
+// NaN in the V of a token only one row selected: that row's heads are NaN, the other rows of its
+// group (which did not select the token) are exact. NaN in q or in a K: that pair / row only.
+TEST(QsaPage4Gpu, NanStaysInTheRowThatSelectedIt) {
+  SELKV_REQUIRE_GPU();
+  std::mt19937_64 rng(test::test_seed() + 37);
+  SCOPED_TRACE("SELKV_TEST_SEED=" + std::to_string(test::test_seed()));
+  Config c;
+  c.R = 20;
+  c.G = 2;
+  c.Hkv = 1;
+  Problem pr = make_problem(c, rng);
+  poison_unused(pr);
+  // A token of row a that no other row uses.
+  int64_t a = -1;
+  ref::QsaEntry tok{};
+  for (int64_t r = 0; r < pr.R && a < 0; ++r)
+    for (const ref::QsaEntry& e : ref::qsa_row_entries(pr.p, r)) {
+      bool shared = false;
+      for (int64_t o = 0; o < pr.R && !shared; ++o)
+        if (o != r)
+          for (const ref::QsaEntry& f : ref::qsa_row_entries(pr.p, o))
+            if (f.page == e.page && f.slot == e.slot) shared = true;
+      if (!shared) {
+        a = r;
+        tok = e;
+        break;
+      }
+    }
+  ASSERT_GE(a, 0);
+  const uint16_t nan = 0x7E00;
+  pr.vptr(tok.page, tok.slot, 0)[3] = nan;
+  int64_t b = -1;  // another row with entries: NaN in its q, head 1
+  for (int64_t r = 0; r < pr.R && b < 0; ++r)
+    if (r != a && !ref::qsa_row_entries(pr.p, r).empty()) b = r;
+  ASSERT_GE(b, 0);
+  pr.q[size_t((b * pr.Hq + 1) * pr.D + 9)] = nan;
+  DeviceProblem dp(pr);
+  const Result ref = run_oracle(pr);
+  EXPECT_TRUE(std::isnan(pr.f(ref.out[size_t(a * pr.Hq * pr.D + 3)])));
+  EXPECT_TRUE(std::isnan(ref.lse[size_t(b * pr.Hq + 1)]));
+  for (int rows : {0, 1}) {
+    const std::string w = "nan rows_per_cta " + std::to_string(rows);
+    Result g = run_page4(dp, pr, QsaSelectionForm::kExpanded, w, rows);
+    ASSERT_EQ(g.out.size(), ref.out.size()) << w;
+    // Row a: NaN exactly where the oracle has it (element 3 of its heads), then compared as a
+    // whole with the NaN elements set aside.
+    Result want = ref;
+    for (int64_t i = a * pr.Hq * pr.D; i < (a + 1) * pr.Hq * pr.D; ++i) {
+      EXPECT_EQ(std::isnan(pr.f(g.out[size_t(i)])), std::isnan(pr.f(want.out[size_t(i)]))) << w << " element " << i;
+      if (std::isnan(pr.f(want.out[size_t(i)]))) g.out[size_t(i)] = want.out[size_t(i)] = 0;
+    }
+    expect_close(pr, g, want, w);
+  }
+}
+
+TEST(QsaPage4Gpu, GraphReplayEqualsEagerBitwise) {
+  SELKV_REQUIRE_GPU();
+  std::mt19937_64 rng(test::test_seed() + 41);
+  Config c;
+  c.G = 6;
+  c.Hkv = 1;
+  c.R = 64;
+  c.K = 32;
+  c.max_len = 400;
+  Problem pr = make_problem(c, rng);
+  poison_unused(pr);
+  DeviceProblem dp(pr);
+  const Result eager = run_page4(dp, pr, QsaSelectionForm::kCompact, "eager");
+  const size_t md_bytes = qsa_metadata_size(pr.R, pr.K);
+  DevBuf md(md_bytes);
+  QsaSparsePrefillParams p = dp.p;
+  p.form = QsaSelectionForm::kCompact;
+  p.metadata = md.ptr;
+  p.metadata_bytes = md_bytes;
+  cudaStream_t s;
+  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  CUDA_OK(cudaMemset(dp.out->ptr, 0, dp.out->bytes));
+  CUDA_OK(cudaMemset(dp.lse->ptr, 0, dp.lse->bytes));
+  cudaGraph_t graph;
+  CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  const Status ps = qsa_plan(p, md.ptr, md_bytes, s);
+  const Status as = qsa::qsa_sparse_prefill_page4(p, s);
+  CUDA_OK(cudaStreamEndCapture(s, &graph));
+  ASSERT_TRUE(ps.ok()) << ps.to_string();
+  ASSERT_TRUE(as.ok()) << as.to_string();
+  cudaGraphExec_t exec;
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int i = 0; i < 2; ++i) {
+    CUDA_OK(cudaGraphLaunch(exec, s));
+    ASSERT_TRUE(test::sync_or_abort(s, "graph replay"));
+    EXPECT_TRUE(test::bits_equal(test::down<uint16_t>(*dp.out, pr.out.size()), eager.out)) << "replay " << i;
+    EXPECT_TRUE(test::bits_equal(test::down<float>(*dp.lse, pr.lse.size()), eager.lse)) << "replay " << i;
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(s);
+}
+
+// No lse pointer: the same out bits, lse untouched.
+TEST(QsaPage4Gpu, WithoutLseSameOut) {
+  SELKV_REQUIRE_GPU();
+  std::mt19937_64 rng(test::test_seed() + 43);
+  Config c;
+  Problem pr = make_problem(c, rng);
+  DeviceProblem dp(pr);
+  size_t bytes = 0;
+  std::unique_ptr<DevBuf> md = gpu_plan(dp, QsaSelectionForm::kExpanded, &bytes);
+  const Result with = run_page4(dp, pr, QsaSelectionForm::kExpanded, "with lse", 0, md.get());
+  dp.p.lse = nullptr;
+  const Result without = run_page4(dp, pr, QsaSelectionForm::kExpanded, "without lse", 0, md.get());
+  EXPECT_TRUE(test::bits_equal(without.out, with.out));
+  ASSERT_FALSE(without.lse.empty());
+  uint32_t w;
+  std::memcpy(&w, &without.lse[0], 4);
+  EXPECT_EQ(w, 0x55555555u) << "lse written although null";
+}
+
+// Qwen's shape (Hq 6 / Hkv 1, D 256, page 16, K 512, interleaved K/V) at 4096 rows, most rows a
+// full 512-block selection of their request's live blocks: page-4 vs the oracle and the simple kernel.
+TEST(QsaPage4Gpu, QwenShape4096Rows) {
+  SELKV_REQUIRE_GPU();
+  SELKV_REQUIRE_BIG_TESTS();
+  std::mt19937_64 rng(test::test_seed() + 47);
+  Config c;
+  c.G = 6;
+  c.Hkv = 1;
+  c.K = 512;
+  c.R = 4096;
+  c.num_req = 4;
+  c.max_len = 4096;
+  c.interleaved = true;
+  Problem pr = make_problem(c, rng);
+  for (int64_t r = 0; r < pr.R; ++r) {
+    if (r % 9 == 0) continue;  // keep the generator's garbage rows
+    const int rq = int(r * c.num_req / pr.R);  // consecutive rows of one request, as in a prefill
+    const int32_t pos = 2048 + int32_t(rng() % 2000);
+    std::vector<int32_t> all((pos + 1) / 4);
+    for (size_t i = 0; i < all.size(); ++i) all[i] = int32_t(i);
+    std::shuffle(all.begin(), all.end(), rng);
+    all.resize(std::min<size_t>(all.size(), 512));
+    std::fill(pr.sel.begin() + r * qsa_expanded_cols(c.K), pr.sel.begin() + (r + 1) * qsa_expanded_cols(c.K), -1);
+    pr.select(r, rq, pos, all);
+  }
+  poison_unused(pr);
+  DeviceProblem dp(pr);
+  const Result ref = run_oracle(pr);
+  const Result g = run_page4(dp, pr, QsaSelectionForm::kExpanded, "4096 page4");
+  expect_close(pr, g, ref, "4096 rows, page4 vs oracle");
+  const Result simple = run_gpu(dp, pr, QsaSelectionForm::kExpanded, "4096 simple", true);
+  expect_close(pr, g, simple, "4096 rows, page4 vs simple");
+}
+
+}  // namespace
