@@ -3,13 +3,15 @@
 // the M dimension of the tensor-core tiles (16 pairs per consumer warp), and every selected 4-token
 // block is loaded once for all rows of the group that selected it.
 //
-// Warp roles. A producer warp merges the group's plan rows (one lane per row; each row's entries
-// are sorted by (page, slot base)) into one stream of distinct blocks: per step the lanes' current
-// keys are min-reduced, every lane holding the minimum contributes its 4-bit token mask (a ballot
-// per token gives the token's row-membership word) and advances. 16 blocks (64 tokens) make a
-// tile; the producer bulk-copies (cp.async.bulk, mbarrier transaction count) the K and V rows of
-// the tile's tokens that some row uses into a stage, never a token no row uses. The 4 consumer
-// warps compute S = Q K^T with mma.sync m16n8k16 (fp32 accumulation), replace the scores of tokens
+// Warp roles. A merge warp merges the group's plan rows (one lane per row; each row's entries are
+// sorted by (page, slot base)) into one stream of distinct blocks: per step the lanes' current keys
+// are min-reduced, every lane holding the minimum contributes its 4-bit token mask (a ballot per
+// token gives the token's row-membership word) and advances. 16 blocks (64 tokens) make a tile,
+// published in a ring of kP4Ring tile descriptors, so the merge runs ahead of the loads. A load
+// warp copies the K and V rows of the tile's tokens that some row uses into a stage with cp.async
+// (16 bytes per lane: the copies of one token issue in one instruction, where per-token bulk
+// copies serialise over the issuing lanes), never a token no row uses. The 4 consumer warps
+// compute S = Q K^T with mma.sync m16n8k16 (fp32 accumulation), replace the scores of tokens
 // a row did not select with -inf (a select, so garbage K never leaks), run the fp32 online softmax
 // and accumulate P V. Equal keys of one row (a block listed twice) are consumed one per step, so
 // every entry stays one softmax term; the merge does not need the rows' lists to be sorted for
@@ -39,14 +41,17 @@ namespace selkv::qsa {
 
 inline constexpr int kP4ConsumerWarps = kQsaPage4Pairs / 16;
 inline constexpr int kP4ConsumerThreads = kP4ConsumerWarps * 32;
-inline constexpr int kP4Threads = kP4ConsumerThreads + 32;  // + the producer warp
+inline constexpr int kP4MergeWarp = kP4ConsumerWarps, kP4LoadWarp = kP4ConsumerWarps + 1;
+inline constexpr int kP4Threads = kP4ConsumerThreads + 64;  // + the merge and load warps
 inline constexpr int kP4Blocks = 16;                        // blocks of one tile
 inline constexpr int kP4Tokens = 4 * kP4Blocks;
-inline constexpr int kP4Stages = 2;
-inline constexpr int kP4Chunk = 8;  // plan entries a producer lane has in flight ahead of its cursor
+inline constexpr int kP4Stages = 2;  // K / V stages (D 256: two fill the shared memory)
+inline constexpr int kP4Ring = 4;    // tile descriptors the merge may run ahead
+inline constexpr int kP4Chunk = 8;   // plan entries a merge lane has in flight ahead of its cursor
 
 // Shared memory of one CTA. Rows of Q, K and V are D elements padded by 16 bytes, so the 8 rows
-// an ldmatrix reads fall in distinct banks.
+// an ldmatrix reads fall in distinct banks. A tile descriptor (ring entry): the 64 tokens'
+// row-membership words, the block count and each block's page and slot base.
 template <int D>
 struct P4Layout {
   static constexpr int kRow = D * 2 + 16;
@@ -54,13 +59,16 @@ struct P4Layout {
   static constexpr int kK = kQ + kQsaPage4Pairs * kRow;  // stage s: kK + s * kStageBytes
   static constexpr int kV = kK + kP4Tokens * kRow;
   static constexpr int kStageBytes = 2 * kP4Tokens * kRow;
-  static constexpr int kTokw = kK + kP4Stages * kStageBytes;  // [stage][64] u32 row-membership words
-  static constexpr int kNblk = kTokw + kP4Stages * kP4Tokens * 4;
-  static constexpr int kBlkPage = kNblk + 16;
-  static constexpr int kBlkBase = kBlkPage + kP4Blocks * 4;
-  static constexpr int kBadRows = kBlkBase + kP4Blocks * 4;
-  static constexpr int kBars = (kBadRows + 4 + 7) / 8 * 8;  // full[stage], empty[stage]
-  static constexpr int kBytes = kBars + 2 * kP4Stages * 8;
+  static constexpr int kTokw = kK + kP4Stages * kStageBytes;  // [ring][64] u32 row-membership words
+  static constexpr int kNblk = kTokw + kP4Ring * kP4Tokens * 4;  // [ring] i32
+  static constexpr int kBlkPage = kNblk + kP4Ring * 4;          // [ring][16] i32
+  static constexpr int kBlkBase = kBlkPage + kP4Ring * kP4Blocks * 4;
+  static constexpr int kBadRows = kBlkBase + kP4Ring * kP4Blocks * 4;
+  // kv_full[stage], kv_empty[stage], ring_full[ring], ring_empty[ring]
+  static constexpr int kBars = (kBadRows + 4 + 7) / 8 * 8;
+  static constexpr int kKvFull = kBars, kKvEmpty = kKvFull + 8 * kP4Stages;
+  static constexpr int kRingFull = kKvEmpty + 8 * kP4Stages, kRingEmpty = kRingFull + 8 * kP4Ring;
+  static constexpr int kBytes = kRingEmpty + 8 * kP4Ring;
 };
 
 namespace p4 {
@@ -75,10 +83,6 @@ __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
 
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }
 
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
@@ -96,13 +100,15 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   } while (done == 0);
 }
 
-// Global -> shared bulk copy completing `bytes` of the barrier's transaction count (16-byte
-// aligned addresses, a multiple of 16 bytes).
-__device__ __forceinline__ void bulk_g2s(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-      "l"(src), "r"(bytes), "r"(bar)
-      : "memory");
+// 16-byte global -> shared copy through L2 only (the gathered rows are read once per CTA).
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+
+// One arrival on the barrier once this thread's earlier cp.async copies have landed (counts
+// against the barrier's expected arrivals: .noinc).
+__device__ __forceinline__ void cp_async_arrive(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
 
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
@@ -144,10 +150,9 @@ __device__ __forceinline__ float exp2_ftz(float x) {
 
 }  // namespace p4
 
-// The producer warp: merges the group's plan rows into tiles of distinct blocks and loads them.
+// The merge warp: merges the group's plan rows into tile descriptors (ring entries).
 template <int D>
-__device__ __forceinline__ void p4_producer(const QsaPage4Params& p, uint8_t* smem, int32_t row0, int32_t rows,
-                                            int32_t kvh) {
+__device__ __forceinline__ void p4_merge(const QsaPage4Params& p, uint8_t* smem, int32_t row0, int32_t rows) {
   using L = P4Layout<D>;
   const int lane = int(threadIdx.x) % 32;
   const int64_t R = p.num_rows, K = p.max_blocks, C = capacity(K);
@@ -197,20 +202,13 @@ __device__ __forceinline__ void p4_producer(const QsaPage4Params& p, uint8_t* sm
   };
   fetch();
 
-  uint32_t* tokw_all = reinterpret_cast<uint32_t*>(smem + L::kTokw);
-  int32_t* nblk_all = reinterpret_cast<int32_t*>(smem + L::kNblk);
-  int32_t* blk_page = reinterpret_cast<int32_t*>(smem + L::kBlkPage);
-  int32_t* blk_base = reinterpret_cast<int32_t*>(smem + L::kBlkBase);
-  const uint32_t bars = p4::smem_addr(smem + L::kBars);
-  const char* kbase = static_cast<const char*>(p.k) + int64_t(kvh) * p.k_head_stride * 2;
-  const char* vbase = static_cast<const char*>(p.v) + int64_t(kvh) * p.v_head_stride * 2;
-
+  const uint32_t ring_full = p4::smem_addr(smem + L::kRingFull), ring_empty = p4::smem_addr(smem + L::kRingEmpty);
   for (int t = 0;; ++t) {
-    const int s = t % kP4Stages;
-    const uint32_t phase = uint32_t(t / kP4Stages) & 1u;
-    const uint32_t full = bars + 8u * uint32_t(s), empty = bars + 8u * uint32_t(kP4Stages + s);
-    p4::mbar_wait(empty, phase ^ 1u);  // the consumers are done with this stage's previous tile
-    uint32_t* tokw = tokw_all + s * kP4Tokens;
+    const int e = t % kP4Ring;
+    p4::mbar_wait(ring_empty + 8u * uint32_t(e), (uint32_t(t / kP4Ring) & 1u) ^ 1u);  // entry e's last tile is done
+    uint32_t* tokw = reinterpret_cast<uint32_t*>(smem + L::kTokw) + e * kP4Tokens;
+    int32_t* blk_page = reinterpret_cast<int32_t*>(smem + L::kBlkPage) + e * kP4Blocks;
+    int32_t* blk_base = reinterpret_cast<int32_t*>(smem + L::kBlkBase) + e * kP4Blocks;
 
     int nb = 0;
     for (; nb < kP4Blocks; ++nb) {
@@ -245,28 +243,77 @@ __device__ __forceinline__ void p4_producer(const QsaPage4Params& p, uint8_t* sm
     for (int j = 4 * nb + lane; j < kP4Tokens; j += 32) tokw[j] = 0u;
     const uint32_t bad_rows = __ballot_sync(~0u, bad);
     if (lane == 0) {
-      nblk_all[s] = nb;
+      reinterpret_cast<int32_t*>(smem + L::kNblk)[e] = nb;
       if (nb == 0) *reinterpret_cast<uint32_t*>(smem + L::kBadRows) = bad_rows;
     }
     __syncwarp();
+    p4::mbar_arrive(ring_full + 8u * uint32_t(e));  // every lane: each publishes its own writes
+    if (nb == 0) return;  // the last descriptor: nothing more to merge
+  }
+}
 
-    // Token j = 4b + i of the tile is loaded iff some row uses it.
-    const uint32_t tw0 = tokw[lane], tw1 = tokw[lane + 32];
-    const uint32_t n_used = __popc(__ballot_sync(~0u, tw0 != 0u)) + __popc(__ballot_sync(~0u, tw1 != 0u));
-    if (lane == 0) p4::mbar_arrive_expect_tx(full, n_used * uint32_t(2 * D * 2));
-    else p4::mbar_arrive(full);
-    if (nb == 0) break;  // the consumers stop at this tile
+// The load warp: for each tile descriptor, copies the used tokens' K and V rows into the stage.
+template <int D>
+__device__ __forceinline__ void p4_load(const QsaPage4Params& p, uint8_t* smem, int32_t kvh) {
+  using L = P4Layout<D>;
+  constexpr int kChunks = D / 8;                      // 16-byte chunks of a row
+  constexpr int kTokPerStep = kChunks >= 32 ? 1 : 32 / kChunks;  // tokens one copy instruction covers
+  const int lane = int(threadIdx.x) % 32;
+  const char* kbase = static_cast<const char*>(p.k) + int64_t(kvh) * p.k_head_stride * 2;
+  const char* vbase = static_cast<const char*>(p.v) + int64_t(kvh) * p.v_head_stride * 2;
+  const uint32_t ring_full = p4::smem_addr(smem + L::kRingFull), ring_empty = p4::smem_addr(smem + L::kRingEmpty);
+  const uint32_t kv_full = p4::smem_addr(smem + L::kKvFull), kv_empty = p4::smem_addr(smem + L::kKvEmpty);
+  for (int t = 0;; ++t) {
+    const int e = t % kP4Ring, s = t % kP4Stages;
+    p4::mbar_wait(ring_full + 8u * uint32_t(e), uint32_t(t / kP4Ring) & 1u);
+    const int nb = reinterpret_cast<const volatile int32_t*>(smem + L::kNblk)[e];
+    if (nb == 0) return;  // the last descriptor (the consumers stop there too)
+    // Lane l: byte offsets of tokens l and l + 32 (used ones only).
+    const uint32_t* tokw = reinterpret_cast<const uint32_t*>(smem + L::kTokw) + e * kP4Tokens;
+    const int32_t* blk_page = reinterpret_cast<const int32_t*>(smem + L::kBlkPage) + e * kP4Blocks;
+    const int32_t* blk_base = reinterpret_cast<const int32_t*>(smem + L::kBlkBase) + e * kP4Blocks;
+    int64_t koff[2] = {0, 0}, voff[2] = {0, 0};
+    uint32_t used[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int j = lane + 32 * h;
-      if ((h == 0 ? tw0 : tw1) == 0u) continue;
-      const int64_t page = blk_page[j / 4];
-      const int64_t slot = blk_base[j / 4] + (j % 4);
-      const uint32_t kdst = p4::smem_addr(smem + L::kK + s * L::kStageBytes + j * L::kRow);
-      const uint32_t vdst = p4::smem_addr(smem + L::kV + s * L::kStageBytes + j * L::kRow);
-      p4::bulk_g2s(kdst, kbase + (page * p.k_page_stride + slot * p.k_slot_stride) * 2, D * 2, full);
-      p4::bulk_g2s(vdst, vbase + (page * p.v_page_stride + slot * p.v_slot_stride) * 2, D * 2, full);
+      const bool u = tokw[j] != 0u;  // 0 past the tile's blocks
+      used[h] = __ballot_sync(~0u, u);
+      if (u) {
+        const int64_t page = blk_page[j / 4], slot = blk_base[j / 4] + (j % 4);
+        koff[h] = (page * p.k_page_stride + slot * p.k_slot_stride) * 2;
+        voff[h] = (page * p.v_page_stride + slot * p.v_slot_stride) * 2;
+      }
     }
+    p4::mbar_arrive(ring_empty + 8u * uint32_t(e));  // done with the descriptor
+    p4::mbar_wait(kv_empty + 8u * uint32_t(s), (uint32_t(t / kP4Stages) & 1u) ^ 1u);
+    const uint32_t kst = p4::smem_addr(smem + L::kK + s * L::kStageBytes);
+    const uint32_t vst = p4::smem_addr(smem + L::kV + s * L::kStageBytes);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      uint32_t m = used[h];
+      while (m != 0u) {  // warp-uniform: kTokPerStep used tokens per step
+        int jl[kTokPerStep];
+#pragma unroll
+        for (int i = 0; i < kTokPerStep; ++i) {
+          jl[i] = m != 0u ? __ffs(m) - 1 : -1;
+          m &= m - 1u;
+        }
+        const int sub = kTokPerStep == 1 ? 0 : lane / kChunks, c = lane % kChunks;
+        int j = jl[0];
+#pragma unroll
+        for (int i = 1; i < kTokPerStep; ++i)
+          if (sub == i) j = jl[i];
+        const int src = j < 0 ? 0 : j;
+        const int64_t ko = __shfl_sync(~0u, koff[h], src), vo = __shfl_sync(~0u, voff[h], src);
+        if (j >= 0) {
+          const uint32_t row = uint32_t((j + 32 * h) * L::kRow + c * 16);
+          p4::cp_async16(kst + row, kbase + ko + c * 16);
+          p4::cp_async16(vst + row, vbase + vo + c * 16);
+        }
+      }
+    }
+    p4::cp_async_arrive(kv_full + 8u * uint32_t(s));  // the stage is full once this lane's copies land
   }
 }
 
@@ -282,7 +329,6 @@ __global__ void __launch_bounds__(kP4Threads, 1) qsa_page4_kernel(const QsaPage4
   const int32_t rows = min(p.rows_per_cta, p.num_rows - row0);
   const int G = p.group;
   const int pairs = rows * G;
-  const uint32_t bars = p4::smem_addr(smem + L::kBars);
 
   // V rows of tokens no row uses are never loaded; they must hold finite values (P = 0 there), so
   // every V stage starts zeroed. Later they hold other tokens' V: finite, or flagged (see above).
@@ -291,18 +337,27 @@ __global__ void __launch_bounds__(kP4Threads, 1) qsa_page4_kernel(const QsaPage4
     *reinterpret_cast<uint4*>(smem + L::kV + s * L::kStageBytes + (rem / (D / 8)) * L::kRow + (rem % (D / 8)) * 16) =
         make_uint4(0, 0, 0, 0);
   }
+  const uint32_t kv_full = p4::smem_addr(smem + L::kKvFull), kv_empty = p4::smem_addr(smem + L::kKvEmpty);
+  const uint32_t ring_full = p4::smem_addr(smem + L::kRingFull), ring_empty = p4::smem_addr(smem + L::kRingEmpty);
   if (threadIdx.x == 0) {
     for (int s = 0; s < kP4Stages; ++s) {
-      p4::mbar_init(bars + 8u * uint32_t(s), 32);                                    // full: the producer lanes
-      p4::mbar_init(bars + 8u * uint32_t(kP4Stages + s), uint32_t(kP4ConsumerThreads));  // empty
+      p4::mbar_init(kv_full + 8u * uint32_t(s), 32);  // the load warp's lanes, once their copies land
+      p4::mbar_init(kv_empty + 8u * uint32_t(s), uint32_t(kP4ConsumerThreads));
+    }
+    for (int e = 0; e < kP4Ring; ++e) {
+      p4::mbar_init(ring_full + 8u * uint32_t(e), 32);                               // the merge warp
+      p4::mbar_init(ring_empty + 8u * uint32_t(e), uint32_t(kP4ConsumerThreads + 32));  // consumers + load warp
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the zeros before the bulk copies
   __syncthreads();
 
-  if (warp == kP4ConsumerWarps) {
-    p4_producer<D>(p, smem, row0, rows, kvh);
+  if (warp == kP4MergeWarp) {
+    p4_merge<D>(p, smem, row0, rows);
+    return;
+  }
+  if (warp == kP4LoadWarp) {
+    p4_load<D>(p, smem, kvh);
     return;
   }
 
@@ -340,12 +395,12 @@ __global__ void __launch_bounds__(kP4Threads, 1) qsa_page4_kernel(const QsaPage4
   bool nan0 = false, nan1 = false;
 
   for (int t = 0;; ++t) {
-    const int s = t % kP4Stages;
-    const uint32_t full = bars + 8u * uint32_t(s), empty = bars + 8u * uint32_t(kP4Stages + s);
-    p4::mbar_wait(full, uint32_t(t / kP4Stages) & 1u);
-    const int nb = *reinterpret_cast<const volatile int32_t*>(smem + L::kNblk + 4 * s);
+    const int s = t % kP4Stages, e = t % kP4Ring;
+    p4::mbar_wait(ring_full + 8u * uint32_t(e), uint32_t(t / kP4Ring) & 1u);
+    const int nb = reinterpret_cast<const volatile int32_t*>(smem + L::kNblk)[e];
     if (nb == 0) break;
-    const uint32_t* tokw = reinterpret_cast<const uint32_t*>(smem + L::kTokw) + s * kP4Tokens;
+    p4::mbar_wait(kv_full + 8u * uint32_t(s), uint32_t(t / kP4Stages) & 1u);
+    const uint32_t* tokw = reinterpret_cast<const uint32_t*>(smem + L::kTokw) + e * kP4Tokens;
     // need bit c: chunk c (tokens 16 c .. 16 c + 15) holds a token one of the warp's rows uses.
     const uint32_t use_lo = __ballot_sync(~0u, (tokw[lane] & warp_rows) != 0u);
     const uint32_t use_hi = __ballot_sync(~0u, (tokw[lane + 32] & warp_rows) != 0u);
@@ -432,7 +487,8 @@ __global__ void __launch_bounds__(kP4Threads, 1) qsa_page4_kernel(const QsaPage4
         }
       }
     }
-    p4::mbar_arrive(empty);
+    p4::mbar_arrive(kv_empty + 8u * uint32_t(s));
+    p4::mbar_arrive(ring_empty + 8u * uint32_t(e));
   }
   if (!active) return;
 
