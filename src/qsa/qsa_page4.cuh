@@ -253,14 +253,20 @@ __device__ __forceinline__ void p4_merge(const QsaPage4Params& p, uint8_t* smem,
 }
 
 // The load warp: for each tile descriptor, copies the used tokens' K and V rows into the stage.
+// Lane l copies 16-byte chunk l % (D / 8) of token rows; a block's page and slot base are read
+// once (shared-memory broadcasts) and its four rows issue back to back, so consecutive blocks'
+// copies overlap (no per-token shuffles on the critical path).
 template <int D>
 __device__ __forceinline__ void p4_load(const QsaPage4Params& p, uint8_t* smem, int32_t kvh) {
   using L = P4Layout<D>;
-  constexpr int kChunks = D / 8;                      // 16-byte chunks of a row
-  constexpr int kTokPerStep = kChunks >= 32 ? 1 : 32 / kChunks;  // tokens one copy instruction covers
+  constexpr int kChunks = D / 8;              // 16-byte chunks of a row: 32 (D 256) or 16 (D 128)
+  constexpr int kRowsPerCopy = 32 / kChunks;  // token rows one warp-wide copy covers: 1 or 2
   const int lane = int(threadIdx.x) % 32;
-  const char* kbase = static_cast<const char*>(p.k) + int64_t(kvh) * p.k_head_stride * 2;
-  const char* vbase = static_cast<const char*>(p.v) + int64_t(kvh) * p.v_head_stride * 2;
+  const int c = lane % kChunks, sub = lane / kChunks;
+  const char* kbase = static_cast<const char*>(p.k) + int64_t(kvh) * p.k_head_stride * 2 + c * 16;
+  const char* vbase = static_cast<const char*>(p.v) + int64_t(kvh) * p.v_head_stride * 2 + c * 16;
+  const int64_t kpage = p.k_page_stride * 2, kslot = p.k_slot_stride * 2;
+  const int64_t vpage = p.v_page_stride * 2, vslot = p.v_slot_stride * 2;
   const uint32_t ring_full = p4::smem_addr(smem + L::kRingFull), ring_empty = p4::smem_addr(smem + L::kRingEmpty);
   const uint32_t kv_full = p4::smem_addr(smem + L::kKvFull), kv_empty = p4::smem_addr(smem + L::kKvEmpty);
   for (int t = 0;; ++t) {
@@ -268,51 +274,31 @@ __device__ __forceinline__ void p4_load(const QsaPage4Params& p, uint8_t* smem, 
     p4::mbar_wait(ring_full + 8u * uint32_t(e), uint32_t(t / kP4Ring) & 1u);
     const int nb = reinterpret_cast<const volatile int32_t*>(smem + L::kNblk)[e];
     if (nb == 0) return;  // the last descriptor (the consumers stop there too)
-    // Lane l: byte offsets of tokens l and l + 32 (used ones only).
     const uint32_t* tokw = reinterpret_cast<const uint32_t*>(smem + L::kTokw) + e * kP4Tokens;
     const int32_t* blk_page = reinterpret_cast<const int32_t*>(smem + L::kBlkPage) + e * kP4Blocks;
     const int32_t* blk_base = reinterpret_cast<const int32_t*>(smem + L::kBlkBase) + e * kP4Blocks;
-    int64_t koff[2] = {0, 0}, voff[2] = {0, 0};
-    uint32_t used[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int j = lane + 32 * h;
-      const bool u = tokw[j] != 0u;  // 0 past the tile's blocks
-      used[h] = __ballot_sync(~0u, u);
-      if (u) {
-        const int64_t page = blk_page[j / 4], slot = blk_base[j / 4] + (j % 4);
-        koff[h] = (page * p.k_page_stride + slot * p.k_slot_stride) * 2;
-        voff[h] = (page * p.v_page_stride + slot * p.v_slot_stride) * 2;
-      }
-    }
-    p4::mbar_arrive(ring_empty + 8u * uint32_t(e));  // done with the descriptor
     p4::mbar_wait(kv_empty + 8u * uint32_t(s), (uint32_t(t / kP4Stages) & 1u) ^ 1u);
-    const uint32_t kst = p4::smem_addr(smem + L::kK + s * L::kStageBytes);
-    const uint32_t vst = p4::smem_addr(smem + L::kV + s * L::kStageBytes);
+    const uint32_t kst = p4::smem_addr(smem + L::kK + s * L::kStageBytes) + uint32_t(c * 16);
+    const uint32_t vst = p4::smem_addr(smem + L::kV + s * L::kStageBytes) + uint32_t(c * 16);
+#pragma unroll 4
+    for (int b = 0; b < nb; ++b) {
+      const uint4 w = *reinterpret_cast<const uint4*>(tokw + 4 * b);
+      if ((w.x | w.y | w.z | w.w) == 0u) continue;  // no row uses it: page and base were not written
+      const int64_t page = blk_page[b], base = blk_base[b];
+      const char* kb = kbase + page * kpage + base * kslot;
+      const char* vb = vbase + page * vpage + base * vslot;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      uint32_t m = used[h];
-      while (m != 0u) {  // warp-uniform: kTokPerStep used tokens per step
-        int jl[kTokPerStep];
-#pragma unroll
-        for (int i = 0; i < kTokPerStep; ++i) {
-          jl[i] = m != 0u ? __ffs(m) - 1 : -1;
-          m &= m - 1u;
-        }
-        const int sub = kTokPerStep == 1 ? 0 : lane / kChunks, c = lane % kChunks;
-        int j = jl[0];
-#pragma unroll
-        for (int i = 1; i < kTokPerStep; ++i)
-          if (sub == i) j = jl[i];
-        const int src = j < 0 ? 0 : j;
-        const int64_t ko = __shfl_sync(~0u, koff[h], src), vo = __shfl_sync(~0u, voff[h], src);
-        if (j >= 0) {
-          const uint32_t row = uint32_t((j + 32 * h) * L::kRow + c * 16);
-          p4::cp_async16(kst + row, kbase + ko + c * 16);
-          p4::cp_async16(vst + row, vbase + vo + c * 16);
+      for (int i0 = 0; i0 < 4; i0 += kRowsPerCopy) {
+        const int i = i0 + sub;
+        const uint32_t used = i == 0 ? w.x : i == 1 ? w.y : i == 2 ? w.z : w.w;
+        if (used != 0u) {
+          const uint32_t row = uint32_t((4 * b + i) * L::kRow);
+          p4::cp_async16(kst + row, kb + i * kslot);
+          p4::cp_async16(vst + row, vb + i * vslot);
         }
       }
     }
+    p4::mbar_arrive(ring_empty + 8u * uint32_t(e));   // done with the descriptor
     p4::cp_async_arrive(kv_full + 8u * uint32_t(s));  // the stage is full once this lane's copies land
   }
 }
