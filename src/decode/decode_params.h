@@ -44,7 +44,8 @@ SELKV_DEC_HD constexpr bool f16_partials_by_default(int num_heads, int64_t total
 
 // A schedule that splits rows pays for partials (written by the decode kernel, read by the
 // combine), several blocks' worth of time per CTA. Cutting parts at row starts is taken when it
-// lengthens the longest part by at most this many blocks (docs/perf-log.md: decode split cost).
+// lengthens the longest part by at most this many blocks and 1/8 of the part (row_start_cut_pays;
+// docs/perf-log.md: decode split cost).
 inline constexpr int32_t kSplitCostBlocks = 8;
 
 // Most parts a plan may have (the capacity of the metadata's part table; SM90 parts are <= SMs).
@@ -157,8 +158,7 @@ SELKV_DEC_HD int32_t row_containing(const int32_t* prefix, int32_t rows, int32_t
 
 // Dynamic top-k, row-start cut: the balanced boundary of part q moved to the nearer start of the
 // row holding it (ties: the earlier start). Monotone in q, and it splits no row; the scheduler takes
-// it when its longest part is at most kSplitCostBlocks longer than the balanced cut's (then no
-// partial is written and the combine CTAs find nothing to merge).
+// it when row_start_cut_pays (then no partial is written and the combine CTAs find nothing to merge).
 SELKV_DEC_HD int32_t row_start_part_begin(const int32_t* prefix, int32_t rows, int32_t total, int32_t np,
                                           int32_t q) {
   const int32_t g = part_begin(q, total, np);
@@ -168,18 +168,20 @@ SELKV_DEC_HD int32_t row_start_part_begin(const int32_t* prefix, int32_t rows, i
 }
 
 // The rule of both row-start cuts (fixed_part_unit, and the scheduler's for dynamic top-k): taken
-// when the cut's longest part is at most min(kSplitCostBlocks, balanced) blocks longer than the
+// when the cut's longest part is at most min(kSplitCostBlocks, balanced / 8) blocks longer than the
 // balanced cut's, balanced = ceil(total / np). total >= 1, np >= 1.
 SELKV_DEC_HD bool row_start_cut_pays(int64_t longest, int32_t total, int32_t np) {
   const int64_t balanced = (total - 1) / np + 1;
-  // At most doubling the balanced part: short parts (short rows, few rows) gain most from a split.
-  return longest <= balanced + (balanced < kSplitCostBlocks ? balanced : kSplitCostBlocks);
+  // The slack is relative (1/8 of the part) as well as bounded: with short rows (MODEL1's 10-block
+  // rows) whole rows per part lengthen the critical path far more than the combine costs.
+  const int64_t slack = balanced / 8;
+  return longest <= balanced + (slack < kSplitCostBlocks ? slack : kSplitCostBlocks);
 }
 
 // Fixed top-k: cutting the parts at row starts only leaves no row split: no partial is written and
 // the combine kernel is not launched. It costs the balance of the parts (whole rows per part
-// instead of total / np blocks), so it is taken when the longest part grows by at most
-// kSplitCostBlocks. B=64 S_q=2 H=128 (128 rows over 66 parts): 64 instead of 63 blocks per part.
+// instead of total / np blocks), so it is taken when row_start_cut_pays. B=64 S_q=2 H=128 (128
+// rows over 66 parts): 64 instead of 63 blocks per part.
 // (32-bit divisions: rows * blocks_per_row fits in int32, checked by the host API.)
 SELKV_DEC_HD int32_t fixed_part_unit(int32_t rows, int32_t blocks_per_row, int32_t np) {
   if (rows <= 0 || np <= 0) return 1;

@@ -58,8 +58,8 @@ decode_scheduler_kernel(int32_t batch, int32_t seq_q, int32_t topk, const int32_
     s_longest = 0;
   }
   __syncthreads();  // prefix complete and visible to the whole CTA
-  // Cut at row starts when that lengthens the longest part by at most kSplitCostBlocks blocks
-  // (no row split: no partials, nothing for the combine); else the balanced cut.
+  // Cut at row starts when that lengthens the longest part little (row_start_cut_pays: no row
+  // split, no partials, nothing for the combine); else the balanced cut.
   for (int32_t q = int32_t(threadIdx.x); q <= np; q += kSchedThreads)
     s_begin[q] = row_start_part_begin(prefix, rows, T, np, q);
   __syncthreads();

@@ -391,7 +391,7 @@ TEST(DecodeChecks, F16PartialScale) {
 // belongs to exactly one part, each part writes at most two partial slots (2p, 2p+1), and the
 // combine's slot choice matches the kernel's.
 // Whole rows per part (no split, no combine) only where the longest part grows by at most
-// kSplitCostBlocks blocks over the balanced cut (issue 3's shapes: rows = B * S_q, K / 64 blocks).
+// min(kSplitCostBlocks, balanced / 8) blocks over the balanced cut (rows = B * S_q, K / 64 blocks).
 TEST(DecodeChecks, FixedScheduleWholeRows) {
   using namespace selkv::decode;
   EXPECT_EQ(fixed_part_unit(128, 32, 66), 32);   // H128 B=64 S_q=2: 64 vs 63 blocks
@@ -405,6 +405,10 @@ TEST(DecodeChecks, FixedScheduleWholeRows) {
   EXPECT_EQ(fixed_part_unit(1, 32, 1), 32);      // one part: nothing to split
   EXPECT_EQ(fixed_part_unit(4, 10, 20), 1);      // MODEL1 K 128 + K2 512, B=2 S_q=2: 10 vs 2 blocks
   EXPECT_EQ(fixed_part_unit(4, 10, 4), 10);      // one row per part either way
+  EXPECT_EQ(fixed_part_unit(148, 10, 132), 1);   // MODEL1 H64 B=74: 20 vs 12 blocks
+  EXPECT_EQ(fixed_part_unit(296, 10, 132), 1);   // MODEL1 H64 B=148: 30 vs 23
+  EXPECT_EQ(fixed_part_unit(512, 10, 132), 10);  // MODEL1 H64 B=256: 40 vs 39
+  EXPECT_EQ(fixed_part_unit(256, 18, 66), 18);   // MODEL1 H128 K2 1K B=128: 72 vs 70
   const FixedSchedule s(128, 2048, 4, 66);
   EXPECT_FALSE(s.has_split_rows());
   EXPECT_EQ(s.begin(1), 32);  // floor(1 * 128 / 66) = 1 row

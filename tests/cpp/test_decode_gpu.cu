@@ -261,7 +261,8 @@ TEST(DecodeGpu, SchedulerTablesMatchHost) {
         for (int b = 0; b < sh.B; ++b)
           ASSERT_EQ(md[md_lengths_offset(rows) + b], sh.dyn ? std::clamp(len[size_t(b)], 0, sh.K) : sh.K) << what << " b=" << b;
         for (int r = 0; r <= rows; ++r) ASSERT_EQ(md[kMdPrefix + r], P[r]) << what << " r=" << r;
-        // The cut: at row starts exactly when that lengthens the longest part by <= kSplitCostBlocks.
+        // The cut: at row starts exactly when that lengthens the longest part by <= min(kSplitCostBlocks,
+        // balanced / 8).
         std::vector<int32_t> balanced(size_t(np) + 1), row_start(size_t(np) + 1);
         int longest = 0;
         for (int q = 0; q <= np; ++q) {
@@ -270,7 +271,7 @@ TEST(DecodeGpu, SchedulerTablesMatchHost) {
           if (q > 0) longest = std::max(longest, row_start[q] - row_start[q - 1]);
         }
         const int balanced_longest = (T - 1) / np + 1;
-        const bool rs = longest <= balanced_longest + std::min(balanced_longest, int(kSplitCostBlocks));
+        const bool rs = longest <= balanced_longest + std::min(balanced_longest / 8, int(kSplitCostBlocks));
         ASSERT_EQ(md[5], rs ? 1 : 0) << what;
         const std::vector<int32_t>& begins = rs ? row_start : balanced;
         ASSERT_EQ(begins[np], T) << what;  // the last entry's g1 below
