@@ -47,7 +47,7 @@ inline constexpr int kP4Blocks = 16;                        // blocks of one til
 inline constexpr int kP4Tokens = 4 * kP4Blocks;
 inline constexpr int kP4Stages = 2;  // K / V stages (D 256: two fill the shared memory)
 inline constexpr int kP4Ring = 4;    // tile descriptors the merge may run ahead
-inline constexpr int kP4Chunk = 8;   // plan entries a merge lane has in flight ahead of its cursor
+inline constexpr int kP4Chunk = 16;  // plan entries a merge lane has in flight ahead of its cursor
 
 // Shared memory of one CTA. Rows of Q, K and V are D elements padded by 16 bytes, so the 8 rows
 // an ldmatrix reads fall in distinct banks. A tile descriptor (ring entry): the 64 tokens'
