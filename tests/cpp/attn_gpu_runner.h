@@ -1,7 +1,7 @@
 // Problem builders, oracles and GPU runners shared by the decode, prefill, composed, contract,
 // fuzz and big-cache suites (one copy of each generator): C5 decode (any strides, plan options,
 // graph replay, hang-safe waits), C7 prefill (any strides, graph replay) and the composed C4 -> C7
-// route. Kernels of C5/C7 exist only with the CUTLASS headers, so include this under
+// and C3 -> C7 routes. Kernels of C5/C7 exist only with the CUTLASS headers, so include this under
 // SELKV_HAVE_CUTLASS.
 #pragma once
 
@@ -674,14 +674,17 @@ inline DequantPrefillParams dq_params(const DqProblem& p) {
   return a;
 }
 
-// The indices as laid out for the call: rows of K + idx_pad, pads 0x5a5a5a5a.
-inline std::vector<int32_t> dq_indices(const DqProblem& p) {
-  if (p.idx_pad == 0) return p.idx;
-  const int64_t st = p.K + p.idx_pad;
-  std::vector<int32_t> v(size_t(p.T * st), 0x5a5a5a5a);
-  for (int t = 0; t < p.T; ++t) std::copy_n(&p.idx[size_t(t) * p.K], p.K, &v[size_t(t * st)]);
+// Dense [T, K] indices laid out in rows of K + pad, pads 0x5a5a5a5a (out of range, never read).
+inline std::vector<int32_t> pad_index_rows(const std::vector<int32_t>& idx, int T, int K, int64_t pad) {
+  if (pad == 0) return idx;
+  const int64_t st = K + pad;
+  std::vector<int32_t> v(size_t(T * st), 0x5a5a5a5a);
+  for (int t = 0; t < T; ++t) std::copy_n(&idx[size_t(t) * K], K, &v[size_t(t * st)]);
   return v;
 }
+
+// The indices as laid out for the call: rows of K + idx_pad.
+inline std::vector<int32_t> dq_indices(const DqProblem& p) { return pad_index_rows(p.idx, p.T, p.K, p.idx_pad); }
 
 // GPU run (fresh stream, deadline wait; graph: captured and replayed twice); the workspace starts
 // as 0xFF.
@@ -754,6 +757,230 @@ inline std::string dq_name(const DqProblem& p) {
          std::to_string(p.page) + " blocks" + std::to_string(p.num_blocks) + " T" + std::to_string(p.T) + " H" +
          std::to_string(p.H) + " K" + std::to_string(p.K) + (p.len.empty() ? "" : " dyn") +
          (int64_t(p.T) * p.K < p.P() ? " selected" : " full-pool");
+}
+
+// ---- composed route (b): C3 gather of each request's chunk -> C7 -----------------------------
+
+struct GatherProblem {
+  KvFormat format = KvFormat::kDsMlaFp8;
+  int page = 64;
+  int64_t num_blocks = 0, block_stride = 0;
+  int32_t max_blocks = 0;                        // max_blocks_per_req
+  int64_t bt_stride = 0;                         // block table row stride (> max_blocks)
+  std::vector<uint8_t> cache;
+  std::vector<int32_t> block_table;              // [reqs, bt_stride]
+  std::vector<int32_t> starts, lens, ws_starts;  // [reqs]
+  int64_t kv_rows = 0;                           // workspace rows (gaps included)
+  int T = 1, H = 64, K = 64;
+  std::vector<uint16_t> q;                       // [T, H, D]
+  std::vector<int32_t> idx, len;                 // [T, K] workspace rows; len [T] or empty
+  int64_t idx_pad = 0;                           // extra indices per token row on the device
+  size_t ws_slack = 0;                           // workspace bytes past the required size
+  int D() const { return fmt::dequant_dim(format); }
+  int reqs() const { return int(starts.size()); }
+  PagedKvCache view() const { return PagedKvCache{cache.data(), num_blocks, page, block_stride, format}; }
+  int limit(int t) const { return len.empty() ? K : std::clamp(len[size_t(t)], 0, K); }
+  bool valid(int t, int k) const {
+    const int32_t v = idx[size_t(t) * K + k];
+    return k < limit(t) && v >= 0 && v < kv_rows;
+  }
+  // The physical slot gathered into workspace row `row`; -1 for a gap row.
+  int64_t slot_of_row(int64_t row) const {
+    for (int r = 0; r < reqs(); ++r) {
+      const int64_t i = row - ws_starts[size_t(r)];
+      if (i < 0 || i >= lens[size_t(r)]) continue;
+      const int64_t pos = starts[size_t(r)] + i;
+      return int64_t(block_table[size_t(r * bt_stride + pos / page)]) * page + pos % page;
+    }
+    return -1;
+  }
+};
+
+struct GatherGenOpts {
+  KvFormat format = KvFormat::kDsMlaFp8;
+  int page = 64;
+  int reqs = 1;
+  int T = 4, H = 64, K = 64;
+  bool dynamic = false;
+  std::vector<int32_t> starts, lens;  // per request (empty: odd starts < 3 * page, lens < 300, >= 1 for request 0)
+  int empty_every = 11;  // token t with t % empty_every == 3 has no valid entry (0: none)
+  int64_t idx_pad = 0;   // GatherProblem::idx_pad
+  size_t ws_slack = 0;   // GatherProblem::ws_slack
+};
+
+// Requests land in the workspace in a shuffled order, 3 unwritten rows after each (they stay
+// NaN; no index points at them). Only gathered positions hold records (randn / 10, pow2 and amax
+// scales): every other cache byte is 0xFF and every block-table entry no gathered position needs
+// is -1, out of range or a spare NaN block, so a stray read shows. Each token attends inside one
+// request's rows.
+inline GatherProblem make_gather_problem(const GatherGenOpts& c, std::mt19937_64& rng) {
+  GatherProblem p;
+  p.format = c.format; p.page = c.page; p.T = c.T; p.H = c.H; p.K = c.K;
+  p.idx_pad = c.idx_pad; p.ws_slack = c.ws_slack;
+  const int n = c.reqs;
+  p.starts.resize(size_t(n)); p.lens.resize(size_t(n)); p.ws_starts.resize(size_t(n));
+  int64_t used_blocks = 0, furthest = 1;
+  for (int r = 0; r < n; ++r) {
+    const size_t i = size_t(r);
+    p.lens[i] = i < c.lens.size() ? c.lens[i] : int32_t(rng() % 300) + (r == 0 ? 1 : 0);
+    p.starts[i] = i < c.starts.size() ? c.starts[i] : int32_t(rng() % uint64_t(3 * c.page)) | 1;
+    const int64_t first = p.starts[i] / c.page, end = (int64_t(p.starts[i]) + p.lens[i] + c.page - 1) / c.page;
+    if (p.lens[i] > 0) used_blocks += end - first;
+    furthest = std::max(furthest, end);
+  }
+  p.max_blocks = int32_t(furthest + 1);  // one entry past the furthest request's last block
+  p.bt_stride = p.max_blocks + 3;  // padded table rows: entries past max_blocks are never read
+  const int64_t spare = 3;
+  p.num_blocks = used_blocks + spare;
+  p.block_stride = int64_t(c.page) * fmt::record_bytes(c.format) + 16 * int64_t(rng() % 2);
+  p.cache.assign(size_t(p.num_blocks * p.block_stride), 0xFF);
+  std::vector<int32_t> perm(static_cast<size_t>(p.num_blocks));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  const int32_t unused[] = {-1, int32_t(p.num_blocks), INT_MAX, perm[size_t(used_blocks)]};
+  p.block_table.resize(size_t(n * p.bt_stride));
+  for (auto& b : p.block_table) b = unused[rng() % 4];
+  size_t next = 0;
+  const PagedKvCache v = p.view();
+  for (int r = 0; r < n; ++r) {
+    const int64_t s0 = p.starts[size_t(r)], s1 = s0 + p.lens[size_t(r)];
+    for (int64_t b = s0 / c.page; s0 < s1 && b * c.page < s1; ++b)
+      p.block_table[size_t(r * p.bt_stride + b)] = perm[next++];
+    for (int64_t pos = s0; pos < s1; ++pos) {
+      const int64_t slot = int64_t(p.block_table[size_t(r * p.bt_stride + pos / c.page)]) * c.page + pos % c.page;
+      const auto lat = randn_bf16(512, 0.1f, rng);
+      const auto rope = randn_bf16(64, 0.1f, rng);
+      ref::encode_record(lat.data(), rope.data(), c.format, (slot & 1) ? ScaleMode::kAmax : ScaleMode::kPow2,
+                         p.cache.data() + v.slot_offset(slot));
+    }
+  }
+  std::vector<int> order(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);
+  for (int r : order) {
+    p.ws_starts[size_t(r)] = int32_t(p.kv_rows);
+    p.kv_rows += p.lens[size_t(r)] + 3;
+  }
+  const int64_t R = p.kv_rows;
+  const int32_t bad[] = {-1, INT_MIN, int32_t(R), int32_t(R + 1), INT_MAX, -2};
+  p.idx.resize(size_t(c.T) * c.K);
+  if (c.dynamic) p.len.resize(size_t(c.T));
+  for (int t = 0; t < c.T; ++t) {
+    if (c.dynamic) {
+      const int d = int(rng() % 6);  // edges too: <= 0 and > K
+      p.len[size_t(t)] = d == 0 ? -int32_t(rng() % 3) : d == 1 ? c.K + int32_t(rng() % 3)
+                                                               : int32_t(rng() % uint64_t(c.K + 1));
+    }
+    const size_t r = size_t(rng() % uint64_t(n));
+    const bool empty = c.empty_every > 0 && t % c.empty_every == 3;
+    for (int k = 0; k < c.K; ++k) {
+      int32_t x = p.lens[r] > 0 ? p.ws_starts[r] + int32_t(rng() % uint64_t(p.lens[r])) : -1;
+      const int u = int(rng() % 8);
+      if (empty || u == 0) x = bad[rng() % 6];
+      else if (u == 1 && k > 0) x = p.idx[size_t(t) * c.K + k - 1];  // duplicate
+      p.idx[size_t(t) * c.K + k] = x;
+    }
+  }
+  p.q = randn_bf16(size_t(c.T) * c.H * p.D(), 1.f, rng);
+  return p;
+}
+
+inline GatherPrefillParams gather_params(const GatherProblem& p) {
+  GatherPrefillParams a;
+  a.attn.num_tokens = p.T; a.attn.num_heads = p.H; a.attn.d_qk = p.D();
+  a.attn.topk = p.K; a.attn.sm_scale = std::pow(float(p.D()), -0.55f);
+  set_contiguous_strides(&a.attn);
+  a.attn.kv_row_stride = 0;  // owned by the call
+  a.attn.num_kv = 0;
+  a.attn.indices_token_stride = p.K + p.idx_pad;
+  a.gather.num_blocks = p.num_blocks; a.gather.page_size = p.page;
+  a.gather.block_stride_bytes = p.block_stride; a.gather.format = p.format;
+  a.gather.block_table_row_stride = p.bt_stride; a.gather.max_blocks_per_req = p.max_blocks;
+  a.gather.num_reqs = p.reqs();
+  a.num_kv_rows = p.kv_rows;
+  a.workspace_bytes = gather_prefill_workspace_size(p.kv_rows, p.format) + p.ws_slack;
+  return a;
+}
+
+// GPU run (fresh stream, deadline wait; graph: captured and replayed twice); the workspace starts
+// as 0xFF.
+inline bool run_gather_gpu(const GatherProblem& p, ComposedOut* r, const std::string& what, bool graph = false) {
+  GatherPrefillParams a = gather_params(p);
+  const size_t nout = size_t(p.T) * p.H * 512, nst = size_t(p.T) * p.H;
+  const std::vector<int32_t> idx = pad_index_rows(p.idx, p.T, p.K, p.idx_pad);
+  const size_t nr = size_t(p.reqs()) * 4;
+  DevBuf dcache(p.cache.size()), dbt(p.block_table.size() * 4), dst(nr), dln(nr), dwss(nr), didx(idx.size() * 4),
+      dlen(std::max<size_t>(p.len.size(), 1) * 4), dq(p.q.size() * 2), dws(a.workspace_bytes), dout(nout * 2),
+      dml(nst * 4), dlse(nst * 4);
+  up(dcache, p.cache); up(dbt, p.block_table); up(dst, p.starts); up(dln, p.lens); up(dwss, p.ws_starts);
+  up(didx, idx); up(dq, p.q);
+  if (!p.len.empty()) up(dlen, p.len);
+  EXPECT_EQ(cudaMemset(dws.ptr, 0xFF, a.workspace_bytes), cudaSuccess);
+  EXPECT_EQ(cudaMemset(dout.ptr, 0x7F, nout * 2), cudaSuccess);
+  EXPECT_EQ(cudaMemset(dml.ptr, 0xFF, nst * 4), cudaSuccess);
+  EXPECT_EQ(cudaMemset(dlse.ptr, 0xFF, nst * 4), cudaSuccess);
+  a.attn.q = dq.ptr; a.attn.indices = didx.as<int32_t>();
+  a.attn.topk_length = p.len.empty() ? nullptr : dlen.as<int32_t>();
+  a.attn.out = dout.ptr; a.attn.max_logits = dml.as<float>(); a.attn.lse = dlse.as<float>();
+  a.gather.cache = dcache.ptr; a.gather.block_table = dbt.as<int32_t>();
+  a.gather.seq_starts = dst.as<int32_t>(); a.gather.seq_lens = dln.as<int32_t>();
+  a.gather.ws_starts = dwss.as<int32_t>();
+  a.workspace = dws.ptr;
+  cudaStream_t stream;
+  if (cudaStreamCreate(&stream) != cudaSuccess) return false;
+  const bool ok = run_call(stream, [&](cudaStream_t st) { return gather_sparse_mla_prefill(a, st); }, graph, what);
+  cudaStreamDestroy(stream);
+  if (!ok) return false;
+  r->o.out = down<uint16_t>(dout, nout);
+  r->o.ml = down<float>(dml, nst);
+  r->o.lse = down<float>(dlse, nst);
+  r->ws = down<uint8_t>(dws, a.workspace_bytes);
+  return true;
+}
+
+// The oracle of the same call: out (bf16, as floats), max_logits, lse and the workspace bytes.
+inline bool run_gather_ref(const GatherProblem& p, ComposedOut* r, std::vector<float>* ref_out) {
+  GatherPrefillParams h = gather_params(p);
+  const size_t nout = size_t(p.T) * p.H * 512, nst = size_t(p.T) * p.H;
+  std::vector<uint16_t> out(nout, 0xFFFF);
+  r->o.ml.assign(nst, 0.f);
+  r->o.lse.assign(nst, 0.f);
+  std::vector<uint8_t> host_ws(h.workspace_bytes + 16, 0xFF);
+  auto* hw = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(host_ws.data()) + 15) & ~uintptr_t(15));
+  const std::vector<int32_t> idx = pad_index_rows(p.idx, p.T, p.K, p.idx_pad);
+  h.attn.q = p.q.data(); h.attn.indices = idx.data();
+  h.attn.topk_length = p.len.empty() ? nullptr : p.len.data();
+  h.attn.out = out.data(); h.attn.max_logits = r->o.ml.data(); h.attn.lse = r->o.lse.data();
+  h.gather.cache = p.cache.data(); h.gather.block_table = p.block_table.data();
+  h.gather.seq_starts = p.starts.data(); h.gather.seq_lens = p.lens.data(); h.gather.ws_starts = p.ws_starts.data();
+  h.workspace = hw;
+  const Status st = ref::gather_sparse_mla_prefill(h);
+  EXPECT_TRUE(st.ok()) << st.to_string();
+  if (!st.ok()) return false;
+  r->ws.assign(hw, hw + h.workspace_bytes);
+  r->o.out = out;
+  ref_out->resize(nout);
+  for (size_t i = 0; i < nout; ++i) (*ref_out)[i] = f32(out[i]);
+  return true;
+}
+
+// GPU vs oracle: prefill tolerances (NaN rows included), workspace bit for bit (gap rows and
+// slack included).
+inline void check_gather_case(const GatherProblem& p, const std::string& what, ComposedOut* keep = nullptr,
+                              bool graph = false) {
+  ComposedOut g, r;
+  std::vector<float> ref_out;
+  if (!run_gather_gpu(p, &g, what, graph) || !run_gather_ref(p, &r, &ref_out)) return;
+  expect_prefill_close(g.o.out, g.o.ml, g.o.lse, ref_out, r.o.ml, r.o.lse, p.H, what);
+  EXPECT_TRUE(bits_equal(g.ws, r.ws)) << what << ": workspace differs from the oracle's";
+  if (keep) *keep = std::move(g);
+}
+
+inline std::string gather_name(const GatherProblem& p) {
+  return std::string(p.format == KvFormat::kDsMlaFp8 ? "ds_mla_fp8" : "nope_fp8") + " page" +
+         std::to_string(p.page) + " reqs" + std::to_string(p.reqs()) + " rows" + std::to_string(p.kv_rows) + " T" +
+         std::to_string(p.T) + " H" + std::to_string(p.H) + " K" + std::to_string(p.K) +
+         (p.len.empty() ? "" : " dyn");
 }
 
 }  // namespace selkv::test

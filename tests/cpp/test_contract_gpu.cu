@@ -233,118 +233,52 @@ TEST(ContractGpu, NanRowsComposed) {
       }
 }
 
-// Route (b): C3 gather -> C7, one request, a NaN record at a gathered position.
-void run_gather_route(KvFormat f, int page, bool nan_record, bool dyn, uint64_t salt, test::ComposedOut* keep,
-                      std::set<size_t>* nan_entries) {
-  auto rng = make_rng(salt);
-  const int rb = fmt::record_bytes(f), D = fmt::dequant_dim(f);
-  const int T = 19, H = 64, K = 128;
-  const int32_t start = 3, len = 250;
-  const int max_blocks = (start + len + page - 1) / page + 1;
-  const int64_t num_blocks = max_blocks + 3;
-  std::vector<int32_t> perm(static_cast<size_t>(num_blocks));
-  std::iota(perm.begin(), perm.end(), 0);
-  std::shuffle(perm.begin(), perm.end(), rng);
-  std::vector<int32_t> bt(perm.begin(), perm.begin() + max_blocks);
-  PagedKvCache view{nullptr, num_blocks, page, int64_t(page) * rb, f};
-  std::vector<uint8_t> cache(size_t(num_blocks * view.block_stride_bytes), 0xFF);
-  for (int32_t pos = start; pos < start + len; ++pos) {
-    const auto lat = test::randn_bf16(512, 0.1f, rng);
-    const auto rope = test::randn_bf16(64, 0.1f, rng);
-    ref::encode_record(lat.data(), rope.data(), f, ScaleMode::kPow2,
-                       cache.data() + view.slot_offset(int64_t(bt[size_t(pos / page)]) * page + pos % page));
-  }
-  // Indices relative to the gathered rows [0, len); row 4 has no valid entry.
-  std::vector<int32_t> idx(size_t(T) * K), tl(static_cast<size_t>(T));
-  for (int t = 0; t < T; ++t) {
-    tl[size_t(t)] = dyn ? int32_t(rng() % (K + 1)) : K;
-    for (int k = 0; k < K; ++k) idx[size_t(t) * K + k] = t == 4 || rng() % 9 == 0 ? -1 : int32_t(rng() % len);
-  }
-  const int32_t bad_row = 77;
-  idx[0] = bad_row;  // token 0 selects it (and others may)
-  tl[0] = std::max(tl[0], 1);
-  if (nan_record) {
-    const int64_t pos = start + bad_row;
-    cache[size_t(view.slot_offset(int64_t(bt[size_t(pos / page)]) * page + pos % page)) + 11] = 0xFF;
-    for (int t = 0; t < T; ++t)
-      for (int k = 0; k < tl[size_t(t)]; ++k)
-        if (idx[size_t(t) * K + k] == bad_row) {
-          for (int h = 0; h < H; ++h) nan_entries->insert(size_t(t) * H + h);
-          break;
-        }
-  }
-  const std::vector<uint16_t> q = test::randn_bf16(size_t(T) * H * D, 1.f, rng);
-  const size_t ws_bytes = gather_prefill_workspace_size(len, f);
-  const size_t nout = size_t(T) * H * 512, nst = size_t(T) * H;
-  DevBuf dcache(cache.size()), dbt(bt.size() * 4), dst(4), dln(4), dwss(4), didx(idx.size() * 4), dtl(tl.size() * 4),
-      dq(q.size() * 2), dws(ws_bytes), dout(nout * 2), dml(nst * 4), dlse(nst * 4);
-  const int32_t zero = 0;
-  up(dcache, cache); up(dbt, bt); up(dst, std::vector<int32_t>{start}); up(dln, std::vector<int32_t>{len});
-  up(dwss, std::vector<int32_t>{zero}); up(didx, idx); up(dtl, tl); up(dq, q);
-  CUDA_OK(cudaMemset(dws.ptr, 0xFF, ws_bytes));
-  GatherPrefillParams p;
-  p.attn.q = dq.ptr; p.attn.num_tokens = T; p.attn.num_heads = H; p.attn.d_qk = D;
-  p.attn.topk = K; p.attn.sm_scale = std::pow(float(D), -0.55f);
-  set_contiguous_strides(&p.attn);
-  p.attn.kv_row_stride = 0;
-  p.attn.num_kv = 0;
-  p.attn.indices = didx.as<int32_t>();
-  p.attn.topk_length = dyn ? dtl.as<int32_t>() : nullptr;
-  p.attn.out = dout.ptr; p.attn.max_logits = dml.as<float>(); p.attn.lse = dlse.as<float>();
-  p.gather.cache = dcache.ptr; p.gather.num_blocks = num_blocks; p.gather.page_size = page;
-  p.gather.block_stride_bytes = view.block_stride_bytes; p.gather.format = f;
-  p.gather.block_table = dbt.as<int32_t>(); p.gather.block_table_row_stride = max_blocks;
-  p.gather.max_blocks_per_req = max_blocks;
-  p.gather.seq_starts = dst.as<int32_t>(); p.gather.seq_lens = dln.as<int32_t>();
-  p.gather.ws_starts = dwss.as<int32_t>(); p.gather.num_reqs = 1;
-  p.num_kv_rows = len;
-  p.workspace = dws.ptr;
-  p.workspace_bytes = ws_bytes;
-  cudaStream_t s;
-  CUDA_OK(cudaStreamCreate(&s));
-  ST_OK(gather_sparse_mla_prefill(p, s));
-  ASSERT_TRUE(test::sync_or_abort(s, "gather route"));
-  cudaStreamDestroy(s);
-  test::ComposedOut g;
-  g.o.out = down<uint16_t>(dout, nout);
-  g.o.ml = down<float>(dml, nst);
-  g.o.lse = down<float>(dlse, nst);
-  g.ws = down<uint8_t>(dws, ws_bytes);
-
-  std::vector<uint16_t> rout(nout, 0xFFFF);
-  std::vector<float> rml(nst), rlse(nst);
-  std::vector<uint8_t> host_ws(ws_bytes + 16, 0xFF);
-  auto* hw = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(host_ws.data()) + 15) & ~uintptr_t(15));
-  const int32_t hstart = start, hlen = len;
-  GatherPrefillParams h = p;
-  h.attn.q = q.data(); h.attn.indices = idx.data(); h.attn.topk_length = dyn ? tl.data() : nullptr;
-  h.attn.out = rout.data(); h.attn.max_logits = rml.data(); h.attn.lse = rlse.data();
-  h.gather.cache = cache.data(); h.gather.block_table = bt.data(); h.gather.seq_starts = &hstart;
-  h.gather.seq_lens = &hlen; h.gather.ws_starts = &zero;
-  h.workspace = hw;
-  ST_OK(ref::gather_sparse_mla_prefill(h));
-  std::vector<float> ref_out(nout);
-  for (size_t i = 0; i < nout; ++i) ref_out[i] = test::f32(rout[i]);
-  const std::string what = std::string("gather route page") + std::to_string(page) + (nan_record ? " NaN" : "");
-  test::expect_prefill_close(g.o.out, g.o.ml, g.o.lse, ref_out, rml, rlse, H, what);
-  EXPECT_TRUE(test::bits_equal(g.ws, std::vector<uint8_t>(hw, hw + ws_bytes))) << what << ": workspace";
-  *keep = std::move(g);
+// Route (b): one request (start 3, not page aligned; 250 rows) gathered through a shuffled block
+// table; see test::make_gather_problem for the poison around it.
+test::GatherGenOpts gather_route(KvFormat f, int page, bool dyn) {
+  test::GatherGenOpts g;
+  g.format = f; g.page = page; g.reqs = 1; g.T = 19; g.H = 64; g.K = 128; g.dynamic = dyn;
+  g.starts = {3};
+  g.lens = {250};
+  return g;
 }
 
+// A NaN record (E4M3 code, NaN scale) at two gathered rows valid entries select: the workspace is
+// bit-exact with the oracle's and the NaN reaches exactly the tokens that select either row.
 TEST(ContractGpu, NanRowsComposedGatherRoute) {
   SELKV_REQUIRE_GPU();
   uint64_t salt = 450;
   for (KvFormat f : {KvFormat::kDsMlaFp8, KvFormat::kNopeFp8})
     for (bool dyn : {false, true}) {
-      SEED_TRACE("format " + std::to_string(int(f)) + " dyn " + std::to_string(dyn));
+      auto rng = make_rng(salt++);
+      const test::GatherProblem p0 = test::make_gather_problem(gather_route(f, 64, dyn), rng);
+      const std::string what = test::gather_name(p0) + " NaN";
+      SEED_TRACE(what);
       test::ComposedOut base, got;
-      std::set<size_t> none, nan;
-      run_gather_route(f, 64, false, dyn, salt, &base, &none);
-      run_gather_route(f, 64, true, dyn, salt, &got, &nan);
-      if (HasFatalFailure()) return;
+      test::check_gather_case(p0, what + " (no NaN)", &base);
+      test::GatherProblem p1 = p0;
+      std::vector<int32_t> bad;  // workspace rows
+      for (int t = 0; t < p1.T && bad.size() < 2; ++t)
+        for (int k = 0; k < p1.limit(t); ++k)
+          if (p1.valid(t, k)) { bad.push_back(p1.idx[size_t(t) * p1.K + k]); break; }
+      ASSERT_EQ(bad.size(), 2u) << what;
+      const PagedKvCache view = p1.view();
+      p1.cache[size_t(view.slot_offset(p1.slot_of_row(bad[0]))) + rng() % 512] = (rng() & 1) ? 0x7F : 0xFF;
+      const float nanv = std::nanf("");
+      std::memcpy(p1.cache.data() + view.slot_offset(p1.slot_of_row(bad[1])) + 512 + 4 * (rng() % 4), &nanv, 4);
+      std::set<size_t> nan;
+      for (int t = 0; t < p1.T; ++t)
+        for (int k = 0; k < p1.limit(t); ++k)
+          if (p1.valid(t, k) && (p1.idx[size_t(t) * p1.K + k] == bad[0] || p1.idx[size_t(t) * p1.K + k] == bad[1])) {
+            for (int h = 0; h < p1.H; ++h) nan.insert(size_t(t) * p1.H + h);
+            break;
+          }
+      test::check_gather_case(p1, what, &got);
+      ASSERT_FALSE(base.ws.empty()) << what << ": the run without NaN did not complete";
+      ASSERT_FALSE(got.ws.empty()) << what << ": the run with NaN did not complete";
       ASSERT_FALSE(nan.empty());
-      expect_nan_exactly(got.o.out, got.o.lse, base.o.out, base.o.lse, nan, "gather route NaN");
-      ++salt;
+      expect_nan_exactly(got.o.out, got.o.lse, base.o.out, base.o.lse, nan, what);
+      for (size_t i : nan) EXPECT_TRUE(std::isnan(got.o.ml[i])) << what << ": max_logits[" << i << "]";
     }
 }
 
@@ -713,10 +647,10 @@ TEST(ContractGpu, PageSizeOneComposed) {
       test::check_dq_case(p, test::dq_name(p));
     }
   for (KvFormat f : {KvFormat::kDsMlaFp8, KvFormat::kNopeFp8}) {
-    SEED_TRACE("gather route page 1");
-    test::ComposedOut keep;
-    std::set<size_t> none;
-    run_gather_route(f, 1, false, true, salt++, &keep, &none);
+    auto rng = make_rng(salt++);
+    const test::GatherProblem p = test::make_gather_problem(gather_route(f, 1, true), rng);
+    SEED_TRACE(test::gather_name(p));
+    test::check_gather_case(p, test::gather_name(p));
   }
 }
 
