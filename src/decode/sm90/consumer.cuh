@@ -10,7 +10,6 @@
 #include "decode/sm90/primitives.cuh"
 #include "decode/sm90/timeline.cuh"
 #include "sm90/common.cuh"
-#include "sm90/epilogue.cuh"
 #include "sm90/wg_softmax.cuh"
 
 namespace selkv::decode::sm90 {
@@ -43,13 +42,15 @@ struct RowStats {
 template <int kNumHeads, bool kF16Partials, typename TensorO>
 __device__ __forceinline__ void store_row(const DecodeKernelParams& p, const RowWork& w, int cw, int lane,
                                           int r0, int r1, const RowStats& st, TensorO& tOrO) {
+  constexpr float kNegInf = -INFINITY;
   const auto [b, s] = row_coord(w.row, p.batch);
   const int head_base = int(blockIdx.x) * kBlockM;
-  // An empty row gives out 0 and lse -inf; a NaN that reached the softmax keeps the row NaN.
-  const selkv::sm90::RowResult2 rr = selkv::sm90::row_results(st.m0, st.l0, st.m1, st.l1, p.sm_scale);
-  const bool any0 = rr.any0, any1 = rr.any1;
-  const float lse0 = rr.lse0, lse1 = rr.lse1;
-  float f0 = rr.f0, f1 = rr.f1;
+  // l == 0 only for a row with no valid token (out 0, lse -inf). A NaN that reached the softmax
+  // makes l NaN, which must not read as empty: lse and out become NaN (DESIGN §2).
+  const bool any0 = st.l0 != 0.f, any1 = st.l1 != 0.f;
+  const float lse0 = any0 ? st.m0 * p.sm_scale + logf(st.l0) : kNegInf;
+  const float lse1 = any1 ? st.m1 * p.sm_scale + logf(st.l1) : kNegInf;
+  float f0 = any0 ? 1.f / st.l0 : 0.f, f1 = any1 ? 1.f / st.l1 : 0.f;
   const int h0 = head_base + r0, h1 = head_base + r1;
   // Lane q of a quad holds word q (columns 2q, 2q + 1) of every 8-column chunk of rows r0 and r1.
   const int q4 = lane & 3;
@@ -95,10 +96,12 @@ __device__ __forceinline__ void store_row(const DecodeKernelParams& p, const Row
   }
   if (kF16Partials || !w.split) {
     if (!w.split && p.attn_sink != nullptr) {
-      if (any0) f0 *= selkv::sm90::sink_scale(p.attn_sink[h0], lse0);
-      if (any1) f1 *= selkv::sm90::sink_scale(p.attn_sink[h1], lse1);
+      if (any0) f0 *= 1.f / (1.f + expf(p.attn_sink[h0] - lse0));
+      if (any1) f1 *= 1.f / (1.f + expf(p.attn_sink[h1] - lse1));
     }
-    // bf16 rows stored whole-sector by the quad transpose (docs/perf-log.md: decode epilogue).
+    // bf16: a 4 x 4 word transpose over the quad gives lane q all four words of chunk 4c + q, so a
+    // warp instruction writes 64 contiguous bytes of each of its 8 rows (whole sectors) instead of
+    // 16 (half sectors, each written twice; docs/perf-log.md: decode epilogue).
     // (With fp16 partials a split row's partial goes the same way into its slot, [H, 512]
     // contiguous.)
     const bool to_slot = kF16Partials && w.split;
@@ -107,10 +110,21 @@ __device__ __forceinline__ void store_row(const DecodeKernelParams& p, const Row
     const int64_t hs = to_slot ? int64_t(kDimV) : p.out_head_stride;
     uint16_t* o0 = orow + int64_t(h0) * hs + cw * kDimVPerConsumer + q4 * 8;
     uint16_t* o1 = orow + int64_t(h1) * hs + cw * kDimVPerConsumer + q4 * 8;
-    selkv::sm90::store_o_rows256(
-        tOrO, f0, f1, q4,
-        [&](float x, float y) { return to_slot ? f16x2_bits(x, y) : bf16x2_bits(x, y); },
-        [&](int r, int c, uint4 v) { *reinterpret_cast<uint4*>((r ? o1 : o0) + 32 * c) = v; });
+    CUTE_UNROLL
+    for (int c = 0; c < 8; ++c) {
+      CUTE_UNROLL
+      for (int r = 0; r < 2; ++r) {
+        const float f = r ? f1 : f0;
+        uint32_t wd[4];  // word q4 of chunk 4c + k
+        CUTE_UNROLL
+        for (int k = 0; k < 4; ++k) {
+          const int i = 4 * (4 * c + k) + 2 * r;
+          wd[k] = to_slot ? f16x2_bits(tOrO(i) * f, tOrO(i + 1) * f) : bf16x2_bits(tOrO(i) * f, tOrO(i + 1) * f);
+        }
+        selkv::sm90::quad_transpose4(wd, q4);
+        *reinterpret_cast<uint4*>((r ? o1 : o0) + 32 * c) = make_uint4(wd[0], wd[1], wd[2], wd[3]);
+      }
+    }
     if (cw == 0 && (lane & 3) == 0 && !to_slot) {
       float* lrow = p.lse + b * p.lse_batch_stride + s * p.lse_seq_stride;
       lrow[h0] = lse0;
@@ -213,6 +227,7 @@ __device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, type
   const int warp_wg = tid_wg / 32, lane = tid_wg % 32;
   const int r0 = warp_wg * 16 + lane / 4, r1 = r0 + 8;
   const float sl2 = p.sm_scale_log2;
+  constexpr float kNegInf = -INFINITY;
 
   TiledMmaQK mma_qk;
   TiledMmaPVrs mma_pv;
@@ -233,7 +248,7 @@ __device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, type
     load_q_tile<L>(p, ss, w);
     SELKV_TL(if (tid_wg == 0 && tl_first) tl_stamp(3);)
     clear(tOrO);
-    selkv::sm90::RowSoftmax2 sm;
+    float m0 = kNegInf, m1 = kNegInf, l0 = 0.f, l1 = 0.f;
 
     for (int32_t blk = w.blk_begin; blk < w.blk_end; ++blk) {
       wait_kv_tile<kNumHeads>(ss, buf, phase);
@@ -246,10 +261,14 @@ __device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, type
       SELKV_TL(if (tid_wg == 0 && tl_first) { tl_stamp(4); tl_first = false; })
 
       // Mask invalid tokens (bit t of the block's mask = token t), row maxima over the quad.
-      const float2 mx = sm.rowmax(tSrS, *reinterpret_cast<const uint64_t*>(ss.kv_valid_bits[buf]), lane);
+      float mx0, mx1;
+      selkv::sm90::wg_mask_rowmax64(tSrS, *reinterpret_cast<const uint64_t*>(ss.kv_valid_bits[buf]), lane, mx0, mx1);
+      const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
       // P = exp2(s * scale_log2 - m * scale_log2): row sums in fp32, P in bf16 registers.
-      const float2 sc = sm.advance(tSrS, sl2, fmaxf(sm.m0, mx.x), fmaxf(sm.m1, mx.y));
+      const float2 sc = selkv::sm90::wg_online_softmax64(tSrS, sl2, m0, m1, mn0, mn1, l0, l1);
       const float sc0 = sc.x, sc1 = sc.y;
+      m0 = mn0;
+      m1 = mn1;
       CUTE_UNROLL
       for (int i = 0; i < size(tSrS); i += 2) {
         const uint32_t v = bf16x2_bits(tSrS(i), tSrS(i + 1));
@@ -293,18 +312,19 @@ __device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, type
 
     // Row end: total row sums and maxima -> smem for WG2; the barrier also orders every wgmma of
     // this row before the next row's Q load.
-    sm.finish();
+    l0 = selkv::sm90::quad_sum(l0);
+    l1 = selkv::sm90::quad_sum(l1);
     if ((lane & 3) == 0) {
-      ss.row_sum[r0] = sm.l0;
-      ss.row_sum[r1] = sm.l1;
-      ss.row_max[r0] = sm.m0;
-      ss.row_max[r1] = sm.m1;
+      ss.row_sum[r0] = l0;
+      ss.row_sum[r1] = l1;
+      ss.row_max[r0] = m0;
+      ss.row_max[r1] = m1;
     }
     consumers_sync(NamedBar::kRowSum);
     // WG2 reads row_sum / row_max right after kRowSum; WG1 rewrites them only after the next
     // row's kQReady barrier, which WG2 reaches after that read.
     SELKV_TL(if (tid_wg == 0) tl_stamp(6);)  // overwritten per row: the last row's remains
-    store_row<kNumHeads, kF16Partials>(p, w, 0, lane, r0, r1, RowStats{sm.m0, sm.m1, sm.l0, sm.l1}, tOrO);
+    store_row<kNumHeads, kF16Partials>(p, w, 0, lane, r0, r1, RowStats{m0, m1, l0, l1}, tOrO);
   }
   SELKV_TL(if (tid_wg == 0) { tl_stamp(5); tl_finish(p); })
 }

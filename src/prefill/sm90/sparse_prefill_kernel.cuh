@@ -36,7 +36,6 @@
 
 #include "prefill/sm90/config.h"
 #include "sm90/common.cuh"
-#include "sm90/epilogue.cuh"
 #include "sm90/wg_softmax.cuh"
 
 namespace selkv::prefill::sm90 {
@@ -247,7 +246,7 @@ __device__ __forceinline__ void run_consumer(const PrefillKernelParams& p, typen
     const int32_t* idx_row = p.indices + t * p.indices_token_stride;
 
     clear(tOrO);
-    selkv::sm90::RowSoftmax2 sm;
+    float m0 = kNegInf, m1 = kNegInf, l0 = 0.f, l1 = 0.f;
     uint64_t vmask = 0;
     if (npairs > 0) {
       cutlass::arch::ClusterBarrier::wait(&ss.bar_q, nq & 1u);
@@ -269,9 +268,10 @@ __device__ __forceinline__ void run_consumer(const PrefillKernelParams& p, typen
       const bool has1 = 2 * pr + 1 < nblk;
       if constexpr (kA) {
         // ---- A: softmax on the even block (S already in tSrS) ----
-        const float2 mx = sm.rowmax(tSrS, vmask, lane);
-        const float mn0 = fmaxf(sm.m0, mx.x), mn1 = fmaxf(sm.m1, mx.y);
-        const float2 sc = sm.advance(tSrS, sl2, mn0, mn1);
+        float mx0, mx1;
+        selkv::sm90::wg_mask_rowmax64(tSrS, vmask, lane, mx0, mx1);
+        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+        const float2 sc = selkv::sm90::wg_online_softmax64(tSrS, sl2, m0, m1, mn0, mn1, l0, l1);
         const float sc0 = sc.x, sc1 = sc.y;
         selkv::sm90::pack_bf16_pairs64(tSrS, tOrPw);
         if ((lane & 3) == 0) {
@@ -301,10 +301,10 @@ __device__ __forceinline__ void run_consumer(const PrefillKernelParams& p, typen
         nb_arrive(Bar::kP0);
         CUTE_UNROLL
         for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= ((i >> 1) & 1) ? f1 : f0;
-        sm.l0 *= f0;
-        sm.l1 *= f1;
-        sm.m0 = mb0;
-        sm.m1 = mb1;
+        l0 *= f0;
+        l1 *= f1;
+        m0 = mb0;
+        m1 = mb1;
 
         // O_A += P_B V_B[L]
         if (has1) {
@@ -344,17 +344,20 @@ __device__ __forceinline__ void run_consumer(const PrefillKernelParams& p, typen
         } else {
           vmask = 0;  // no odd block: every column -inf, P = 0
         }
-        const float2 mx = sm.rowmax(tSrS, vmask, lane);
+        float mx0, mx1;
+        selkv::sm90::wg_mask_rowmax64(tSrS, vmask, lane, mx0, mx1);
         nb_sync(Bar::kMaxA);
         const float ma0 = ss.m_x[r0], ma1 = ss.m_x[r1];
-        const float mn0 = fmaxf(ma0, mx.x), mn1 = fmaxf(ma1, mx.y);  // ma >= m (A folded the running max)
+        const float mn0 = fmaxf(ma0, mx0), mn1 = fmaxf(ma1, mx1);  // ma >= m (A folded the running max)
         __syncwarp();
         if ((lane & 3) == 0) {
           ss.m_x[r0] = mn0;
           ss.m_x[r1] = mn1;
         }
         nb_arrive(Bar::kMaxB);
-        const float2 sc = sm.advance(tSrS, sl2, mn0, mn1);
+        const float2 sc = selkv::sm90::wg_online_softmax64(tSrS, sl2, m0, m1, mn0, mn1, l0, l1);
+        m0 = mn0;
+        m1 = mn1;
         CUTE_UNROLL
         for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= ((i >> 1) & 1) ? sc.y : sc.x;
         if (has1) {
@@ -383,36 +386,52 @@ __device__ __forceinline__ void run_consumer(const PrefillKernelParams& p, typen
     // l_x alternates by tile: after this tile's kLSum a consumer may reach the next tile's write
     // while the other still reads this one's.
     const int lb = int(it & 1u);
-    sm.finish();
+    l0 = selkv::sm90::quad_sum(l0);
+    l1 = selkv::sm90::quad_sum(l1);
     if ((lane & 3) == 0) {
-      ss.l_x[lb][kC][r0] = sm.l0;
-      ss.l_x[lb][kC][r1] = sm.l1;
+      ss.l_x[lb][kC][r0] = l0;
+      ss.l_x[lb][kC][r1] = l1;
     }
     nb_sync(Bar::kLSum);
     const float L0 = ss.l_x[lb][0][r0] + ss.l_x[lb][1][r0];
     const float L1 = ss.l_x[lb][0][r1] + ss.l_x[lb][1][r1];
-    // An empty row gives out 0, lse and max_logits -inf; a NaN that reached the softmax makes the
-    // row's out, lse and max_logits NaN (never an empty row, DESIGN §2).
-    const selkv::sm90::RowResult2 rr = selkv::sm90::row_results(sm.m0, L0, sm.m1, L1, p.sm_scale);
-    const bool any0 = rr.any0, any1 = rr.any1;
-    float f0 = rr.f0, f1 = rr.f1;
+    // L == 0 only for a row with no valid token; a NaN that reached the softmax makes L NaN, and
+    // the row's out, lse and max_logits NaN (never an empty row, DESIGN §2).
+    const bool any0 = L0 != 0.f, any1 = L1 != 0.f;
+    float f0 = any0 ? 1.f / L0 : 0.f, f1 = any1 ? 1.f / L1 : 0.f;
     const int h0 = hg * 64 + r0, h1 = hg * 64 + r1;
-    const float lse0 = rr.lse0, lse1 = rr.lse1;
-    if (p.attn_sink != nullptr) {
-      if (any0) f0 *= selkv::sm90::sink_scale(__ldg(p.attn_sink + h0), lse0);
-      if (any1) f1 *= selkv::sm90::sink_scale(__ldg(p.attn_sink + h1), lse1);
+    const float lse0 = any0 ? m0 * p.sm_scale + logf(L0) : kNegInf;
+    const float lse1 = any1 ? m1 * p.sm_scale + logf(L1) : kNegInf;
+    if (p.attn_sink != nullptr) {  // the sink is one more softmax term with no value: scale out only
+      if (any0) f0 *= 1.f / (1.f + expf(__ldg(p.attn_sink + h0) - lse0));
+      if (any1) f1 *= 1.f / (1.f + expf(__ldg(p.attn_sink + h1) - lse1));
     }
 
-    // out from the accumulators, whole-sector stores (store_o_rows256).
+    // out from the accumulators. Lane q of a quad holds word q (columns 2q, 2q + 1) of every
+    // 8-column chunk of rows r0 and r1; a 4 x 4 transpose over the quad (two shuffle stages)
+    // gives lane q all four words of chunk 4c + q, so one 16-byte store per lane writes 64
+    // contiguous bytes of each of 8 rows per warp instruction (whole 32-byte sectors).
     {
       const int q4 = lane & 3;
       uint16_t* o0 = p.out + t * p.out_token_stride + int64_t(h0) * p.out_head_stride + kC * 256 + q4 * 8;
       uint16_t* o1 = o0 + 8 * p.out_head_stride;
       // out is written once: evict-first so the stream does not displace gathered kv rows in L2.
       const uint64_t pol = p.l2_hints ? selkv::sm90::l2_policy_evict_first() : selkv::sm90::l2_policy_evict_normal();
-      selkv::sm90::store_o_rows256(
-          tOrO, f0, f1, q4, [](float x, float y) { return bf16x2_bits(x, y); },
-          [&](int r, int c, uint4 v) { selkv::sm90::st_global_16_hint((r ? o1 : o0) + c * 32, v, pol); });
+      CUTE_UNROLL
+      for (int c = 0; c < 8; ++c) {
+        CUTE_UNROLL
+        for (int r = 0; r < 2; ++r) {
+          const float f = r ? f1 : f0;
+          uint32_t w[4];  // w[k] = word q4 of chunk 4c + k
+          CUTE_UNROLL
+          for (int k = 0; k < 4; ++k) {
+            const int i = 4 * (4 * c + k) + 2 * r;
+            w[k] = bf16x2_bits(tOrO(i) * f, tOrO(i + 1) * f);
+          }
+          selkv::sm90::quad_transpose4(w, q4);
+          selkv::sm90::st_global_16_hint((r ? o1 : o0) + c * 32, make_uint4(w[0], w[1], w[2], w[3]), pol);
+        }
+      }
     }
     if (kA && (lane & 3) == 0) {
       if (p.lse != nullptr) {
@@ -422,8 +441,8 @@ __device__ __forceinline__ void run_consumer(const PrefillKernelParams& p, typen
       }
       if (p.max_logits != nullptr) {
         float* mrow = p.max_logits + t * p.max_logits_token_stride;
-        mrow[h0] = any0 ? (L0 != L0 ? L0 : sm.m0 * p.sm_scale) : kNegInf;
-        mrow[h1] = any1 ? (L1 != L1 ? L1 : sm.m1 * p.sm_scale) : kNegInf;
+        mrow[h0] = any0 ? (L0 != L0 ? L0 : m0 * p.sm_scale) : kNegInf;
+        mrow[h1] = any1 ? (L1 != L1 ? L1 : m1 * p.sm_scale) : kNegInf;
       }
     }
     n0 += uint32_t(npairs);
