@@ -17,7 +17,13 @@ Query head ``h`` reads KV head ``h // (Hq // Hkv)``. A row / head with no valid 
 
 Wraps the out-variant operator ``torch.ops.selkv.qsa_sparse_prefill`` (CPU: the fp64 reference;
 Meta: checks only; CUDA: the C++ API on the current stream, today the exact simple kernel for
-every batch; the SM90 page-4 kernel for large batches is planned).
+every batch; the SM90 page-4 kernel for large batches is built but not routed to yet).
+
+Plan / run (as FlashInfer's): the page-4 kernel reads a "virtual page-4" plan of the selection,
+made by :func:`qsa_plan` (``torch.ops.selkv.qsa_plan``: CUDA the C++ ``selkv::qsa_plan`` kernel,
+CPU the byte-identical reference ``selkv::ref::qsa_plan``, Meta checks only) into a uint8 buffer
+of :func:`qsa_metadata_size` bytes, and passed to :func:`qsa_sparse_prefill` as ``metadata=``.
+Without a plan (``metadata=None``) every call takes the exact simple kernel.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ import torch
 
 from ._ops import ops as _ops
 
-__all__ = ["qsa_sparse_prefill"]
+__all__ = ["qsa_metadata_size", "qsa_plan", "qsa_sparse_prefill"]
 
 
 def qsa_sparse_prefill(
@@ -47,6 +53,7 @@ def qsa_sparse_prefill(
     force_simple: bool = False,
     out: torch.Tensor | None = None,
     return_lse: bool = False,
+    metadata: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Sparse attention of each query row over its selected cache tokens (C8).
 
@@ -64,6 +71,15 @@ def qsa_sparse_prefill(
         force_simple: always take the simple kernel (CUDA routing; no effect on the result).
         out: optional ``[R, Hq, D]`` output of q's dtype.
         return_lse: also return the fp32 ``[R, Hq]`` log-sum-exp (natural log).
+        metadata: the page-4 plan of this call's selection, made by :func:`qsa_plan` from the same
+            ``block_table``, ``seq_lens``, ``req_ids``, ``positions`` and selection (uint8,
+            ``qsa_metadata_size(R, K)`` bytes or more, on q's device; a smaller one is an error
+            naming ``metadata``). ``None`` (default): no plan, the exact simple kernel. With a plan,
+            a CUDA call of ``R >= 4096`` rows may take the SM90 page-4 kernel once that route is
+            enabled (today it is not: every call runs the simple kernel, and the plan is only
+            checked). The page-4 kernel attends to the plan's selection, not the call's: re-plan
+            whenever the selection, ``seq_lens`` or the block table change. CPU and Meta check the
+            plan's size and ignore its contents.
 
     Returns:
         ``out``, or ``(out, lse)`` when ``return_lse``.
@@ -77,6 +93,76 @@ def qsa_sparse_prefill(
         lse = torch.empty(tuple(q.shape[:2]), dtype=torch.float32, device=q.device)
     _ops.qsa_sparse_prefill(
         q, k_cache, v_cache, block_table, seq_lens, req_ids, positions,
-        selection, block_ids, block_counts, float(scale), bool(force_simple), out, lse,
+        selection, block_ids, block_counts, float(scale), bool(force_simple), out, lse, metadata,
     )
     return (out, lse) if return_lse else out
+
+
+def qsa_metadata_size(num_rows: int, max_blocks: int) -> int:
+    """Bytes of the page-4 plan of ``num_rows`` rows selecting up to ``max_blocks`` (K) blocks.
+
+    ``selkv::qsa_metadata_size``: ``4 * (8 + round_up(num_rows, 4) + 2 * num_rows * (K + 1))``
+    (layout in ``src/qsa/qsa_layout.h``); 0 for ``num_rows <= 0`` or K outside ``[1, 512]``.
+    """
+    return int(_ops.qsa_metadata_size(int(num_rows), int(max_blocks)))
+
+
+def qsa_plan(
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    req_ids: torch.Tensor,
+    positions: torch.Tensor,
+    *,
+    selection: torch.Tensor | None = None,
+    block_ids: torch.Tensor | None = None,
+    block_counts: torch.Tensor | None = None,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    num_pages: int,
+    page_size: int,
+    metadata: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The page-4 plan of a selection, for ``qsa_sparse_prefill(..., metadata=plan)`` (C8).
+
+    Turns each row's selection into its table of virtual 4-token pages (physical page, 4-aligned
+    slot, mask of the valid tokens), locality-sorted, the causal partial block last, invalid
+    blocks dropped; rows whose expanded selection is not made of 4-token blocks are flagged for
+    the simple kernel (layout: ``src/qsa/qsa_layout.h``). Reads the selection, ``req_ids``,
+    ``positions``, ``seq_lens`` and ``block_table`` only, never q or the caches.
+
+    Plan / run, as FlashInfer's: make the plan outside the CUDA graph (once per selection: every
+    layer and call that uses the same selection, ``seq_lens`` and block table can share it), then
+    run the attention with ``metadata=plan`` inside it; the plan must be re-made whenever those
+    inputs change. The CUDA plan itself has no host sync and, with a preallocated ``metadata``,
+    allocates nothing (the C++ ``selkv::qsa_plan`` is graph capturable), so it may also be
+    captured when the selection is only known inside the graph.
+
+    Args:
+        block_table, seq_lens, req_ids, positions: as for :func:`qsa_sparse_prefill`.
+        selection: expanded form, int32 ``[R, 4K + 3]``.
+        block_ids, block_counts: compact form, int32 ``[R, K]`` and ``[R]``.
+        num_q_heads, num_kv_heads, head_dim: q's and the caches' sizes (``Hq``, ``Hkv``, ``D``);
+            the plan does not depend on them, the C++ argument rules check them.
+        num_pages, page_size: the caches' ``[num_pages, P, ...]`` sizes (the validity rule and
+            the physical slots depend on them).
+        metadata: optional uint8 output of ``qsa_metadata_size(R, K)`` bytes or more (16-byte
+            aligned on the GPU), on the device of the other tensors; allocated when ``None``.
+
+    Returns:
+        ``metadata``: the plan. CUDA and CPU write the same bytes (CUDA: the current stream,
+        CPU: the reference). Every byte of ``qsa_metadata_size(R, K)`` is written.
+    """
+    if metadata is None:
+        if selection is not None:
+            k = (selection.shape[-1] - 3) // 4 if selection.dim() == 2 else 0
+        else:
+            k = block_ids.shape[-1] if block_ids is not None and block_ids.dim() == 2 else 0
+        rows = req_ids.shape[0] if req_ids.dim() >= 1 else 0
+        # A bad shape gives 0 bytes here; the op then names the argument.
+        metadata = torch.empty(qsa_metadata_size(rows, k), dtype=torch.uint8, device=req_ids.device)
+    _ops.qsa_plan(
+        block_table, seq_lens, req_ids, positions, selection, block_ids, block_counts,
+        int(num_q_heads), int(num_kv_heads), int(head_dim), int(num_pages), int(page_size), metadata,
+    )
+    return metadata

@@ -1,5 +1,6 @@
 """Tests of the C8 QSA sparse prefill through torch: torch.ops.selkv.qsa_sparse_prefill and
-selkv.qsa_sparse_prefill.
+selkv.qsa_sparse_prefill, and its page-4 plan: torch.ops.selkv.qsa_plan / qsa_metadata_size and
+selkv.qsa_plan / selkv.qsa_metadata_size.
 
 - CPU op (the C++ oracle) against an independent fp64 torch model written here, over fp16 / bf16,
   D 128 / 256, page sizes 16 / 784, GQA groups, both selection forms (expanded == compact),
@@ -9,6 +10,12 @@ selkv.qsa_sparse_prefill.
 - errors name the op and the argument; opcheck on the CPU op;
 - CUDA (skips without a GPU): the CUDA op against the CPU op and the model, every form and layout
   giving the same bits, GQA groups, force_simple, the out variant, CUDA-graph replay, errors.
+- plan (CPU): the size formula, the CPU op's bytes against an independent model of the layout of
+  src/qsa/qsa_layout.h (header words, counts, sorted entries, irregular rows, zeros past the
+  counts), deterministic whatever the buffer held, expanded == compact, out with a plan == out
+  without, wrong size / dtype / rank / device errors naming metadata, Meta, opcheck;
+  (CUDA, skips without a GPU): the GPU plan == the CPU plan byte for byte, out with the plan ==
+  out without (also at R = 4096, where the page-4 route is wanted), plan + attention under a graph.
 """
 
 from __future__ import annotations
@@ -371,6 +378,256 @@ def test_opcheck(selkv, gen):
                           (*base, None, pb["ids"], pb["counts"], pb["scale"], True, out, None))
 
 
+# ---- page-4 plan: independent model of src/qsa/qsa_layout.h ------------------------------------
+MAGIC = 0x51534134  # 'Q' 'S' 'A' '4'
+IRREGULAR = -1
+
+
+def plan_size_model(R, K):
+    if R <= 0 or R >= 2**31 or K < 1 or K > 512:
+        return 0
+    return 4 * (8 + (R + 3) // 4 * 4 + R * (K + 1) * 2)
+
+
+def row_groups(pb, r, form):
+    """The row's groups of logical tokens: compact, each of the first clamp(count, 0, K) blocks then
+    the partial block; expanded, the 4-column groups (the last one 3 columns)."""
+    pos = int(pb["positions"][r])
+    if form == "compact":
+        ids, K = pb["ids"][r], pb["ids"].shape[1]
+        n = min(max(int(pb["counts"][r]), 0), K)
+        groups = [[4 * b + i for i in range(4)] for b in ids[:n].tolist()]
+        return groups + [list(range(4 * ((pos + 1) // 4), pos + 1))]
+    sel = pb["selection"][r].tolist()
+    return [sel[c : c + 4] for c in range(0, len(sel), 4)]
+
+
+def plan_model(pb, form, num_pages, P):
+    """int32 words of the plan of pb's selection (form 'expanded' or 'compact')."""
+    R = pb["req_ids"].shape[0]
+    K = pb["ids"].shape[1] if form == "compact" else (pb["selection"].shape[1] - 3) // 4
+    C = K + 1
+    ent0 = 8 + (R + 3) // 4 * 4
+    w = [0] * (plan_size_model(R, K) // 4)
+    w[:4] = [MAGIC, R, K, C]
+    for r in range(R):
+        req = int(pb["req_ids"][r])
+        tail_block = (int(pb["positions"][r]) + 1) // 4
+        ents, irregular = [], False
+        for grp in row_groups(pb, r, form):
+            mask, block, page, base = 0, None, 0, 0
+            for t in grp:
+                e = valid_slot(t, req, pb["seq_lens"], pb["table"], num_pages, P)
+                if e is None:
+                    continue
+                bit = 1 << (t % 4)
+                if mask and (t // 4 != block or mask & bit):
+                    irregular = True  # two blocks in one group, or a repeated token
+                block, page, base, mask = t // 4, e[0], e[1] // 4 * 4, mask | bit
+            if mask:
+                ents.append((page, base, mask, block == tail_block))
+        if irregular:
+            w[8 + r] = IRREGULAR
+            continue
+        body = sorted((e for e in ents if not e[3]), key=lambda e: (e[0], e[1]))  # stable
+        ents = body + [e for e in ents if e[3]]
+        w[8 + r] = len(ents)
+        for c, (page, base, mask, _) in enumerate(ents):
+            o = ent0 + (r * C + c) * 2
+            w[o], w[o + 1] = page, (base // 4) * 16 + mask
+    return torch.tensor(w, dtype=torch.int32)
+
+
+def plan_args(pb, form):
+    sel = dict(selection=pb["selection"]) if form == "expanded" else dict(block_ids=pb["ids"], block_counts=pb["counts"])
+    kv = pb["kv"]
+    return dict(**sel, num_q_heads=pb["q"].shape[1], num_kv_heads=kv.shape[3], head_dim=pb["q"].shape[2],
+                num_pages=kv.shape[0], page_size=kv.shape[2])
+
+
+def make_plan(selkv, pb, form="expanded", **kw):
+    return selkv.qsa_plan(pb["table"], pb["seq_lens"], pb["req_ids"], pb["positions"], **plan_args(pb, form), **kw)
+
+
+def test_plan_size(selkv):
+    for R, K in ((1, 1), (3, 2), (4, 6), (5, 512), (9, 7), (4096, 512), (0, 4), (-1, 4), (5, 0), (5, 513)):
+        want = plan_size_model(R, K)
+        assert selkv.qsa_metadata_size(R, K) == want, (R, K)
+        assert torch.ops.selkv.qsa_metadata_size(R, K) == want, (R, K)
+    assert selkv.qsa_metadata_size(5, 512) == (8 + 8 + 5 * 513 * 2) * 4  # tests/cpp/test_qsa_checks.cpp
+
+
+@pytest.mark.parametrize("P", [16, 784])
+@pytest.mark.parametrize("form", ["expanded", "compact"])
+def test_cpu_plan_matches_model(selkv, gen, P, form):
+    pb = make_problem(gen, torch.bfloat16, 128, P, Hq=8, Hkv=2)
+    R, K = pb["ids"].shape
+    md = make_plan(selkv, pb, form)
+    assert md.dtype == torch.uint8 and md.shape == (selkv.qsa_metadata_size(R, K),)
+    words = md.view(torch.int32)
+    assert words[:8].tolist() == [MAGIC, R, K, K + 1, 0, 0, 0, 0]
+    want = plan_model(pb, form, pb["kv"].shape[0], P)
+    assert torch.equal(words, want)
+    counts = words[8 : 8 + R]
+    assert (counts[[1, 2]] == 0).all()  # bad request ids: no valid entry
+    assert (counts > 0).any() and not (counts == IRREGULAR).any()
+    # deterministic, and every byte written whatever the buffer held
+    junk = torch.full_like(md, 0xAB)
+    assert make_plan(selkv, pb, form, metadata=junk) is junk
+    assert torch.equal(junk, md)
+    # a larger buffer: the plan's bytes, the rest untouched
+    big = torch.full((md.numel() + 32,), 7, dtype=torch.uint8)
+    make_plan(selkv, pb, form, metadata=big)
+    assert torch.equal(big[: md.numel()], md) and (big[md.numel() :] == 7).all()
+
+
+def test_cpu_plan_forms_agree(selkv, gen):
+    """make_problem's expanded selection lists the compact one's blocks at 4-aligned columns: the
+    same groups, so the same plan."""
+    pb = make_problem(gen, torch.float16, 256, 16)
+    assert torch.equal(make_plan(selkv, pb, "expanded"), make_plan(selkv, pb, "compact"))
+
+
+def test_cpu_plan_irregular_rows(selkv):
+    """Expanded groups that are not one block's distinct tokens flag the row (count -1, no entries);
+    the other rows keep their tables."""
+    P, K = 16, 2
+    sel = torch.full((4, 4 * K + 3), -1, dtype=torch.int32)
+    sel[0, :4] = torch.tensor([8, 9, 10, 11])   # block 2: regular
+    sel[0, 4:6] = torch.tensor([0, 1])          # block 0, partial group: regular
+    sel[1, :4] = torch.tensor([2, 3, 4, 5])     # blocks 0 and 1 in one group
+    sel[2, :2] = torch.tensor([5, 5])           # a repeated token
+    sel[3, :4] = torch.tensor([-1, 40, 41, -1])  # block 10, past the live length: dropped
+    pb = dict(selection=sel, table=torch.tensor([[1, 0, 2]], dtype=torch.int32),
+              seq_lens=torch.tensor([24], dtype=torch.int32), req_ids=torch.zeros(4, dtype=torch.int32),
+              positions=torch.tensor([9, 9, 9, 9], dtype=torch.int32),
+              q=torch.empty((4, 2, 128)), kv=torch.empty((3, 2, P, 1, 128)))
+    md = make_plan(selkv, pb, "expanded")
+    words = md.view(torch.int32)
+    assert torch.equal(words, plan_model(pb, "expanded", 3, P))
+    assert words[8:12].tolist() == [2, IRREGULAR, IRREGULAR, 0]
+    e0 = 8 + 4
+    # row 0: block 2 (tail block of position 9) after block 0; both on page 1 (table[0, 0])
+    assert words[e0 : e0 + 4].tolist() == [1, (0 // 4) * 16 + 0b0011, 1, (8 // 4) * 16 + 0b1111]
+    assert (words[e0 + 4 :] == 0).all()
+
+
+@pytest.mark.parametrize("form", ["expanded", "compact"])
+def test_cpu_out_with_plan_equals_without(selkv, gen, form):
+    pb = make_problem(gen, torch.bfloat16, 128, 16, Hq=4, Hkv=1)
+    ref_out, ref_lse = run_op(selkv, pb, form)
+    md = make_plan(selkv, pb, form)
+    out, lse = run_op(selkv, pb, form, metadata=md)
+    assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+    big = torch.zeros(md.numel() + 16, dtype=torch.uint8)  # larger than needed is accepted
+    out, lse = run_op(selkv, pb, form, metadata=big)
+    assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+
+
+PLAN_OP = "selkv::qsa_plan"
+
+
+def test_plan_errors_name_metadata(selkv, gen):
+    pb = make_problem(gen, torch.bfloat16, 128, 16)
+    R, K = pb["ids"].shape
+    need = selkv.qsa_metadata_size(R, K)
+    md = make_plan(selkv, pb)
+    short = md[: need - 1]
+    # prefill: a plan of the wrong size, dtype, rank, an empty one
+    for bad, pattern in (
+        (short, rf"metadata_bytes: needs {need} bytes \(qsa_metadata_size\({R}, {K}\)\), got {need - 1}"),
+        (md.view(torch.int32), r"metadata: expected dtype Byte"),
+        (md.view(1, -1), r"metadata: expected a 1-d tensor"),
+        (md[::2], r"metadata: expected a contiguous tensor"),
+        (md[:0], r"metadata: expected the plan of qsa_plan"),
+        (md.to("meta"), r"(out|metadata): expected a (CPU|META) tensor"),  # dispatched to Meta
+    ):
+        with pytest.raises(RuntimeError, match=OP + ": " + pattern):
+            run_op(selkv, pb, metadata=bad)
+    # plan: the same rules on the output buffer
+    for bad, pattern in (
+        (short, rf"metadata_bytes: needs {need} bytes"),
+        (md[:0], rf"metadata_bytes: needs {need} bytes"),
+        (md.view(torch.int32), r"metadata: expected dtype Byte"),
+        (md.view(1, -1), r"metadata: expected a 1-d tensor"),
+        (md.to("meta"), r"(metadata|block_table): expected a (CPU|META) tensor"),
+    ):
+        with pytest.raises(RuntimeError, match=PLAN_OP + ": " + pattern):
+            make_plan(selkv, pb, metadata=bad)
+    # the plan's other arguments: the tensor checks and the C++ rules, named
+    with pytest.raises(RuntimeError, match=PLAN_OP + r": selection, block_ids: expected exactly one"):
+        selkv.qsa_plan(pb["table"], pb["seq_lens"], pb["req_ids"], pb["positions"], num_q_heads=8,
+                       num_kv_heads=2, head_dim=128, num_pages=4, page_size=16)
+    for change, pattern in ((dict(head_dim=96), r"head_dim: must be 128 or 256"),
+                            (dict(page_size=6), r"page_size: must be a positive multiple of 4"),
+                            (dict(num_kv_heads=3), r"num_kv_heads: must divide num_q_heads"),
+                            (dict(num_pages=-1), r"num_pages: must be >= 0")):
+        kw = {**plan_args(pb, "expanded"), **change}
+        with pytest.raises(RuntimeError, match=PLAN_OP + ": " + pattern):
+            selkv.qsa_plan(pb["table"], pb["seq_lens"], pb["req_ids"], pb["positions"], **kw)
+    with pytest.raises(RuntimeError, match=PLAN_OP + r": positions: expected size"):
+        selkv.qsa_plan(pb["table"], pb["seq_lens"], pb["req_ids"], pb["positions"][:2], **plan_args(pb, "expanded"))
+    # the plan must not overlap its inputs
+    cols = pb["selection"].shape[1]
+    buf = torch.zeros(R * cols + need // 4, dtype=torch.int32)
+    sel = buf[: R * cols].view(R, cols)
+    sel.copy_(pb["selection"])
+    with pytest.raises(RuntimeError, match=PLAN_OP + r": metadata: overlaps selection"):
+        selkv.qsa_plan(pb["table"], pb["seq_lens"], pb["req_ids"], pb["positions"],
+                       **{**plan_args(pb, "expanded"), "selection": sel}, metadata=buf.view(torch.uint8)[:need])
+    # ... nor the attention's outputs
+    q = pb["q"]
+    out = torch.empty(need // 2 + q.numel(), dtype=q.dtype)
+    md_in_out = out.view(torch.uint8)[:need]
+    md_in_out.copy_(md)
+    with pytest.raises(RuntimeError, match=OP + r": out: overlaps metadata"):
+        run_op(selkv, pb, return_lse=False, out=out[: q.numel()].view(q.shape), metadata=md_in_out)
+
+
+def test_plan_zero_rows(selkv):
+    i0 = torch.empty(0, dtype=torch.int32)
+    md = selkv.qsa_plan(torch.zeros((1, 1), dtype=torch.int32), torch.zeros(1, dtype=torch.int32), i0, i0,
+                        selection=torch.empty((0, 7), dtype=torch.int32), num_q_heads=2, num_kv_heads=1,
+                        head_dim=128, num_pages=1, page_size=16)
+    assert md.shape == (0,) and selkv.qsa_metadata_size(0, 1) == 0
+
+
+def test_plan_meta(selkv, gen):
+    pb = make_problem(gen, torch.bfloat16, 128, 16)
+    m = {k: (v.to("meta") if isinstance(v, torch.Tensor) else v) for k, v in pb.items()}
+    R, K = pb["ids"].shape
+    for form in ("expanded", "compact"):
+        md = make_plan(selkv, m, form)
+        assert md.device.type == "meta" and md.shape == (selkv.qsa_metadata_size(R, K),)
+        out, lse = run_op(selkv, m, form, metadata=md)
+        assert out.device.type == "meta" and lse.shape == pb["q"].shape[:2]
+    short = torch.empty(selkv.qsa_metadata_size(R, K) - 4, dtype=torch.uint8, device="meta")
+    with pytest.raises(RuntimeError, match=PLAN_OP + r": metadata_bytes: needs"):
+        make_plan(selkv, m, metadata=short)
+    with pytest.raises(RuntimeError, match=OP + r": metadata_bytes: needs"):
+        run_op(selkv, m, metadata=short)
+    with pytest.raises(RuntimeError, match=PLAN_OP + r": metadata: expected dtype Byte"):
+        make_plan(selkv, m, metadata=torch.empty(short.numel() // 4 + 64, dtype=torch.int32, device="meta"))
+
+
+def test_plan_opcheck(selkv, gen):
+    pb = make_problem(gen, torch.bfloat16, 128, 16)
+    R, K = pb["ids"].shape
+    kv = pb["kv"]
+    q = pb["q"]
+    sizes = (q.shape[1], kv.shape[3], q.shape[2], kv.shape[0], kv.shape[2])
+    md = torch.empty(selkv.qsa_metadata_size(R, K), dtype=torch.uint8)
+    base = (pb["table"], pb["seq_lens"], pb["req_ids"], pb["positions"])
+    torch.library.opcheck(torch.ops.selkv.qsa_plan.default, (*base, pb["selection"], None, None, *sizes, md))
+    torch.library.opcheck(torch.ops.selkv.qsa_plan.default, (*base, None, pb["ids"], pb["counts"], *sizes, md))
+    make_plan(selkv, pb, metadata=md)
+    out = torch.empty_like(q)
+    lse = torch.empty(q.shape[:2])
+    torch.library.opcheck(torch.ops.selkv.qsa_sparse_prefill.default,
+                          (q, kv[:, 0], kv[:, 1], *base, pb["selection"], None, None, pb["scale"], False,
+                           out, lse, md))
+
+
 # ---- CUDA ---------------------------------------------------------------------------------------
 def _to(pb, device):
     return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in pb.items()}
@@ -443,3 +700,132 @@ def test_cuda_errors(selkv, cuda_device, gen):
     with pytest.raises(RuntimeError, match=OP + r": scale"):
         selkv.qsa_sparse_prefill(c["q"], c["kv"][:, 0], c["kv"][:, 1], c["table"], c["seq_lens"],
                                  c["req_ids"], c["positions"], selection=c["selection"], scale=-1.0)
+
+
+# ---- CUDA: the page-4 plan ------------------------------------------------------------------------
+@pytest.mark.parametrize("P", [16, 784])
+@pytest.mark.parametrize("form", ["expanded", "compact"])
+def test_cuda_plan_equals_cpu_plan(selkv, cuda_device, gen, P, form):
+    """The GPU plan kernel writes the CPU reference's bytes, over every invalid-entry kind; out with
+    the plan == out without (R < 4096: the simple kernel either way)."""
+    pb = make_problem(gen, torch.bfloat16, 128, P, Hq=8, Hkv=2)
+    cpu_md = make_plan(selkv, pb, form)
+    c = _to(pb, cuda_device)
+    junk = torch.full((cpu_md.numel(),), 0xAB, dtype=torch.uint8, device=cuda_device)
+    md = make_plan(selkv, c, form, metadata=junk)
+    assert md is junk and md.device == c["q"].device
+    assert torch.equal(md.cpu(), cpu_md)
+    assert torch.equal(make_plan(selkv, c, form).cpu(), cpu_md)
+    ref_out, ref_lse = run_op(selkv, c, form)
+    out, lse = run_op(selkv, c, form, metadata=md)
+    assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+
+
+def test_cuda_plan_irregular_rows(selkv, cuda_device):
+    sel = torch.full((3, 11), -1, dtype=torch.int32)
+    sel[0, :6] = torch.tensor([8, 9, 10, 11, 0, 1])
+    sel[1, :4] = torch.tensor([2, 3, 4, 5])
+    sel[2, :2] = torch.tensor([5, 5])
+    args = (torch.tensor([[1, 0, 2]], dtype=torch.int32), torch.tensor([24], dtype=torch.int32),
+            torch.zeros(3, dtype=torch.int32), torch.tensor([9, 9, 9], dtype=torch.int32))
+    kw = dict(num_q_heads=2, num_kv_heads=1, head_dim=128, num_pages=3, page_size=16)
+    cpu_md = selkv.qsa_plan(*args, selection=sel, **kw)
+    md = selkv.qsa_plan(*(a.to(cuda_device) for a in args), selection=sel.to(cuda_device), **kw)
+    assert torch.equal(md.cpu(), cpu_md)
+    assert md.view(torch.int32)[8:11].tolist() == [2, IRREGULAR, IRREGULAR]
+
+
+def _large_problem(device, R=4096, K=64, Hq=8, Hkv=1, D=128, P=64, num_req=4, dtype=torch.bfloat16):
+    """A batch at the page-4 route's row threshold (kQsaPage4MinRows), built on the device:
+    causal compact selections of K blocks per row (duplicates allowed), the expanded form of the
+    same blocks, NaN-free caches."""
+    g = torch.Generator(device="cpu")
+    g.manual_seed(1234)
+    width = 64
+    pages = num_req * width
+    table = torch.randperm(pages, generator=g, dtype=torch.int32).view(num_req, width)
+    seq_lens = torch.full((num_req,), width * P, dtype=torch.int32)
+    req_ids = torch.arange(R, dtype=torch.int32) % num_req
+    positions = torch.randint(4 * K, width * P, (R,), generator=g, dtype=torch.int32)
+    hi = ((positions + 1) // 4).clamp(min=1)
+    ids = (torch.rand((R, K), generator=g) * hi[:, None]).to(torch.int32)
+    counts = torch.randint(K // 2, K + 1, (R,), generator=g, dtype=torch.int32)
+    sel = torch.full((R, 4 * K + 3), -1, dtype=torch.int32)
+    blocks = (4 * ids[:, :, None] + torch.arange(4, dtype=torch.int32)).view(R, 4 * K)
+    live = torch.arange(4 * K)[None, :] < 4 * counts[:, None]
+    sel[:, : 4 * K] = torch.where(live, blocks, torch.full_like(blocks, -1))
+    start = 4 * ((positions + 1) // 4)
+    for i in range(3):  # the causal partial block, after the counted blocks
+        t = start + i
+        col = 4 * counts + i
+        sel[torch.arange(R), col] = torch.where(t <= positions, t, torch.full_like(t, -1))
+    q = (torch.randn((R, Hq, D), generator=g) * 0.5).to(dtype)
+    kv = torch.randn((pages, 2, P, Hkv, D), generator=g).to(dtype)
+    pb = dict(q=q, kv=kv, table=table, seq_lens=seq_lens, req_ids=req_ids, positions=positions, selection=sel,
+              ids=ids, counts=counts, scale=1.0 / math.sqrt(D))
+    return _to(pb, device)
+
+
+def test_cuda_large_batch_with_plan(selkv, cuda_device):
+    """R = 4096 rows with a plan: the call qsa_page4_wanted accepts. Today it still runs the simple
+    kernel (same bits as without the plan); once the page-4 route is enabled it must stay within
+    the CUDA-vs-oracle tolerances of the simple kernel (force_simple)."""
+    c = _large_problem(cuda_device)
+    for form in ("expanded", "compact"):
+        md = make_plan(selkv, c, form)
+        ref_out, ref_lse = run_op(selkv, c, form, force_simple=True)
+        out, lse = run_op(selkv, c, form, metadata=md)
+        torch.testing.assert_close(out.float(), ref_out.float(), rtol=2.01 / 128, atol=1e-3)
+        torch.testing.assert_close(lse, ref_lse, rtol=8.01 / 65536, atol=1e-6)
+        assert torch.equal(make_plan(selkv, c, "compact"), md)  # the two forms: one plan
+
+
+def test_cuda_plan_then_graph(selkv, cuda_device, gen):
+    """Plan outside the graph, attention with the plan inside; the plan kernel itself also
+    captures and replays to the same bytes."""
+    pb = make_problem(gen, torch.float16, 128, 16, Hq=4, Hkv=1)
+    c = _to(pb, cuda_device)
+    md = make_plan(selkv, c)
+    eager_out, eager_lse = run_op(selkv, c, metadata=md)
+    out = torch.zeros_like(c["q"])
+    lse = torch.zeros(c["q"].shape[:2], dtype=torch.float32, device=cuda_device)
+    kv = c["kv"]
+    args = (c["q"], kv[:, 0], kv[:, 1], c["table"], c["seq_lens"], c["req_ids"], c["positions"],
+            c["selection"], None, None, float(c["scale"]), False, out, lse, md)
+    torch.ops.selkv.qsa_sparse_prefill(*args)  # warm-up outside the capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        torch.ops.selkv.qsa_sparse_prefill(*args)
+    out.zero_()
+    lse.zero_()
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager_out) and torch.equal(lse, eager_lse)
+
+    md2 = torch.zeros_like(md)
+    g2 = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g2):
+        make_plan(selkv, c, metadata=md2)
+    g2.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(md2, md)
+
+
+def test_cuda_plan_errors(selkv, cuda_device, gen):
+    pb = make_problem(gen, torch.bfloat16, 128, 16)
+    c = _to(pb, cuda_device)
+    R, K = pb["ids"].shape
+    need = selkv.qsa_metadata_size(R, K)
+    buf = torch.zeros(need + 16, dtype=torch.uint8, device=cuda_device)
+    with pytest.raises(RuntimeError, match=PLAN_OP + r": metadata: must be 16-byte aligned"):
+        make_plan(selkv, c, metadata=buf[4 : 4 + need])
+    make_plan(selkv, c, metadata=buf[:need])
+    with pytest.raises(RuntimeError, match=OP + r": metadata: must be 16-byte aligned"):
+        run_op(selkv, c, metadata=buf[4 : 4 + need])
+    with pytest.raises(RuntimeError, match=OP + r": metadata_bytes: needs"):
+        run_op(selkv, c, metadata=buf[: need - 16])
+    with pytest.raises(RuntimeError, match=OP + r": metadata: expected a CUDA tensor"):
+        run_op(selkv, c, metadata=buf[:need].cpu())
+    with pytest.raises(RuntimeError, match=PLAN_OP + r": (metadata|block_table): expected a CUDA tensor"):
+        make_plan(selkv, pb, metadata=buf[:need])

@@ -1,12 +1,19 @@
-// torch op for C8 (include/selkv/qsa.h): selkv::qsa_sparse_prefill.
-// Out-variant: q [R, Hq, D] (fp16 / bf16), k_cache and v_cache [num_pages, P, Hkv, D] views with
-// any strides and a dense last dim (an interleaved [pages, 2, P, Hkv, D] buffer is passed as its
-// two views [:, 0] and [:, 1]), int32 block_table [num_req, width], seq_lens [num_req],
-// req_ids [R], positions [R], and the selection in one of its two forms: expanded int32
-// selection [R, 4K + 3], or compact int32 block_ids [R, K] with block_counts [R]. out [R, Hq, D]
-// of q's dtype, optional fp32 lse [R, Hq]. CPU runs the oracle on the same Params, Meta the C++
-// checks on stand-in pointers, CUDA the C++ API on the current stream (qsa_route picks the
-// kernel; today the exact simple kernel).
+// torch ops for C8 (include/selkv/qsa.h): selkv::qsa_sparse_prefill, selkv::qsa_metadata_size,
+// selkv::qsa_plan.
+// qsa_sparse_prefill, out-variant: q [R, Hq, D] (fp16 / bf16), k_cache and v_cache
+// [num_pages, P, Hkv, D] views with any strides and a dense last dim (an interleaved
+// [pages, 2, P, Hkv, D] buffer is passed as its two views [:, 0] and [:, 1]), int32 block_table
+// [num_req, width], seq_lens [num_req], req_ids [R], positions [R], and the selection in one of
+// its two forms: expanded int32 selection [R, 4K + 3], or compact int32 block_ids [R, K] with
+// block_counts [R]. out [R, Hq, D] of q's dtype, optional fp32 lse [R, Hq], optional uint8
+// metadata (the page-4 plan of qsa_plan; None = no plan). CPU runs the oracle on the same Params,
+// Meta the C++ checks on stand-in pointers, CUDA the C++ API on the current stream (qsa_route
+// picks the kernel; today the exact simple kernel, plan or not).
+// qsa_plan writes the page-4 plan of the same selection / request / block-table tensors into a
+// uint8 metadata tensor of qsa_metadata_size(R, K) bytes (or more): CUDA the C++ qsa_plan on the
+// current stream, CPU selkv::ref::qsa_plan (byte-identical), Meta the C++ checks. The plan reads
+// no q or cache data; it takes their sizes as ints (num_q_heads, num_kv_heads, head_dim for the
+// C++ shape rules, num_pages and page_size for the validity rule and the physical addresses).
 #include <ATen/core/Tensor.h>
 #include <torch/library.h>
 
@@ -14,6 +21,7 @@
 #include <vector>
 
 #include "op_utils.h"
+#include "qsa/qsa_checks.h"
 #include "reference/oracle.h"
 #include "selkv/qsa.h"
 #include "tensor_checks.h"
@@ -22,6 +30,7 @@ namespace selkv::torch_ext {
 namespace {
 
 constexpr const char* kQsaOp = "selkv::qsa_sparse_prefill";
+constexpr const char* kPlanOp = "selkv::qsa_plan";
 
 // The stride of a dim of size <= 1 carries no information; 0 keeps the C++ rules from tripping on it.
 int64_t stride_or_zero(const at::Tensor& t, int64_t d) { return t.size(d) <= 1 ? 0 : t.stride(d); }
@@ -44,28 +53,15 @@ QsaCacheView cache_view(const at::Tensor& c) {
   return v;
 }
 
-template <Backend B>
-void qsa_sparse_prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                        const at::Tensor& block_table, const at::Tensor& seq_lens, const at::Tensor& req_ids,
-                        const at::Tensor& positions, const std::optional<at::Tensor>& selection,
-                        const std::optional<at::Tensor>& block_ids, const std::optional<at::Tensor>& block_counts,
-                        double scale, bool force_simple, const at::Tensor& out, const std::optional<at::Tensor>& lse) {
-  constexpr const char* kOp = kQsaOp;
-  check_devices(kOp, device_type(B),
-                {{"out", out}, {"lse", lse}, {"q", q}, {"k_cache", k_cache}, {"v_cache", v_cache},
-                 {"block_table", block_table}, {"seq_lens", seq_lens}, {"req_ids", req_ids},
-                 {"positions", positions}, {"selection", selection}, {"block_ids", block_ids},
-                 {"block_counts", block_counts}});
+// Never dereferenced (Meta); one 16 TiB region each, so the overlap checks see distinct tensors.
+void* stand_in(uintptr_t region) { return reinterpret_cast<void*>(region << 44); }
 
-  QsaSparsePrefillParams p;
-  p.dtype = qsa_dtype(q);
-  TensorArg(kOp, "q", q, "[R, Hq, D]").dims(3).inner_contiguous();
-  const int64_t R = q.size(0), Hq = q.size(1), D = q.size(2);
-  TensorArg(kOp, "k_cache", k_cache, "[num_pages, P, Hkv, D]")
-      .dtype(q.scalar_type()).dims(4).size(3, D).inner_contiguous();
-  const int64_t pages = k_cache.size(0), P = k_cache.size(1), Hkv = k_cache.size(2);
-  TensorArg(kOp, "v_cache", v_cache, "[num_pages, P, Hkv, D] like k_cache")
-      .dtype(q.scalar_type()).dims(4).size(0, pages).size(1, P).size(2, Hkv).size(3, D).inner_contiguous();
+// The plan's inputs, shared by both ops: block_table, seq_lens, req_ids, positions and the
+// selection in one of its forms, for R rows. Fills p's request, selection and row fields.
+void fill_plan_inputs(const char* kOp, QsaSparsePrefillParams& p, int64_t R, const at::Tensor& block_table,
+                      const at::Tensor& seq_lens, const at::Tensor& req_ids, const at::Tensor& positions,
+                      const std::optional<at::Tensor>& selection, const std::optional<at::Tensor>& block_ids,
+                      const std::optional<at::Tensor>& block_counts) {
   TensorArg(kOp, "block_table", block_table, "[num_req, width]").dtype(at::kInt).dims(2).inner_contiguous();
   const int64_t num_req = block_table.size(0);
   TensorArg(kOp, "seq_lens", seq_lens, "[num_req]").dtype(at::kInt).dims(1).size(0, num_req).contiguous();
@@ -97,6 +93,63 @@ void qsa_sparse_prefill(const at::Tensor& q, const at::Tensor& k_cache, const at
     p.block_counts = static_cast<const int32_t*>(data_or_null(*block_counts));
   }
 
+  p.num_rows = R;
+  p.block_table = static_cast<const int32_t*>(data_or_null(block_table));
+  p.block_table_stride = stride_or_zero(block_table, 0);
+  p.num_req = to_int32(kOp, "num_req (block_table.size(0))", num_req);
+  p.block_table_width = to_int32(kOp, "block_table_width (block_table.size(1))", block_table.size(1));
+  p.seq_lens = static_cast<const int32_t*>(data_or_null(seq_lens));
+  p.req_ids = static_cast<const int32_t*>(data_or_null(req_ids));
+  p.positions = static_cast<const int32_t*>(data_or_null(positions));
+}
+
+// The stand-ins of fill_plan_inputs' pointers (regions 4-10).
+void stand_in_plan_inputs(QsaSparsePrefillParams& m) {
+  m.block_table = static_cast<const int32_t*>(stand_in(4));
+  m.seq_lens = static_cast<const int32_t*>(stand_in(5));
+  m.req_ids = static_cast<const int32_t*>(stand_in(6));
+  m.positions = static_cast<const int32_t*>(stand_in(7));
+  if (m.form == QsaSelectionForm::kExpanded) {
+    m.selection = static_cast<const int32_t*>(stand_in(8));
+  } else {
+    m.block_ids = static_cast<const int32_t*>(stand_in(9));
+    m.block_counts = static_cast<const int32_t*>(stand_in(10));
+  }
+}
+
+// The plan tensor: uint8, 1-d, dense. Its size (qsa_metadata_size bytes or more) and, on the GPU,
+// its 16-byte alignment are the C++ API's rules. Its bytes are read as size(0), not numel(),
+// which a symbolic-shape fake tensor (torch.compile) refuses.
+void check_metadata_tensor(const char* kOp, const at::Tensor& metadata) {
+  TensorArg(kOp, "metadata", metadata, "[qsa_metadata_size(R, K)] bytes").dtype(at::kByte).dims(1).contiguous();
+}
+
+// ---- selkv::qsa_sparse_prefill -----------------------------------------------------------------
+template <Backend B>
+void qsa_sparse_prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                        const at::Tensor& block_table, const at::Tensor& seq_lens, const at::Tensor& req_ids,
+                        const at::Tensor& positions, const std::optional<at::Tensor>& selection,
+                        const std::optional<at::Tensor>& block_ids, const std::optional<at::Tensor>& block_counts,
+                        double scale, bool force_simple, const at::Tensor& out, const std::optional<at::Tensor>& lse,
+                        const std::optional<at::Tensor>& metadata) {
+  constexpr const char* kOp = kQsaOp;
+  check_devices(kOp, device_type(B),
+                {{"out", out}, {"lse", lse}, {"q", q}, {"k_cache", k_cache}, {"v_cache", v_cache},
+                 {"block_table", block_table}, {"seq_lens", seq_lens}, {"req_ids", req_ids},
+                 {"positions", positions}, {"selection", selection}, {"block_ids", block_ids},
+                 {"block_counts", block_counts}, {"metadata", metadata}});
+
+  QsaSparsePrefillParams p;
+  p.dtype = qsa_dtype(q);
+  TensorArg(kOp, "q", q, "[R, Hq, D]").dims(3).inner_contiguous();
+  const int64_t R = q.size(0), Hq = q.size(1), D = q.size(2);
+  TensorArg(kOp, "k_cache", k_cache, "[num_pages, P, Hkv, D]")
+      .dtype(q.scalar_type()).dims(4).size(3, D).inner_contiguous();
+  const int64_t pages = k_cache.size(0), P = k_cache.size(1), Hkv = k_cache.size(2);
+  TensorArg(kOp, "v_cache", v_cache, "[num_pages, P, Hkv, D] like k_cache")
+      .dtype(q.scalar_type()).dims(4).size(0, pages).size(1, P).size(2, Hkv).size(3, D).inner_contiguous();
+  fill_plan_inputs(kOp, p, R, block_table, seq_lens, req_ids, positions, selection, block_ids, block_counts);
+
   TensorArg(kOp, "out", out, "[R, Hq, D] like q")
       .dtype(q.scalar_type()).dims(3).size(0, R).size(1, Hq).size(2, D).inner_contiguous();
   if (lse.has_value()) {
@@ -105,8 +158,15 @@ void qsa_sparse_prefill(const at::Tensor& q, const at::Tensor& k_cache, const at
     p.lse_row_stride = stride_or_zero(*lse, 0);
     p.lse_head_stride = stride_or_zero(*lse, 1);
   }
+  if (metadata.has_value()) {
+    check_metadata_tensor(kOp, *metadata);
+    // An empty tensor has no data pointer, which the C++ API reads as "no plan": name it here.
+    TORCH_CHECK(R == 0 || metadata->size(0) > 0, kOp, ": metadata: expected the plan of qsa_plan (",
+                "qsa_metadata_size(R, K) bytes), got an empty tensor; pass None for no plan");
+    p.metadata = data_or_null(*metadata);
+    p.metadata_bytes = size_t(metadata->size(0));
+  }
 
-  p.num_rows = R;
   p.num_q_heads = to_int32(kOp, "num_q_heads (q.size(1))", Hq);
   p.num_kv_heads = to_int32(kOp, "num_kv_heads (k_cache.size(2))", Hkv);
   p.head_dim = to_int32(kOp, "head_dim (q.size(2))", D);
@@ -117,13 +177,6 @@ void qsa_sparse_prefill(const at::Tensor& q, const at::Tensor& k_cache, const at
   p.v_cache = cache_view(v_cache);
   p.num_pages = pages;
   p.page_size = to_int32(kOp, "page_size (k_cache.size(1))", P);
-  p.block_table = static_cast<const int32_t*>(data_or_null(block_table));
-  p.block_table_stride = stride_or_zero(block_table, 0);
-  p.num_req = to_int32(kOp, "num_req (block_table.size(0))", num_req);
-  p.block_table_width = to_int32(kOp, "block_table_width (block_table.size(1))", block_table.size(1));
-  p.seq_lens = static_cast<const int32_t*>(data_or_null(seq_lens));
-  p.req_ids = static_cast<const int32_t*>(data_or_null(req_ids));
-  p.positions = static_cast<const int32_t*>(data_or_null(positions));
   p.scale = to_float(kOp, "scale", scale);
   p.force_simple = force_simple;
   p.out = mutable_data_or_null(out);
@@ -131,23 +184,14 @@ void qsa_sparse_prefill(const at::Tensor& q, const at::Tensor& k_cache, const at
   p.out_head_stride = stride_or_zero(out, 1);
 
   if constexpr (B == Backend::kMeta) {
-    // Never dereferenced; one 16 TiB region each, so the overlap checks see distinct tensors.
-    auto stand_in = [](uintptr_t region) { return reinterpret_cast<void*>(region << 44); };
     QsaSparsePrefillParams m = p;
     m.q = stand_in(1);
     m.k_cache.data = stand_in(2);
     m.v_cache.data = stand_in(3);
-    m.block_table = static_cast<const int32_t*>(stand_in(4));
-    m.seq_lens = static_cast<const int32_t*>(stand_in(5));
-    m.req_ids = static_cast<const int32_t*>(stand_in(6));
-    m.positions = static_cast<const int32_t*>(stand_in(7));
-    if (selection.has_value()) m.selection = static_cast<const int32_t*>(stand_in(8));
-    if (block_ids.has_value()) {
-      m.block_ids = static_cast<const int32_t*>(stand_in(9));
-      m.block_counts = static_cast<const int32_t*>(stand_in(10));
-    }
+    stand_in_plan_inputs(m);
     m.out = stand_in(11);
     m.lse = lse.has_value() ? static_cast<float*>(stand_in(12)) : nullptr;
+    m.metadata = metadata.has_value() ? stand_in(13) : nullptr;
     throw_if_error(selkv::check_qsa_sparse_prefill(m));
     return;
   }
@@ -156,6 +200,51 @@ void qsa_sparse_prefill(const at::Tensor& q, const at::Tensor& k_cache, const at
     throw_if_error(selkv::qsa_sparse_prefill(p, scope.stream()));
   } else if constexpr (B == Backend::kCpu) {
     throw_if_error(selkv::ref::qsa_sparse_prefill(p));
+  }
+}
+
+// ---- selkv::qsa_metadata_size ------------------------------------------------------------------
+int64_t qsa_metadata_bytes(int64_t num_rows, int64_t max_blocks) {
+  return int64_t(selkv::qsa_metadata_size(num_rows, max_blocks));
+}
+
+// ---- selkv::qsa_plan ---------------------------------------------------------------------------
+template <Backend B>
+void qsa_plan(const at::Tensor& block_table, const at::Tensor& seq_lens, const at::Tensor& req_ids,
+              const at::Tensor& positions, const std::optional<at::Tensor>& selection,
+              const std::optional<at::Tensor>& block_ids, const std::optional<at::Tensor>& block_counts,
+              int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim, int64_t num_pages, int64_t page_size,
+              const at::Tensor& metadata) {
+  constexpr const char* kOp = kPlanOp;
+  check_devices(kOp, device_type(B),
+                {{"metadata", metadata}, {"block_table", block_table}, {"seq_lens", seq_lens},
+                 {"req_ids", req_ids}, {"positions", positions}, {"selection", selection},
+                 {"block_ids", block_ids}, {"block_counts", block_counts}});
+  check_metadata_tensor(kOp, metadata);
+  QsaSparsePrefillParams p;
+  TensorArg(kOp, "req_ids", req_ids, "[R]").dims(1);
+  fill_plan_inputs(kOp, p, req_ids.size(0), block_table, seq_lens, req_ids, positions, selection, block_ids,
+                   block_counts);
+  p.num_q_heads = to_int32(kOp, "num_q_heads", num_q_heads);
+  p.num_kv_heads = to_int32(kOp, "num_kv_heads", num_kv_heads);
+  p.head_dim = to_int32(kOp, "head_dim", head_dim);
+  p.num_pages = num_pages;
+  p.page_size = to_int32(kOp, "page_size", page_size);
+  void* md = mutable_data_or_null(metadata);
+  const size_t md_bytes = size_t(metadata.size(0));
+
+  if constexpr (B == Backend::kMeta) {
+    QsaSparsePrefillParams m = p;
+    stand_in_plan_inputs(m);
+    qsa::Work work;
+    throw_if_error(qsa::check_params(kOp, m, qsa::Use::kPlan, /*device=*/true, &work, stand_in(13), md_bytes));
+    return;
+  }
+  if constexpr (B == Backend::kCuda) {
+    const CudaScope scope(metadata);
+    throw_if_error(selkv::qsa_plan(p, md, md_bytes, scope.stream()));
+  } else if constexpr (B == Backend::kCpu) {
+    throw_if_error(selkv::ref::qsa_plan(p, md, md_bytes));
   }
 }
 
@@ -168,7 +257,13 @@ TORCH_LIBRARY_FRAGMENT(selkv, m) {
   m.def(
       "qsa_sparse_prefill(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor seq_lens, "
       "Tensor req_ids, Tensor positions, Tensor? selection, Tensor? block_ids, Tensor? block_counts, "
-      "float scale, bool force_simple, Tensor(a!) out, Tensor(b!)? lse) -> ()",
+      "float scale, bool force_simple, Tensor(a!) out, Tensor(b!)? lse, Tensor? metadata=None) -> ()",
+      tags);
+  m.def("qsa_metadata_size(int num_rows, int max_blocks) -> int", &::selkv::torch_ext::qsa_metadata_bytes);
+  m.def(
+      "qsa_plan(Tensor block_table, Tensor seq_lens, Tensor req_ids, Tensor positions, Tensor? selection, "
+      "Tensor? block_ids, Tensor? block_counts, int num_q_heads, int num_kv_heads, int head_dim, int num_pages, "
+      "int page_size, Tensor(a!) metadata) -> ()",
       tags);
 }
 
@@ -176,6 +271,7 @@ TORCH_LIBRARY_FRAGMENT(selkv, m) {
   TORCH_LIBRARY_IMPL(selkv, KEY, m) {                                             \
     using namespace ::selkv::torch_ext;                                           \
     m.impl("qsa_sparse_prefill", TORCH_FN(qsa_sparse_prefill<BACKEND>));          \
+    m.impl("qsa_plan", TORCH_FN(qsa_plan<BACKEND>));                              \
   }
 
 SELKV_REGISTER_QSA_OPS(CUDA, Backend::kCuda)
