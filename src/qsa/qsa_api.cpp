@@ -67,29 +67,35 @@ QsaKernel qsa_route(const QsaSparsePrefillParams& p) {
 namespace qsa {
 namespace {
 
+QsaAttnIo attn_io(const QsaSparsePrefillParams& p) {
+  QsaAttnIo io{};
+  io.q = p.q;
+  io.q_row_stride = p.q_row_stride;
+  io.q_head_stride = p.q_head_stride;
+  io.k = p.k_cache.data;
+  io.k_page_stride = p.k_cache.page_stride;
+  io.k_slot_stride = p.k_cache.slot_stride;
+  io.k_head_stride = p.k_cache.head_stride;
+  io.v = p.v_cache.data;
+  io.v_page_stride = p.v_cache.page_stride;
+  io.v_slot_stride = p.v_cache.slot_stride;
+  io.v_head_stride = p.v_cache.head_stride;
+  io.scale_log2 = detail::sm_scale_log2(p.scale);
+  io.out = p.out;
+  io.out_row_stride = p.out_row_stride;
+  io.out_head_stride = p.out_head_stride;
+  io.lse = p.lse;
+  io.lse_row_stride = p.lse_row_stride;
+  io.lse_head_stride = p.lse_head_stride;
+  return io;
+}
+
 QsaSimpleParams simple_params(const QsaSparsePrefillParams& p) {
   QsaSimpleParams k{};
   k.sel = selection_params(p);
   k.num_kv_heads = p.num_kv_heads;
   k.group = p.num_q_heads / p.num_kv_heads;
-  k.q = p.q;
-  k.q_row_stride = p.q_row_stride;
-  k.q_head_stride = p.q_head_stride;
-  k.k = p.k_cache.data;
-  k.k_page_stride = p.k_cache.page_stride;
-  k.k_slot_stride = p.k_cache.slot_stride;
-  k.k_head_stride = p.k_cache.head_stride;
-  k.v = p.v_cache.data;
-  k.v_page_stride = p.v_cache.page_stride;
-  k.v_slot_stride = p.v_cache.slot_stride;
-  k.v_head_stride = p.v_cache.head_stride;
-  k.scale_log2 = detail::sm_scale_log2(p.scale);
-  k.out = p.out;
-  k.out_row_stride = p.out_row_stride;
-  k.out_head_stride = p.out_head_stride;
-  k.lse = p.lse;
-  k.lse_row_stride = p.lse_row_stride;
-  k.lse_head_stride = p.lse_head_stride;
+  k.io = attn_io(p);
   return k;
 }
 
@@ -121,26 +127,9 @@ Status run_page4(const char* kOp, const QsaSparsePrefillParams& p, int rows_per_
   k.num_kv_heads = p.num_kv_heads;
   k.group = group;
   k.rows_per_cta = rows_per_cta == 0 ? max_rows : rows_per_cta;
-  k.q = p.q;
-  k.q_row_stride = p.q_row_stride;
-  k.q_head_stride = p.q_head_stride;
-  k.k = p.k_cache.data;
-  k.k_page_stride = p.k_cache.page_stride;
-  k.k_slot_stride = p.k_cache.slot_stride;
-  k.k_head_stride = p.k_cache.head_stride;
-  k.v = p.v_cache.data;
-  k.v_page_stride = p.v_cache.page_stride;
-  k.v_slot_stride = p.v_cache.slot_stride;
-  k.v_head_stride = p.v_cache.head_stride;
-  k.num_pages = p.num_pages;
   k.page_size = p.page_size;
-  k.scale_log2 = detail::sm_scale_log2(p.scale);
-  k.out = p.out;
-  k.out_row_stride = p.out_row_stride;
-  k.out_head_stride = p.out_head_stride;
-  k.lse = p.lse;
-  k.lse_row_stride = p.lse_row_stride;
-  k.lse_head_stride = p.lse_head_stride;
+  k.num_pages = p.num_pages;
+  k.io = attn_io(p);
   SELKV_CUDA_RETURN(launch_page4(k, bf16, p.head_dim, stream), kOp);
   QsaSimpleParams fix = simple_params(p);
   fix.only_nonfinite = true;

@@ -28,12 +28,11 @@ struct QsaSelectionParams {
   int64_t num_pages;
 };
 
-struct QsaSimpleParams {
-  QsaSelectionParams sel;
-  int32_t num_kv_heads;
-  int32_t group;           // Hq / Hkv
-  const void* q;           // [R, Hq, D]
-  int64_t q_row_stride, q_head_stride;   // elements
+// The attention inputs and outputs both attention kernels read: q [R, Hq, D], the K and V views
+// [pages, P, Hkv, D] (strides in elements), the base-2 scale, out [R, Hq, D] and the optional lse.
+struct QsaAttnIo {
+  const void* q;
+  int64_t q_row_stride, q_head_stride;
   const void* k;
   int64_t k_page_stride, k_slot_stride, k_head_stride;
   const void* v;
@@ -43,6 +42,13 @@ struct QsaSimpleParams {
   int64_t out_row_stride, out_head_stride;
   float* lse;              // null: not written
   int64_t lse_row_stride, lse_head_stride;
+};
+
+struct QsaSimpleParams {
+  QsaSelectionParams sel;
+  int32_t num_kv_heads;
+  int32_t group;           // Hq / Hkv
+  QsaAttnIo io;
   // Fix-up pass after the page-4 kernel: a CTA computes its (row, kv head) only when element 0 of
   // one of its G heads' out is non-finite (the page-4 kernel's flag for pairs it cannot serve).
   bool only_nonfinite;
@@ -57,19 +63,9 @@ struct QsaPage4Params {
   int32_t num_kv_heads;
   int32_t group;           // Hq / Hkv
   int32_t rows_per_cta;    // rows of one CTA, 1 .. qsa_page4_max_rows(group)
-  const void* q;
-  int64_t q_row_stride, q_head_stride;
-  const void* k;
-  int64_t k_page_stride, k_slot_stride, k_head_stride;
-  const void* v;
-  int64_t v_page_stride, v_slot_stride, v_head_stride;
-  int64_t num_pages;
   int32_t page_size;
-  float scale_log2;
-  void* out;
-  int64_t out_row_stride, out_head_stride;
-  float* lse;
-  int64_t lse_row_stride, lse_head_stride;
+  int64_t num_pages;
+  QsaAttnIo io;
 };
 
 // (row, head) pairs of one page-4 CTA (16 per consumer warp) and rows it may group: one lane of

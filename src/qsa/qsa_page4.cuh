@@ -263,10 +263,10 @@ __device__ __forceinline__ void p4_load(const QsaPage4Params& p, uint8_t* smem, 
   constexpr int kRowsPerCopy = 32 / kChunks;  // token rows one warp-wide copy covers: 1 or 2
   const int lane = int(threadIdx.x) % 32;
   const int c = lane % kChunks, sub = lane / kChunks;
-  const char* kbase = static_cast<const char*>(p.k) + int64_t(kvh) * p.k_head_stride * 2 + c * 16;
-  const char* vbase = static_cast<const char*>(p.v) + int64_t(kvh) * p.v_head_stride * 2 + c * 16;
-  const int64_t kpage = p.k_page_stride * 2, kslot = p.k_slot_stride * 2;
-  const int64_t vpage = p.v_page_stride * 2, vslot = p.v_slot_stride * 2;
+  const char* kbase = static_cast<const char*>(p.io.k) + int64_t(kvh) * p.io.k_head_stride * 2 + c * 16;
+  const char* vbase = static_cast<const char*>(p.io.v) + int64_t(kvh) * p.io.v_head_stride * 2 + c * 16;
+  const int64_t kpage = p.io.k_page_stride * 2, kslot = p.io.k_slot_stride * 2;
+  const int64_t vpage = p.io.v_page_stride * 2, vslot = p.io.v_slot_stride * 2;
   const uint32_t ring_full = p4::smem_addr(smem + L::kRingFull), ring_empty = p4::smem_addr(smem + L::kRingEmpty);
   const uint32_t kv_full = p4::smem_addr(smem + L::kKvFull), kv_empty = p4::smem_addr(smem + L::kKvEmpty);
   for (int t = 0;; ++t) {
@@ -354,8 +354,8 @@ __global__ void __launch_bounds__(kP4Threads, 1) qsa_page4_kernel(const QsaPage4
     uint4 x = make_uint4(0, 0, 0, 0);
     if (pr < pairs) {
       const int64_t row = row0 + pr / G, head = int64_t(kvh) * G + pr % G;
-      x = __ldg(reinterpret_cast<const uint4*>(static_cast<const T*>(p.q) + row * p.q_row_stride +
-                                               head * p.q_head_stride + c * 8));
+      x = __ldg(reinterpret_cast<const uint4*>(static_cast<const T*>(p.io.q) + row * p.io.q_row_stride +
+                                               head * p.io.q_head_stride + c * 8));
     }
     *reinterpret_cast<uint4*>(smem + L::kQ + pr * L::kRow + c * 16) = x;
   }
@@ -420,7 +420,7 @@ __global__ void __launch_bounds__(kP4Threads, 1) qsa_page4_kernel(const QsaPage4
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const uint32_t tw = e == 0 ? w.x : w.y;
-          const float x0 = sc[j][e] * p.scale_log2, x1 = sc[j][2 + e] * p.scale_log2;
+          const float x0 = sc[j][e] * p.io.scale_log2, x1 = sc[j][2 + e] * p.io.scale_log2;
           const bool in0 = (tw & bit0) != 0u, in1 = (tw & bit1) != 0u;
           nan0 = nan0 || (in0 && x0 != x0);
           nan1 = nan1 || (in1 && x1 != x1);
@@ -506,7 +506,7 @@ __global__ void __launch_bounds__(kP4Threads, 1) qsa_page4_kernel(const QsaPage4
     const float m = hr == 0 ? m0 : m1, l = hr == 0 ? l0 : l1, inv = hr == 0 ? inv0 : inv1;
     const bool empty_row = m == kNegInf;
     const int64_t head = int64_t(kvh) * G + pr % G;
-    T* dst = static_cast<T*>(p.out) + int64_t(row0 + rr) * p.out_row_stride + head * p.out_head_stride + 2 * (lane % 4);
+    T* dst = static_cast<T*>(p.io.out) + int64_t(row0 + rr) * p.io.out_row_stride + head * p.io.out_head_stride + 2 * (lane % 4);
 #pragma unroll
     for (int i = 0; i < D / 8; ++i) {
       float x = o[i][2 * hr] * inv, y = o[i][2 * hr + 1] * inv;
@@ -514,9 +514,9 @@ __global__ void __launch_bounds__(kP4Threads, 1) qsa_page4_kernel(const QsaPage4
       else if (empty_row) x = y = 0.f;
       *reinterpret_cast<uint32_t*>(dst + 8 * i) = Elem<T>::pack(x, y);
     }
-    if (p.lse != nullptr && lane % 4 == 0) {
+    if (p.io.lse != nullptr && lane % 4 == 0) {
       const float lse = nan ? qnan : empty_row ? kNegInf : m * 0.69314718055994530942f + logf(l);
-      p.lse[int64_t(row0 + rr) * p.lse_row_stride + head * p.lse_head_stride] = lse;
+      p.io.lse[int64_t(row0 + rr) * p.io.lse_row_stride + head * p.io.lse_head_stride] = lse;
     }
   }
 }

@@ -111,8 +111,8 @@ __global__ void __launch_bounds__(kSimpleThreads, kFixup ? 1 : 0) qsa_simple_ker
   if constexpr (kFixup) {
     bool flagged = false;
     if (threadIdx.x < unsigned(G)) {
-      const uint16_t x = *reinterpret_cast<const uint16_t*>(static_cast<const T*>(p.out) + int64_t(r) * p.out_row_stride +
-                                                            (int64_t(kvh) * G + threadIdx.x) * p.out_head_stride);
+      const uint16_t x = *reinterpret_cast<const uint16_t*>(static_cast<const T*>(p.io.out) + int64_t(r) * p.io.out_row_stride +
+                                                            (int64_t(kvh) * G + threadIdx.x) * p.io.out_head_stride);
       flagged = (x & Elem<T>::kExp) == Elem<T>::kExp;
     }
     if (__syncthreads_or(flagged) == 0) return;
@@ -121,10 +121,10 @@ __global__ void __launch_bounds__(kSimpleThreads, kFixup ? 1 : 0) qsa_simple_ker
 
   // q of the G heads, this lane's E elements, in fp32.
   float q[G][E];
-  const T* qrow = static_cast<const T*>(p.q) + int64_t(r) * p.q_row_stride + int64_t(lane) * E;
+  const T* qrow = static_cast<const T*>(p.io.q) + int64_t(r) * p.io.q_row_stride + int64_t(lane) * E;
 #pragma unroll
   for (int h = 0; h < G; ++h) {
-    const Words<W> x = load_words<W>(qrow + int64_t(kvh * G + h) * p.q_head_stride);
+    const Words<W> x = load_words<W>(qrow + int64_t(kvh * G + h) * p.io.q_head_stride);
 #pragma unroll
     for (int i = 0; i < W; ++i) {
       const float2 f = Elem<T>::unpack(x.w[i]);
@@ -144,8 +144,8 @@ __global__ void __launch_bounds__(kSimpleThreads, kFixup ? 1 : 0) qsa_simple_ker
   }
   uint32_t nan_heads = 0;  // bit h: a NaN score reached head h (DESIGN §2: the head's out and lse are NaN)
 
-  const char* kbase = static_cast<const char*>(p.k) + (int64_t(kvh) * p.k_head_stride + int64_t(lane) * E) * 2;
-  const char* vbase = static_cast<const char*>(p.v) + (int64_t(kvh) * p.v_head_stride + int64_t(lane) * E) * 2;
+  const char* kbase = static_cast<const char*>(p.io.k) + (int64_t(kvh) * p.io.k_head_stride + int64_t(lane) * E) * 2;
+  const char* vbase = static_cast<const char*>(p.io.v) + (int64_t(kvh) * p.io.v_head_stride + int64_t(lane) * E) * 2;
 
   for (int32_t chunk = warp; chunk * 32 < rs.cols; chunk += kSimpleWarps) {
     const int32_t c = chunk * 32 + lane;
@@ -153,8 +153,8 @@ __global__ void __launch_bounds__(kSimpleThreads, kFixup ? 1 : 0) qsa_simple_ker
     const bool valid = c < rs.cols && resolve_token(p.sel, rs, column_token(p.sel, rs, c), &page, &slot);
     const uint32_t mask = __ballot_sync(0xFFFFFFFFu, valid);
     if (mask == 0) continue;
-    const int64_t koff = valid ? (int64_t(page) * p.k_page_stride + int64_t(slot) * p.k_slot_stride) * 2 : 0;
-    const int64_t voff = valid ? (int64_t(page) * p.v_page_stride + int64_t(slot) * p.v_slot_stride) * 2 : 0;
+    const int64_t koff = valid ? (int64_t(page) * p.io.k_page_stride + int64_t(slot) * p.io.k_slot_stride) * 2 : 0;
+    const int64_t voff = valid ? (int64_t(page) * p.io.v_page_stride + int64_t(slot) * p.io.v_slot_stride) * 2 : 0;
 
     // Pass 1: scores of the chunk's valid tokens; lane j keeps token j's.
     float s_mine[G];
@@ -185,7 +185,7 @@ __global__ void __launch_bounds__(kSimpleThreads, kFixup ? 1 : 0) qsa_simple_ker
           float d = 0.f;
 #pragma unroll
           for (int e = 0; e < E; ++e) d = fmaf(q[h][e], kf[e], d);
-          const float s = warp_sum(d) * p.scale_log2;
+          const float s = warp_sum(d) * p.io.scale_log2;
           if (lane == j[u]) s_mine[h] = s;
         }
       }
@@ -293,14 +293,14 @@ __global__ void __launch_bounds__(kSimpleThreads, kFixup ? 1 : 0) qsa_simple_ker
       a = sm_o[h][d] * inv;
       b = sm_o[h][d + 1] * inv;
     }
-    T* dst = static_cast<T*>(p.out) + int64_t(r) * p.out_row_stride + (head0 + h) * p.out_head_stride + d;
+    T* dst = static_cast<T*>(p.io.out) + int64_t(r) * p.io.out_row_stride + (head0 + h) * p.io.out_head_stride + d;
     *reinterpret_cast<uint32_t*>(dst) = Elem<T>::pack(a, b);
-    if (p.lse != nullptr && d == 0) {
+    if (p.io.lse != nullptr && d == 0) {
       float lse;
       if ((nan_all >> h) & 1u) lse = __int_as_float(0x7FC00000);
       else if (mx == kNegInf) lse = kNegInf;
       else lse = mx * 0.69314718055994530942f + logf(L);
-      p.lse[int64_t(r) * p.lse_row_stride + (head0 + h) * p.lse_head_stride] = lse;
+      p.io.lse[int64_t(r) * p.io.lse_row_stride + (head0 + h) * p.io.lse_head_stride] = lse;
     }
   }
 }
