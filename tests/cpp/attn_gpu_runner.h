@@ -661,6 +661,74 @@ struct ComposedOut {
   std::vector<uint8_t> ws;
 };
 
+// The attention side both composed routes (C4 -> C7, C3 -> C7) share on the device: q, the padded
+// index rows, the lengths, the workspace (0xFF) and the poisoned outputs; bind() points a call's
+// attn / workspace at them, run() launches on a fresh stream (deadline wait; graph: captured and
+// replayed twice) and downloads out / max_logits / lse / workspace.
+struct ComposedAttnBufs {
+  size_t nout, nst, ws_bytes;
+  DevBuf didx, dlen, dq, dws, dout, dml, dlse;
+  template <class P>
+  ComposedAttnBufs(const P& p, const std::vector<int32_t>& idx, size_t ws)
+      : nout(size_t(p.T) * p.H * 512), nst(size_t(p.T) * p.H), ws_bytes(ws), didx(idx.size() * 4),
+        dlen(std::max<size_t>(p.len.size(), 1) * 4), dq(p.q.size() * 2), dws(ws), dout(nout * 2), dml(nst * 4),
+        dlse(nst * 4) {
+    up(didx, idx);
+    up(dq, p.q);
+    if (!p.len.empty()) up(dlen, p.len);
+    EXPECT_EQ(cudaMemset(dws.ptr, 0xFF, ws), cudaSuccess);
+    EXPECT_EQ(cudaMemset(dout.ptr, 0x7F, nout * 2), cudaSuccess);
+    EXPECT_EQ(cudaMemset(dml.ptr, 0xFF, nst * 4), cudaSuccess);
+    EXPECT_EQ(cudaMemset(dlse.ptr, 0xFF, nst * 4), cudaSuccess);
+  }
+  template <class A>
+  void bind(A& a, bool has_len) const {
+    a.attn.q = dq.ptr; a.attn.indices = didx.as<int32_t>();
+    a.attn.topk_length = has_len ? dlen.as<int32_t>() : nullptr;
+    a.attn.out = dout.ptr; a.attn.max_logits = dml.as<float>(); a.attn.lse = dlse.as<float>();
+    a.workspace = dws.ptr;
+  }
+  template <class Launch>
+  bool run(Launch launch, bool graph, const std::string& what, ComposedOut* r) const {
+    cudaStream_t stream;
+    if (cudaStreamCreate(&stream) != cudaSuccess) return false;
+    const bool ok = run_call(stream, launch, graph, what);
+    cudaStreamDestroy(stream);
+    if (!ok) return false;
+    r->o.out = down<uint16_t>(dout, nout);
+    r->o.ml = down<float>(dml, nst);
+    r->o.lse = down<float>(dlse, nst);
+    r->ws = down<uint8_t>(dws, ws_bytes);
+    return true;
+  }
+};
+
+// The oracle of a composed call h (its route's fields filled): q, index rows, lengths, poisoned
+// host outputs and an aligned 0xFF workspace, then call(h); out (bf16, as floats in *ref_out),
+// max_logits, lse and the workspace bytes into *r.
+template <class P, class H, class Call>
+bool run_composed_ref(const P& p, const std::vector<int32_t>& idx, H& h, Call call, ComposedOut* r,
+                      std::vector<float>* ref_out) {
+  const size_t nout = size_t(p.T) * p.H * 512, nst = size_t(p.T) * p.H;
+  std::vector<uint16_t> out(nout, 0xFFFF);
+  r->o.ml.assign(nst, 0.f);
+  r->o.lse.assign(nst, 0.f);
+  std::vector<uint8_t> host_ws(h.workspace_bytes + 16, 0xFF);
+  auto* hw = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(host_ws.data()) + 15) & ~uintptr_t(15));
+  h.attn.q = p.q.data(); h.attn.indices = idx.data();
+  h.attn.topk_length = p.len.empty() ? nullptr : p.len.data();
+  h.attn.out = out.data(); h.attn.max_logits = r->o.ml.data(); h.attn.lse = r->o.lse.data();
+  h.workspace = hw;
+  const Status st = call(h);
+  EXPECT_TRUE(st.ok()) << st.to_string();
+  if (!st.ok()) return false;
+  r->ws.assign(hw, hw + h.workspace_bytes);
+  r->o.out = out;
+  ref_out->resize(nout);
+  for (size_t i = 0; i < nout; ++i) (*ref_out)[i] = f32(out[i]);
+  return true;
+}
+
 inline DequantPrefillParams dq_params(const DqProblem& p) {
   DequantPrefillParams a;
   a.attn.num_tokens = p.T; a.attn.num_heads = p.H; a.attn.d_qk = p.D();
@@ -690,55 +758,20 @@ inline std::vector<int32_t> dq_indices(const DqProblem& p) { return pad_index_ro
 // as 0xFF.
 inline bool run_dq_gpu(const DqProblem& p, ComposedOut* r, const std::string& what, bool graph = false) {
   DequantPrefillParams a = dq_params(p);
-  const size_t nout = size_t(p.T) * p.H * 512, nst = size_t(p.T) * p.H;
-  const std::vector<int32_t> idx = dq_indices(p);
-  DevBuf dcache(p.cache.size()), didx(idx.size() * 4), dlen(std::max<size_t>(p.len.size(), 1) * 4),
-      dq(p.q.size() * 2), dws(a.workspace_bytes), dout(nout * 2), dml(nst * 4), dlse(nst * 4);
-  up(dcache, p.cache); up(didx, idx); up(dq, p.q);
-  if (!p.len.empty()) up(dlen, p.len);
-  EXPECT_EQ(cudaMemset(dws.ptr, 0xFF, a.workspace_bytes), cudaSuccess);
-  EXPECT_EQ(cudaMemset(dout.ptr, 0x7F, nout * 2), cudaSuccess);
-  EXPECT_EQ(cudaMemset(dml.ptr, 0xFF, nst * 4), cudaSuccess);
-  EXPECT_EQ(cudaMemset(dlse.ptr, 0xFF, nst * 4), cudaSuccess);
-  a.attn.q = dq.ptr; a.attn.indices = didx.as<int32_t>();
-  a.attn.topk_length = p.len.empty() ? nullptr : dlen.as<int32_t>();
-  a.attn.out = dout.ptr; a.attn.max_logits = dml.as<float>(); a.attn.lse = dlse.as<float>();
+  const ComposedAttnBufs bufs(p, dq_indices(p), a.workspace_bytes);
+  DevBuf dcache(p.cache.size());
+  up(dcache, p.cache);
+  bufs.bind(a, !p.len.empty());
   a.cache.data = dcache.ptr;
-  a.workspace = dws.ptr;
-  cudaStream_t stream;
-  if (cudaStreamCreate(&stream) != cudaSuccess) return false;
-  const bool ok = run_call(stream, [&](cudaStream_t st) { return dequant_sparse_mla_prefill(a, st); }, graph, what);
-  cudaStreamDestroy(stream);
-  if (!ok) return false;
-  r->o.out = down<uint16_t>(dout, nout);
-  r->o.ml = down<float>(dml, nst);
-  r->o.lse = down<float>(dlse, nst);
-  r->ws = down<uint8_t>(dws, a.workspace_bytes);
-  return true;
+  return bufs.run([&](cudaStream_t st) { return dequant_sparse_mla_prefill(a, st); }, graph, what, r);
 }
 
 // The oracle of the same call: out (bf16, as floats), max_logits, lse and the workspace bytes.
 inline bool run_dq_ref(const DqProblem& p, ComposedOut* r, std::vector<float>* ref_out) {
   DequantPrefillParams h = dq_params(p);
-  const size_t nout = size_t(p.T) * p.H * 512, nst = size_t(p.T) * p.H;
-  std::vector<uint16_t> out(nout, 0xFFFF);
-  r->o.ml.assign(nst, 0.f);
-  r->o.lse.assign(nst, 0.f);
-  std::vector<uint8_t> host_ws(h.workspace_bytes + 16, 0xFF);
-  auto* hw = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(host_ws.data()) + 15) & ~uintptr_t(15));
-  const std::vector<int32_t> idx = dq_indices(p);
-  h.attn.q = p.q.data(); h.attn.indices = idx.data();
-  h.attn.topk_length = p.len.empty() ? nullptr : p.len.data();
-  h.attn.out = out.data(); h.attn.max_logits = r->o.ml.data(); h.attn.lse = r->o.lse.data();
-  h.workspace = hw;
-  const Status st = ref::dequant_sparse_mla_prefill(h);
-  EXPECT_TRUE(st.ok()) << st.to_string();
-  if (!st.ok()) return false;
-  r->ws.assign(hw, hw + h.workspace_bytes);
-  r->o.out = out;
-  ref_out->resize(nout);
-  for (size_t i = 0; i < nout; ++i) (*ref_out)[i] = f32(out[i]);
-  return true;
+  return run_composed_ref(
+      p, dq_indices(p), h, [](const DequantPrefillParams& x) { return ref::dequant_sparse_mla_prefill(x); }, r,
+      ref_out);
 }
 
 // GPU vs oracle: prefill tolerances (NaN rows included), workspace bit for bit.
@@ -906,62 +939,25 @@ inline GatherPrefillParams gather_params(const GatherProblem& p) {
 // as 0xFF.
 inline bool run_gather_gpu(const GatherProblem& p, ComposedOut* r, const std::string& what, bool graph = false) {
   GatherPrefillParams a = gather_params(p);
-  const size_t nout = size_t(p.T) * p.H * 512, nst = size_t(p.T) * p.H;
-  const std::vector<int32_t> idx = pad_index_rows(p.idx, p.T, p.K, p.idx_pad);
+  const ComposedAttnBufs bufs(p, pad_index_rows(p.idx, p.T, p.K, p.idx_pad), a.workspace_bytes);
   const size_t nr = size_t(p.reqs()) * 4;
-  DevBuf dcache(p.cache.size()), dbt(p.block_table.size() * 4), dst(nr), dln(nr), dwss(nr), didx(idx.size() * 4),
-      dlen(std::max<size_t>(p.len.size(), 1) * 4), dq(p.q.size() * 2), dws(a.workspace_bytes), dout(nout * 2),
-      dml(nst * 4), dlse(nst * 4);
+  DevBuf dcache(p.cache.size()), dbt(p.block_table.size() * 4), dst(nr), dln(nr), dwss(nr);
   up(dcache, p.cache); up(dbt, p.block_table); up(dst, p.starts); up(dln, p.lens); up(dwss, p.ws_starts);
-  up(didx, idx); up(dq, p.q);
-  if (!p.len.empty()) up(dlen, p.len);
-  EXPECT_EQ(cudaMemset(dws.ptr, 0xFF, a.workspace_bytes), cudaSuccess);
-  EXPECT_EQ(cudaMemset(dout.ptr, 0x7F, nout * 2), cudaSuccess);
-  EXPECT_EQ(cudaMemset(dml.ptr, 0xFF, nst * 4), cudaSuccess);
-  EXPECT_EQ(cudaMemset(dlse.ptr, 0xFF, nst * 4), cudaSuccess);
-  a.attn.q = dq.ptr; a.attn.indices = didx.as<int32_t>();
-  a.attn.topk_length = p.len.empty() ? nullptr : dlen.as<int32_t>();
-  a.attn.out = dout.ptr; a.attn.max_logits = dml.as<float>(); a.attn.lse = dlse.as<float>();
+  bufs.bind(a, !p.len.empty());
   a.gather.cache = dcache.ptr; a.gather.block_table = dbt.as<int32_t>();
   a.gather.seq_starts = dst.as<int32_t>(); a.gather.seq_lens = dln.as<int32_t>();
   a.gather.ws_starts = dwss.as<int32_t>();
-  a.workspace = dws.ptr;
-  cudaStream_t stream;
-  if (cudaStreamCreate(&stream) != cudaSuccess) return false;
-  const bool ok = run_call(stream, [&](cudaStream_t st) { return gather_sparse_mla_prefill(a, st); }, graph, what);
-  cudaStreamDestroy(stream);
-  if (!ok) return false;
-  r->o.out = down<uint16_t>(dout, nout);
-  r->o.ml = down<float>(dml, nst);
-  r->o.lse = down<float>(dlse, nst);
-  r->ws = down<uint8_t>(dws, a.workspace_bytes);
-  return true;
+  return bufs.run([&](cudaStream_t st) { return gather_sparse_mla_prefill(a, st); }, graph, what, r);
 }
 
 // The oracle of the same call: out (bf16, as floats), max_logits, lse and the workspace bytes.
 inline bool run_gather_ref(const GatherProblem& p, ComposedOut* r, std::vector<float>* ref_out) {
   GatherPrefillParams h = gather_params(p);
-  const size_t nout = size_t(p.T) * p.H * 512, nst = size_t(p.T) * p.H;
-  std::vector<uint16_t> out(nout, 0xFFFF);
-  r->o.ml.assign(nst, 0.f);
-  r->o.lse.assign(nst, 0.f);
-  std::vector<uint8_t> host_ws(h.workspace_bytes + 16, 0xFF);
-  auto* hw = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(host_ws.data()) + 15) & ~uintptr_t(15));
-  const std::vector<int32_t> idx = pad_index_rows(p.idx, p.T, p.K, p.idx_pad);
-  h.attn.q = p.q.data(); h.attn.indices = idx.data();
-  h.attn.topk_length = p.len.empty() ? nullptr : p.len.data();
-  h.attn.out = out.data(); h.attn.max_logits = r->o.ml.data(); h.attn.lse = r->o.lse.data();
   h.gather.cache = p.cache.data(); h.gather.block_table = p.block_table.data();
   h.gather.seq_starts = p.starts.data(); h.gather.seq_lens = p.lens.data(); h.gather.ws_starts = p.ws_starts.data();
-  h.workspace = hw;
-  const Status st = ref::gather_sparse_mla_prefill(h);
-  EXPECT_TRUE(st.ok()) << st.to_string();
-  if (!st.ok()) return false;
-  r->ws.assign(hw, hw + h.workspace_bytes);
-  r->o.out = out;
-  ref_out->resize(nout);
-  for (size_t i = 0; i < nout; ++i) (*ref_out)[i] = f32(out[i]);
-  return true;
+  return run_composed_ref(
+      p, pad_index_rows(p.idx, p.T, p.K, p.idx_pad), h,
+      [](const GatherPrefillParams& x) { return ref::gather_sparse_mla_prefill(x); }, r, ref_out);
 }
 
 // GPU vs oracle: prefill tolerances (NaN rows included), workspace bit for bit (gap rows and
