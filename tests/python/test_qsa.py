@@ -669,6 +669,20 @@ def test_cuda_gqa_groups_force_simple_and_out_variant(selkv, cuda_device, gen):
         check_against_model(pb, out.cpu(), lse.cpu())
 
 
+def _replay_in_graph(args, out, lse):
+    """Runs the op on args once eagerly (warm-up), captures it in a CUDA graph, zeroes out / lse
+    and replays the graph."""
+    torch.ops.selkv.qsa_sparse_prefill(*args)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        torch.ops.selkv.qsa_sparse_prefill(*args)
+    out.zero_()
+    lse.zero_()
+    g.replay()
+    torch.cuda.synchronize()
+
+
 def test_cuda_graph_replay_equals_eager(selkv, cuda_device, gen):
     pb = make_problem(gen, torch.float16, 256, 16, Hq=6, Hkv=1)
     c = _to(pb, cuda_device)
@@ -678,15 +692,7 @@ def test_cuda_graph_replay_equals_eager(selkv, cuda_device, gen):
     kv = c["kv"]
     args = (c["q"], kv[:, 0], kv[:, 1], c["table"], c["seq_lens"], c["req_ids"], c["positions"],
             c["selection"], None, None, float(c["scale"]), False, out, lse)
-    torch.ops.selkv.qsa_sparse_prefill(*args)  # warm-up outside the capture
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        torch.ops.selkv.qsa_sparse_prefill(*args)
-    out.zero_()
-    lse.zero_()
-    g.replay()
-    torch.cuda.synchronize()
+    _replay_in_graph(args, out, lse)
     assert torch.equal(out, eager_out) and torch.equal(lse, eager_lse)
 
 
@@ -792,15 +798,7 @@ def test_cuda_plan_then_graph(selkv, cuda_device, gen):
     kv = c["kv"]
     args = (c["q"], kv[:, 0], kv[:, 1], c["table"], c["seq_lens"], c["req_ids"], c["positions"],
             c["selection"], None, None, float(c["scale"]), False, out, lse, md)
-    torch.ops.selkv.qsa_sparse_prefill(*args)  # warm-up outside the capture
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        torch.ops.selkv.qsa_sparse_prefill(*args)
-    out.zero_()
-    lse.zero_()
-    g.replay()
-    torch.cuda.synchronize()
+    _replay_in_graph(args, out, lse)
     assert torch.equal(out, eager_out) and torch.equal(lse, eager_lse)
 
     md2 = torch.zeros_like(md)
