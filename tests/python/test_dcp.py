@@ -23,7 +23,8 @@ torch = pytest.importorskip("torch")
 
 import types  # noqa: E402
 
-from test_decode import assert_close_design, ref_decode  # noqa: E402  (tests/python is on sys.path)
+from _design_checks import assert_close_design  # noqa: E402  (tests/python is on sys.path)
+from test_decode import ref_decode  # noqa: E402
 
 INT32_MAX = 2**31 - 1
 SM_SCALE = 576**-0.55

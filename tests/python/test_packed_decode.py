@@ -22,13 +22,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from test_decode import (  # noqa: E402  (tests/python is on sys.path under pytest)
+from _design_checks import assert_close_design  # noqa: E402  (tests/python is on sys.path under pytest)
+from test_decode import (  # noqa: E402
     QK,
     REC,
     SM_SCALE,
     V,
     Case,
-    assert_close_design,
     ref_decode,
     ref_records,
 )
