@@ -137,6 +137,8 @@ struct SparseDecodeParams {
   // lse: fp32 [B, S_q, H]; head dim contiguous.
   float* lse = nullptr;
   int64_t lse_batch_stride = 0, lse_seq_stride = 0;  // in elements
+  // The lse of a row with no valid entry (out 0): -inf, or +inf when set (FlashMLA's convention).
+  bool empty_lse_pos_inf = false;
 };
 
 // Fills the strides of a contiguous [B, S_q, H, *] layout (helper for callers and tests): q's

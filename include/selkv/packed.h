@@ -102,6 +102,7 @@ struct PackedDecodeParams {
   int64_t out_batch_stride = 0, out_seq_stride = 0, out_head_stride = 0;
   float* lse = nullptr;  // fp32 [B, S_q, H]
   int64_t lse_batch_stride = 0, lse_seq_stride = 0;
+  bool empty_lse_pos_inf = false;  // as SparseDecodeParams::empty_lse_pos_inf
 };
 void set_contiguous_strides(PackedDecodeParams* p);
 Status check_sparse_mla_decode_packed(const PackedDecodeParams& p, const DecodeMetadata& metadata,

@@ -244,6 +244,7 @@ def sparse_mla_decode(
     extra_kv_cache: torch.Tensor | None = None,
     extra_indices: torch.Tensor | None = None,
     extra_topk_length: torch.Tensor | None = None,
+    empty_lse_pos_inf: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sparse MLA decode: attention of each query row over its selected FP8 cache slots.
 
@@ -274,11 +275,14 @@ def sparse_mla_decode(
         extra_indices: int32 ``[B, S_q, K2]`` physical slots of ``extra_kv_cache`` (DESIGN §2
             with its own slot count).
         extra_topk_length: optional int32 ``[B]``; must be the tensor the plan was made with.
+        empty_lse_pos_inf: the lse of a row with no valid slot is ``+inf`` (FlashMLA's
+            convention) instead of ``-inf``; written by the kernels, no extra pass.
 
     Returns:
         ``(out, lse)``: ``out`` bf16 ``[B, S_q, H, 512]``; ``lse`` fp32 ``[B, S_q, H]``, the
         natural-log logsumexp of ``sm_scale * q . k`` over the valid slots of both caches
-        (``-inf`` and ``out = 0`` for a row with no valid slot).
+        (``-inf``, or ``+inf`` with ``empty_lse_pos_inf``, and ``out = 0`` for a row with no
+        valid slot).
 
     ``B = 0`` or ``S_q = 0`` (no rows) is a no-op returning empty outputs.
 
@@ -303,6 +307,7 @@ def sparse_mla_decode(
         extra_kv_cache,
         extra_indices,
         extra_topk_length,
+        bool(empty_lse_pos_inf),
     )
     return out, lse
 
@@ -319,6 +324,7 @@ def sparse_mla_decode_packed(
     out: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
     workspace: torch.Tensor | None = None,
+    empty_lse_pos_inf: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sparse MLA decode over a packed KV buffer (DESIGN C6): :func:`sparse_mla_decode` with the
     cache and indices replaced by the buffer :func:`selkv.pack_selected_kv` made from them.
@@ -337,8 +343,9 @@ def sparse_mla_decode_packed(
         topk_length: optional int32 ``[B]``; must be the tensor the plan was made with. Pass the
             lengths the buffer was packed with: entries at or past the planned length are not
             attended, and entries the pack marked invalid never are.
-        attn_sink, out, lse, workspace: as for :func:`sparse_mla_decode` (the same workspace
-            rules: the plan's on its own stream, a fresh one on any other stream).
+        attn_sink, out, lse, workspace, empty_lse_pos_inf: as for :func:`sparse_mla_decode`
+            (the same workspace rules: the plan's on its own stream, a fresh one on any other
+            stream).
 
     Returns:
         ``(out, lse)`` as :func:`sparse_mla_decode` returns them; bitwise equal to
@@ -366,6 +373,7 @@ def sparse_mla_decode_packed(
         sm_scale,
         out,
         lse,
+        bool(empty_lse_pos_inf),
     )
     return out, lse
 

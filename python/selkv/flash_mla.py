@@ -223,17 +223,16 @@ def _plan(
 
 def _decode_call(op: str, fn: Any, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """Runs a selkv decode and returns its result in FlashMLA's conventions: lse ``+inf`` for a
-    query row with no valid index (out is 0 already), lse as the ``(B, H, S_q)`` view."""
+    query row with no valid index (written so by the kernels; out is 0), lse as the
+    ``(B, H, S_q)`` view (no copy)."""
     try:
-        out, lse = fn(*args, **kwargs)
+        out, lse = fn(*args, empty_lse_pos_inf=True, **kwargs)
     except RuntimeError as e:
         # The C++ API owns the scale rule (DESIGN §2) and names it sm_scale: say it as the
         # caller did.
         if ": sm_scale:" in str(e):
             raise ValueError(f"{op}: softmax_scale: {e}") from e
         raise
-    # One elementwise kernel, graph-capturable; finite values and NaN are kept.
-    torch.nan_to_num_(lse, nan=float("nan"), posinf=float("inf"), neginf=float("inf"))
     return out, lse.transpose(1, 2)
 
 

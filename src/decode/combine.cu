@@ -170,7 +170,7 @@ decode_combine_kernel(const DecodeKernelParams p) {
       }
     }
   }
-  float lse = -INFINITY, f = 0.f;
+  float lse = p.empty_lse, f = 0.f;  // a row with no valid entry: out 0
   if (max_lse != -INFINITY) {
     lse = max_lse + logf(sum_w);
     f = 1.f / sum_w;

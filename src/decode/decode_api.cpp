@@ -365,6 +365,7 @@ decode::DecodeKernelParams common_kernel_params(const P& p, const DecodeMetadata
   k.lse = p.lse;
   k.lse_batch_stride = p.lse_batch_stride;
   k.lse_seq_stride = p.lse_seq_stride;
+  k.empty_lse = p.empty_lse_pos_inf ? INFINITY : -INFINITY;
   k.metadata = md.data;
   k.num_sm_parts = md.num_sm_parts;
   k.min_blocks_per_part = md.min_blocks_per_part;

@@ -381,6 +381,8 @@ struct DecodeKernelParams {
   FastDivmod extra_page;
   int32_t extra_page_size;
   int64_t extra_block_stride_bytes;
+
+  float empty_lse;  // the lse written for a row with no valid entry: -inf, or +inf (FlashMLA's)
 };
 static_assert(sizeof(FastDivmod) == 12, "DecodeKernelParams packs page with page_size into 16 bytes");
 static_assert(offsetof(DecodeKernelParams, num_rows) == 0 && offsetof(DecodeKernelParams, num_sm_parts) == 12,

@@ -214,8 +214,11 @@ void sparse_decode(const SparseDecodeRefArgs& a) {
     keys.reserve(size_t(limit + limit2) * kD);
     int n = gather_keys(a.cache, a.indices + row * a.K, limit, kD, keys);
     if (limit2 > 0) n += gather_keys(a.extra_cache, a.extra_indices + row * a.K2, limit2, kD, keys);
+    float* lse = a.lse ? a.lse + row * a.H : nullptr;
     attend_row(a.q + row * a.H * kD, a.H, kD, keys, n, double(a.sm_scale), a.attn_sink,
-               a.out + row * a.H * fmt::kVDim, a.lse ? a.lse + row * a.H : nullptr, nullptr);
+               a.out + row * a.H * fmt::kVDim, lse, nullptr);
+    if (n == 0 && lse != nullptr && a.empty_lse_pos_inf)
+      for (int h = 0; h < a.H; ++h) lse[h] = std::numeric_limits<float>::infinity();
   });
 }
 

@@ -85,6 +85,7 @@ struct SparseDecodeRefArgs {
   const float* attn_sink = nullptr;      // [H] or null
   float* out = nullptr;          // [B, S_q, H, 512]
   float* lse = nullptr;          // [B, S_q, H], natural log
+  bool empty_lse_pos_inf = false;  // an empty row's lse: +inf instead of -inf (FlashMLA's convention)
   int threads = 0;               // rows run on this many threads (0: all cores); results do not depend on it
 };
 void sparse_decode(const SparseDecodeRefArgs& a);
@@ -116,6 +117,7 @@ struct SparseDecodePackedRefArgs {
   const float* attn_sink = nullptr;      // [H] or null
   float* out = nullptr;          // [B, S_q, H, 512]
   float* lse = nullptr;          // [B, S_q, H]
+  bool empty_lse_pos_inf = false;
   int threads = 0;
 };
 Status check_sparse_decode_packed_args(const SparseDecodePackedRefArgs& a);

@@ -55,6 +55,7 @@ void sparse_decode_packed(const SparseDecodePackedRefArgs& a) {
   d.attn_sink = a.attn_sink;
   d.out = a.out;
   d.lse = a.lse;
+  d.empty_lse_pos_inf = a.empty_lse_pos_inf;
   d.threads = a.threads;
   sparse_decode(d);
 }

@@ -359,6 +359,28 @@ TEST(Decode, AttnSinkScalesOutOnly) {
   }
 }
 
+// empty_lse_pos_inf (FlashMLA's convention): an empty row's lse is +inf; every other bit as without.
+TEST(Decode, EmptyLsePosInfChangesOnlyEmptyRows) {
+  std::mt19937_64 rng(test::test_seed() + 13);
+  DecodeSetup s(rng);
+  std::vector<float> out0, lse0, out1, lse1;
+  ref::sparse_decode(s.args(out0, lse0, true));
+  auto a = s.args(out1, lse1, true);
+  a.empty_lse_pos_inf = true;
+  ref::sparse_decode(a);
+  EXPECT_EQ(std::memcmp(out0.data(), out1.data(), out0.size() * 4), 0);
+  int empty = 0;
+  for (size_t r = 0; r < lse0.size(); ++r) {
+    if (lse0[r] == -kInf) {
+      ++empty;
+      EXPECT_EQ(lse1[r], kInf) << r;
+    } else {
+      EXPECT_EQ(std::memcmp(&lse0[r], &lse1[r], 4), 0) << r;
+    }
+  }
+  EXPECT_GE(empty, s.H);  // the setup's all-invalid row
+}
+
 TEST(Decode, ThreadCountDoesNotChangeBits) {
   std::mt19937_64 rng(test::test_seed() + 3);
   DecodeSetup s(rng);

@@ -460,3 +460,22 @@ def test_nan_reaching_softmax_is_nan_not_empty(selkv, gen, device):
     _, f_lse = flash_mla.flash_mla_with_kvcache(qn, cache.unsqueeze(2).view(torch.float8_e4m3fn), None, None,
                                                 512, sched, None, SM_SCALE, False, True, indices=idx)
     assert torch.isnan(f_lse[0, 5, 1]) and torch.isposinf(f_lse[1, :, 0]).all()
+
+
+@pytest.mark.parametrize("device", _devices())
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_empty_lse_pos_inf(selkv, gen, device, dynamic):
+    """empty_lse_pos_inf=True (FlashMLA's convention, written by the kernels): the lse of a row
+    with no valid entry is +inf; every other lse bit and every out bit as without it. One-part
+    plans and split plans (min_blocks_per_part=1: split rows go through the combine)."""
+    case = Case(selkv, gen, 3, 2, 64, 256, 64, dynamic=dynamic, empty_row=True)
+    q, cache, idx, tl, _ = case.to(device)
+    for mb in (0, 1):
+        md = selkv.get_decode_metadata(3, 2, 64, 256, tl, min_blocks_per_part=mb, device=device)
+        out, lse = selkv.sparse_mla_decode(q, cache, idx, md, SM_SCALE, topk_length=tl)
+        out_p, lse_p = selkv.sparse_mla_decode(q, cache, idx, md, SM_SCALE, topk_length=tl, empty_lse_pos_inf=True)
+        empty = torch.isneginf(lse)
+        assert bool(empty[2, 0].all()), "the case's empty row"
+        assert bool(torch.isposinf(lse_p[empty]).all()) and not bool(torch.isneginf(lse_p).any())
+        assert torch.equal(_bits(lse_p)[~empty], _bits(lse)[~empty])
+        assert torch.equal(_bits(out_p), _bits(out))

@@ -398,6 +398,7 @@ void run_oracle(const SparseDecodeParams& p, const DecodeMetadata& md) {
   a.attn_sink = p.attn_sink;
   a.out = out.data();
   a.lse = lse.data();
+  a.empty_lse_pos_inf = p.empty_lse_pos_inf;
   throw_if_error(ref::check_sparse_decode_args(a));
   ref::sparse_decode(a);
   write_outputs(p, out, lse);
@@ -421,6 +422,7 @@ void run_packed_oracle(const PackedDecodeParams& p, const DecodeMetadata& md) {
   a.attn_sink = p.attn_sink;
   a.out = out.data();
   a.lse = lse.data();
+  a.empty_lse_pos_inf = p.empty_lse_pos_inf;
   throw_if_error(ref::check_sparse_decode_packed_args(a));
   ref::sparse_decode_packed(a);
   write_outputs(p, out, lse);
@@ -441,7 +443,7 @@ void sparse_mla_decode(const at::Tensor& q, const at::Tensor& kv_cache, const at
                        const at::Tensor& out, const at::Tensor& lse,
                        const std::optional<at::Tensor>& extra_kv_cache,
                        const std::optional<at::Tensor>& extra_indices,
-                       const std::optional<at::Tensor>& extra_topk_length) {
+                       const std::optional<at::Tensor>& extra_topk_length, bool empty_lse_pos_inf) {
   constexpr const char* kOp = kDecodeOp;
   check_devices(kOp, device_type(B),
                 {{"out", out}, {"lse", lse}, {"q", q}, {"kv_cache", kv_cache}, {"indices", indices},
@@ -449,8 +451,9 @@ void sparse_mla_decode(const at::Tensor& q, const at::Tensor& kv_cache, const at
                  {"workspace", workspace}, {"extra_kv_cache", extra_kv_cache}, {"extra_indices", extra_indices},
                  {"extra_topk_length", extra_topk_length}});
   check_plan_tensors(kOp, metadata, workspace);
-  const SparseDecodeParams p = decode_params(q, kv_cache, indices, topk_length, attn_sink, sm_scale, out, lse,
-                                             extra_kv_cache, extra_indices, extra_topk_length);
+  SparseDecodeParams p = decode_params(q, kv_cache, indices, topk_length, attn_sink, sm_scale, out, lse,
+                                       extra_kv_cache, extra_indices, extra_topk_length);
+  p.empty_lse_pos_inf = empty_lse_pos_inf;
   const DecodeMetadata md = metadata_of(kOp, metadata, plan);
   if constexpr (B == Backend::kMeta) return;
   const size_t ws_bytes = size_t(workspace.numel());
@@ -469,15 +472,15 @@ void sparse_mla_decode_packed(const at::Tensor& q, const at::Tensor& packed_kv, 
                               const std::optional<at::Tensor>& attn_sink,
                               const at::Tensor& metadata, c10::IntArrayRef plan,
                               const at::Tensor& workspace, double sm_scale, const at::Tensor& out,
-                              const at::Tensor& lse) {
+                              const at::Tensor& lse, bool empty_lse_pos_inf) {
   constexpr const char* kOp = kPackedDecodeOp;
   check_devices(kOp, device_type(B),
                 {{"out", out}, {"lse", lse}, {"q", q}, {"packed_kv", packed_kv},
                  {"topk_length", topk_length}, {"attn_sink", attn_sink}, {"metadata", metadata},
                  {"workspace", workspace}});
   check_plan_tensors(kOp, metadata, workspace);
-  const PackedDecodeParams p =
-      packed_decode_params(q, packed_kv, topk, topk_length, attn_sink, sm_scale, out, lse);
+  PackedDecodeParams p = packed_decode_params(q, packed_kv, topk, topk_length, attn_sink, sm_scale, out, lse);
+  p.empty_lse_pos_inf = empty_lse_pos_inf;
   const DecodeMetadata md = metadata_of(kOp, metadata, plan);
   if constexpr (B == Backend::kMeta) return;
   const size_t ws_bytes = size_t(workspace.numel());
@@ -508,12 +511,12 @@ TORCH_LIBRARY_FRAGMENT(selkv, m) {
       "sparse_mla_decode(Tensor q, Tensor kv_cache, Tensor indices, Tensor? topk_length, "
       "Tensor? attn_sink, Tensor metadata, int[] plan, Tensor(a!) workspace, float sm_scale, "
       "Tensor(b!) out, Tensor(c!) lse, Tensor? extra_kv_cache=None, Tensor? extra_indices=None, "
-      "Tensor? extra_topk_length=None) -> ()",
+      "Tensor? extra_topk_length=None, bool empty_lse_pos_inf=False) -> ()",
       tags);
   m.def(
       "sparse_mla_decode_packed(Tensor q, Tensor packed_kv, int topk, Tensor? topk_length, "
       "Tensor? attn_sink, Tensor metadata, int[] plan, Tensor(a!) workspace, float sm_scale, "
-      "Tensor(b!) out, Tensor(c!) lse) -> ()",
+      "Tensor(b!) out, Tensor(c!) lse, bool empty_lse_pos_inf=False) -> ()",
       tags);
 }
 

@@ -127,8 +127,8 @@ __device__ __forceinline__ void store_row(const DecodeKernelParams& p, const Row
     }
     if (cw == 0 && (lane & 3) == 0 && !to_slot) {
       float* lrow = p.lse + b * p.lse_batch_stride + s * p.lse_seq_stride;
-      lrow[h0] = lse0;
-      lrow[h1] = lse1;
+      lrow[h0] = any0 ? lse0 : p.empty_lse;
+      lrow[h1] = any1 ? lse1 : p.empty_lse;
     }
   }
 }
