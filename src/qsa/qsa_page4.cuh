@@ -6,7 +6,7 @@
 // Warp roles. A merge warp merges the group's plan rows (one lane per row; each row's entries are
 // sorted by (page, slot base)) into one stream of distinct blocks: per step the lanes' current keys
 // are min-reduced, every lane holding the minimum contributes its 4-bit token mask (a ballot per
-// token gives the token's row-membership word) and advances. 16 blocks (64 tokens) make a tile,
+// token gives the token's row-membership word) and advances. kP4Blocks blocks make a tile,
 // published in a ring of kP4Ring tile descriptors, so the merge runs ahead of the loads. A load
 // warp copies the K and V rows of the tile's tokens that some row uses into a stage with cp.async
 // (16 bytes per lane: the copies of one token issue in one instruction, where per-token bulk
@@ -43,14 +43,18 @@ inline constexpr int kP4ConsumerWarps = kQsaPage4Pairs / 16;
 inline constexpr int kP4ConsumerThreads = kP4ConsumerWarps * 32;
 inline constexpr int kP4MergeWarp = kP4ConsumerWarps, kP4LoadWarp = kP4ConsumerWarps + 1;
 inline constexpr int kP4Threads = kP4ConsumerThreads + 64;  // + the merge and load warps
-inline constexpr int kP4Blocks = 16;                        // blocks of one tile
+// 8 blocks (32 tokens) a tile: the K / V stages hold 128 tokens in all (D 256: that fills the shared
+// memory), so 4 stages (docs/perf-log.md: page-4 tile size).
+inline constexpr int kP4Blocks = 8;                          // blocks of one tile
 inline constexpr int kP4Tokens = 4 * kP4Blocks;
-inline constexpr int kP4Stages = 2;  // K / V stages (D 256: two fill the shared memory)
-inline constexpr int kP4Ring = 4;    // tile descriptors the merge may run ahead
+inline constexpr int kP4Stages = 128 / kP4Tokens;           // K / V stages
+inline constexpr int kP4Ring = 2 * kP4Stages;               // tile descriptors the merge may run ahead
+inline constexpr int kP4Chunks = kP4Tokens / 16;            // 16-token MMA chunks of a tile
+static_assert(kP4Tokens == 16 || kP4Tokens == 32 || kP4Tokens == 64, "page-4 tile size");
 inline constexpr int kP4Chunk = 16;  // plan entries a merge lane has in flight ahead of its cursor
 
 // Shared memory of one CTA. Rows of Q, K and V are D elements padded by 16 bytes, so the 8 rows
-// an ldmatrix reads fall in distinct banks. A tile descriptor (ring entry): the 64 tokens'
+// an ldmatrix reads fall in distinct banks. A tile descriptor (ring entry): the tile's tokens'
 // row-membership words, the block count and each block's page and slot base.
 template <int D>
 struct P4Layout {
@@ -388,23 +392,26 @@ __global__ void __launch_bounds__(kP4Threads, 1) qsa_page4_kernel(const QsaPage4
     p4::mbar_wait(kv_full + 8u * uint32_t(s), uint32_t(t / kP4Stages) & 1u);
     const uint32_t* tokw = reinterpret_cast<const uint32_t*>(smem + L::kTokw) + e * kP4Tokens;
     // need bit c: chunk c (tokens 16 c .. 16 c + 15) holds a token one of the warp's rows uses.
-    const uint32_t use_lo = __ballot_sync(~0u, (tokw[lane] & warp_rows) != 0u);
-    const uint32_t use_hi = __ballot_sync(~0u, (tokw[lane + 32] & warp_rows) != 0u);
-    const uint32_t need = (use_lo & 0xFFFFu ? 1u : 0u) | (use_lo >> 16 ? 2u : 0u) | (use_hi & 0xFFFFu ? 4u : 0u) |
-                          (use_hi >> 16 ? 8u : 0u);
+    uint32_t need = 0;
+#pragma unroll
+    for (int h = 0; h < (kP4Tokens + 31) / 32; ++h) {
+      const uint32_t u = __ballot_sync(~0u, lane + 32 * h < kP4Tokens && (tokw[lane + 32 * h] & warp_rows) != 0u);
+      need |= ((u & 0xFFFFu) != 0u ? 1u : 0u) << (2 * h);
+      need |= ((u >> 16) != 0u ? 2u : 0u) << (2 * h);
+    }
     if (need != 0u) {
       const uint32_t k_addr = p4::smem_addr(smem + L::kK + s * L::kStageBytes) + uint32_t(k_off);
       const uint32_t v_addr = p4::smem_addr(smem + L::kV + s * L::kStageBytes) + uint32_t(v_off);
-      float sc[8][4];
+      float sc[2 * kP4Chunks][4];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
+      for (int j = 0; j < 2 * kP4Chunks; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
       // Not unrolled fully: the O accumulators hold D / 2 registers, little is left for loads in flight.
 #pragma unroll 2
       for (int kk = 0; kk < D / 16; ++kk) {
         uint32_t a[4];
         p4::ldsm_x4(a, q_addr + uint32_t(kk * 32));
 #pragma unroll
-        for (int n2 = 0; n2 < 4; ++n2) {
+        for (int n2 = 0; n2 < kP4Chunks; ++n2) {
           if ((need & (1u << n2)) == 0u) continue;  // its scores are masked below
           uint32_t b[4];
           p4::ldsm_x4(b, k_addr + uint32_t(n2 * 16 * L::kRow + kk * 32));
@@ -415,7 +422,7 @@ __global__ void __launch_bounds__(kP4Threads, 1) qsa_page4_kernel(const QsaPage4
       // Membership: token 8 j + 2 (lane % 4) + e of the tile for the thread's two rows.
       float mx0 = kNegInf, mx1 = kNegInf;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
+      for (int j = 0; j < 2 * kP4Chunks; ++j) {
         const uint2 w = *reinterpret_cast<const uint2*>(tokw + 8 * j + 2 * (lane % 4));
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
@@ -442,9 +449,9 @@ __global__ void __launch_bounds__(kP4Threads, 1) qsa_page4_kernel(const QsaPage4
       m0 = n0;
       m1 = n1;
       float sum0 = 0.f, sum1 = 0.f;
-      uint32_t pa[4][4];
+      uint32_t pa[kP4Chunks][4];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
+      for (int j = 0; j < 2 * kP4Chunks; ++j) {
         const float p00 = p4::exp2_ftz(sc[j][0] - b0), p01 = p4::exp2_ftz(sc[j][1] - b0);
         const float p10 = p4::exp2_ftz(sc[j][2] - b1), p11 = p4::exp2_ftz(sc[j][3] - b1);
         sum0 += p00 + p01;
@@ -462,7 +469,7 @@ __global__ void __launch_bounds__(kP4Threads, 1) qsa_page4_kernel(const QsaPage4
         o[i][3] *= a1;
       }
 #pragma unroll
-      for (int kc = 0; kc < 4; ++kc) {
+      for (int kc = 0; kc < kP4Chunks; ++kc) {
         if ((need & (1u << kc)) == 0u) continue;  // P = 0 there
 #pragma unroll
         for (int n2 = 0; n2 < D / 16; ++n2) {
