@@ -18,14 +18,17 @@ namespace selkv::decode {
 
 inline constexpr int kBlockTokens = 64;      // selected tokens per KV block (TOPK_BLOCK_SIZE)
 inline constexpr int kHeadsPerCta = 64;      // query heads per CTA (one wgmma M tile)
+inline constexpr int64_t kOneBlockPartsBelow = 80;  // H = 64 calls of fewer blocks: 1-block parts
 // Scheduler: do not split finer than this many 64-token blocks per part (the default of
 // DecodeShape::min_blocks_per_part). Each part costs a Q load, a partial write and a combine read,
 // and more parts cost more than their shorter main loops save once the grid is ~half full.
 // H = 128 (2-CTA clusters): 4, and 2 for calls under 256 blocks. H = 64: T / 128 clamped to
 // [2, 4] for T blocks in the call (at most: the fixed top-k count), so calls up to ~256 blocks keep
-// 2-block parts (all SMs busy) and larger ones get 4 (docs/perf-log.md: decode split granularity).
+// 2-block parts (all SMs busy) and larger ones get 4; a call of under 80 blocks (a few short rows:
+// most SMs idle at 2 blocks a part) takes 1-block parts (docs/perf-log.md: decode split granularity).
 SELKV_DEC_HD constexpr int min_blocks_per_part(int num_heads, int64_t total_blocks) {
   if (num_heads == 128) return total_blocks < 256 ? 2 : 4;
+  if (total_blocks < kOneBlockPartsBelow) return 1;
   const int64_t m = total_blocks / 128;
   return m < 2 ? 2 : (m > 4 ? 4 : int(m));
 }

@@ -329,8 +329,12 @@ TEST(DecodeChecks, DefaultMinBlocksPerPart) {
   EXPECT_EQ(min_blocks_per_part(128, 255), 2);
   EXPECT_EQ(min_blocks_per_part(128, 256), 4);
   EXPECT_EQ(min_blocks_per_part(128, 128 * 32), 4);  // B = 64 S_q = 2
-  EXPECT_EQ(min_blocks_per_part(64, 1), 2);
-  EXPECT_EQ(min_blocks_per_part(64, 32), 2);
+  EXPECT_EQ(min_blocks_per_part(64, 1), 1);
+  EXPECT_EQ(min_blocks_per_part(64, 32), 1);   // B = 1 S_q = 1, K = 2048
+  EXPECT_EQ(min_blocks_per_part(64, 40), 1);   // MODEL1 B = 2 S_q = 2, K 128 + K2 512
+  EXPECT_EQ(min_blocks_per_part(64, 79), 1);
+  EXPECT_EQ(min_blocks_per_part(64, 80), 2);
+  EXPECT_EQ(min_blocks_per_part(64, 96), 2);   // B = 1 S_q = 3, K = 2048
   EXPECT_EQ(min_blocks_per_part(64, 128), 2);
   EXPECT_EQ(min_blocks_per_part(64, 256), 2);
   EXPECT_EQ(min_blocks_per_part(64, 384), 3);
