@@ -10,6 +10,7 @@
 #include "decode/sm90/primitives.cuh"
 #include "decode/sm90/timeline.cuh"
 #include "sm90/common.cuh"
+#include "sm90/epilogue.cuh"
 #include "sm90/wg_softmax.cuh"
 
 namespace selkv::decode::sm90 {
@@ -42,15 +43,14 @@ struct RowStats {
 template <int kNumHeads, bool kF16Partials, typename TensorO>
 __device__ __forceinline__ void store_row(const DecodeKernelParams& p, const RowWork& w, int cw, int lane,
                                           int r0, int r1, const RowStats& st, TensorO& tOrO) {
-  constexpr float kNegInf = -INFINITY;
   const auto [b, s] = row_coord(w.row, p.batch);
   const int head_base = int(blockIdx.x) * kBlockM;
-  // l == 0 only for a row with no valid token (out 0, lse -inf). A NaN that reached the softmax
-  // makes l NaN, which must not read as empty: lse and out become NaN (DESIGN §2).
-  const bool any0 = st.l0 != 0.f, any1 = st.l1 != 0.f;
-  const float lse0 = any0 ? st.m0 * p.sm_scale + logf(st.l0) : kNegInf;
-  const float lse1 = any1 ? st.m1 * p.sm_scale + logf(st.l1) : kNegInf;
-  float f0 = any0 ? 1.f / st.l0 : 0.f, f1 = any1 ? 1.f / st.l1 : 0.f;
+  // An empty row gives out 0 and lse -inf (the final lse: p.empty_lse, below); a NaN that reached
+  // the softmax keeps the row NaN (DESIGN §2).
+  const selkv::sm90::RowResult2 rr = selkv::sm90::row_results<true>(st.m0, st.l0, st.m1, st.l1, p.sm_scale);
+  const bool any0 = rr.any0, any1 = rr.any1;
+  const float lse0 = rr.lse0, lse1 = rr.lse1;
+  float f0 = rr.f0, f1 = rr.f1;
   const int h0 = head_base + r0, h1 = head_base + r1;
   // Lane q of a quad holds word q (columns 2q, 2q + 1) of every 8-column chunk of rows r0 and r1.
   const int q4 = lane & 3;
@@ -96,8 +96,8 @@ __device__ __forceinline__ void store_row(const DecodeKernelParams& p, const Row
   }
   if (kF16Partials || !w.split) {
     if (!w.split && p.attn_sink != nullptr) {
-      if (any0) f0 *= 1.f / (1.f + expf(p.attn_sink[h0] - lse0));
-      if (any1) f1 *= 1.f / (1.f + expf(p.attn_sink[h1] - lse1));
+      if (any0) f0 *= selkv::sm90::sink_scale(p.attn_sink[h0], lse0);
+      if (any1) f1 *= selkv::sm90::sink_scale(p.attn_sink[h1], lse1);
     }
     // bf16: a 4 x 4 word transpose over the quad gives lane q all four words of chunk 4c + q, so a
     // warp instruction writes 64 contiguous bytes of each of its 8 rows (whole sectors) instead of
@@ -110,6 +110,7 @@ __device__ __forceinline__ void store_row(const DecodeKernelParams& p, const Row
     const int64_t hs = to_slot ? int64_t(kDimV) : p.out_head_stride;
     uint16_t* o0 = orow + int64_t(h0) * hs + cw * kDimVPerConsumer + q4 * 8;
     uint16_t* o1 = orow + int64_t(h1) * hs + cw * kDimVPerConsumer + q4 * 8;
+    // Not store_o_rows256: the shared helper (even just its pack loop) reschedules this epilogue.
     CUTE_UNROLL
     for (int c = 0; c < 8; ++c) {
       CUTE_UNROLL

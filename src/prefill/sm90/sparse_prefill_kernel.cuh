@@ -36,6 +36,7 @@
 
 #include "prefill/sm90/config.h"
 #include "sm90/common.cuh"
+#include "sm90/epilogue.cuh"
 #include "sm90/wg_softmax.cuh"
 
 namespace selkv::prefill::sm90 {
@@ -395,43 +396,28 @@ __device__ __forceinline__ void run_consumer(const PrefillKernelParams& p, typen
     nb_sync(Bar::kLSum);
     const float L0 = ss.l_x[lb][0][r0] + ss.l_x[lb][1][r0];
     const float L1 = ss.l_x[lb][0][r1] + ss.l_x[lb][1][r1];
-    // L == 0 only for a row with no valid token; a NaN that reached the softmax makes L NaN, and
-    // the row's out, lse and max_logits NaN (never an empty row, DESIGN §2).
-    const bool any0 = L0 != 0.f, any1 = L1 != 0.f;
-    float f0 = any0 ? 1.f / L0 : 0.f, f1 = any1 ? 1.f / L1 : 0.f;
+    // An empty row gives out 0, lse and max_logits -inf; a NaN that reached the softmax makes the
+    // row's out, lse and max_logits NaN (never an empty row, DESIGN §2).
+    const selkv::sm90::RowResult2 rr = selkv::sm90::row_results<false>(m0, L0, m1, L1, p.sm_scale);
+    const bool any0 = rr.any0, any1 = rr.any1;
+    float f0 = rr.f0, f1 = rr.f1;
     const int h0 = hg * 64 + r0, h1 = hg * 64 + r1;
-    const float lse0 = any0 ? m0 * p.sm_scale + logf(L0) : kNegInf;
-    const float lse1 = any1 ? m1 * p.sm_scale + logf(L1) : kNegInf;
-    if (p.attn_sink != nullptr) {  // the sink is one more softmax term with no value: scale out only
-      if (any0) f0 *= 1.f / (1.f + expf(__ldg(p.attn_sink + h0) - lse0));
-      if (any1) f1 *= 1.f / (1.f + expf(__ldg(p.attn_sink + h1) - lse1));
+    const float lse0 = rr.lse0, lse1 = rr.lse1;
+    if (p.attn_sink != nullptr) {
+      if (any0) f0 *= selkv::sm90::sink_scale(__ldg(p.attn_sink + h0), lse0);
+      if (any1) f1 *= selkv::sm90::sink_scale(__ldg(p.attn_sink + h1), lse1);
     }
 
-    // out from the accumulators. Lane q of a quad holds word q (columns 2q, 2q + 1) of every
-    // 8-column chunk of rows r0 and r1; a 4 x 4 transpose over the quad (two shuffle stages)
-    // gives lane q all four words of chunk 4c + q, so one 16-byte store per lane writes 64
-    // contiguous bytes of each of 8 rows per warp instruction (whole 32-byte sectors).
+    // out from the accumulators, whole-sector 16-byte stores (store_o_rows256).
     {
       const int q4 = lane & 3;
       uint16_t* o0 = p.out + t * p.out_token_stride + int64_t(h0) * p.out_head_stride + kC * 256 + q4 * 8;
       uint16_t* o1 = o0 + 8 * p.out_head_stride;
       // out is written once: evict-first so the stream does not displace gathered kv rows in L2.
       const uint64_t pol = p.l2_hints ? selkv::sm90::l2_policy_evict_first() : selkv::sm90::l2_policy_evict_normal();
-      CUTE_UNROLL
-      for (int c = 0; c < 8; ++c) {
-        CUTE_UNROLL
-        for (int r = 0; r < 2; ++r) {
-          const float f = r ? f1 : f0;
-          uint32_t w[4];  // w[k] = word q4 of chunk 4c + k
-          CUTE_UNROLL
-          for (int k = 0; k < 4; ++k) {
-            const int i = 4 * (4 * c + k) + 2 * r;
-            w[k] = bf16x2_bits(tOrO(i) * f, tOrO(i + 1) * f);
-          }
-          selkv::sm90::quad_transpose4(w, q4);
-          selkv::sm90::st_global_16_hint((r ? o1 : o0) + c * 32, make_uint4(w[0], w[1], w[2], w[3]), pol);
-        }
-      }
+      selkv::sm90::store_o_rows256(
+          tOrO, f0, f1, q4, o0, o1, [](float x, float y, float f) { return bf16x2_bits(x * f, y * f); },
+          [pol](uint16_t* d, uint4 v) { selkv::sm90::st_global_16_hint(d, v, pol); });
     }
     if (kA && (lane & 3) == 0) {
       if (p.lse != nullptr) {
