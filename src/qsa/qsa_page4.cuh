@@ -4,9 +4,8 @@
 // block is loaded once for all rows of the group that selected it.
 //
 // Warp roles. A merge warp merges the group's plan rows (one lane per row; each row's entries are
-// sorted by (page, slot base)) into one stream of distinct blocks: per step the lanes' current keys
-// are min-reduced, every lane holding the minimum contributes its 4-bit token mask (a ballot per
-// token gives the token's row-membership word) and advances. kP4Blocks blocks make a tile,
+// sorted by (page, slot base)) into one stream of distinct blocks, a window of kP4Window block keys
+// per step (p4_merge). kP4Blocks blocks make a tile,
 // published in a ring of kP4Ring tile descriptors, so the merge runs ahead of the loads. A load
 // warp copies the K and V rows of the tile's tokens that some row uses into a stage with cp.async
 // (16 bytes per lane: the copies of one token issue in one instruction, where per-token bulk
@@ -51,7 +50,8 @@ inline constexpr int kP4Stages = 128 / kP4Tokens;           // K / V stages
 inline constexpr int kP4Ring = 2 * kP4Stages;               // tile descriptors the merge may run ahead
 inline constexpr int kP4Chunks = kP4Tokens / 16;            // 16-token MMA chunks of a tile
 static_assert(kP4Tokens == 16 || kP4Tokens == 32 || kP4Tokens == 64, "page-4 tile size");
-inline constexpr int kP4Chunk = 16;  // plan entries a merge lane has in flight ahead of its cursor
+inline constexpr int kP4EntRing = 64;  // plan entries a merge lane stages in shared memory (two halves)
+inline constexpr int kP4Window = 32;   // block keys one merge step covers (one bit each)
 
 // Shared memory of one CTA. Rows of Q, K and V are D elements padded by 16 bytes, so the 8 rows
 // an ldmatrix reads fall in distinct banks. A tile descriptor (ring entry): the tile's tokens'
@@ -63,9 +63,10 @@ struct P4Layout {
   static constexpr int kK = kQ + kQsaPage4Pairs * kRow;  // stage s: kK + s * kStageBytes
   static constexpr int kV = kK + kP4Tokens * kRow;
   static constexpr int kStageBytes = 2 * kP4Tokens * kRow;
-  static constexpr int kTokw = kK + kP4Stages * kStageBytes;  // [ring][64] u32 row-membership words
+  static constexpr int kEnts = kK + kP4Stages * kStageBytes;  // [32 lanes][kP4EntRing] int2 plan entries
+  static constexpr int kTokw = kEnts + 32 * kP4EntRing * 8;    // [ring][tokens] u32 row-membership words
   static constexpr int kNblk = kTokw + kP4Ring * kP4Tokens * 4;  // [ring] i32
-  static constexpr int kBlkPage = kNblk + kP4Ring * 4;          // [ring][16] i32
+  static constexpr int kBlkPage = kNblk + kP4Ring * 4;          // [ring][blocks] i32
   static constexpr int kBlkBase = kBlkPage + kP4Ring * kP4Blocks * 4;
   static constexpr int kBadRows = kBlkBase + kP4Ring * kP4Blocks * 4;
   // kv_full[stage], kv_empty[stage], ring_full[ring], ring_empty[ring]
@@ -107,6 +108,18 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 // 16-byte global -> shared copy through L2 only (the gathered rows are read once per CTA).
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+
+// 8-byte global -> shared copy (a plan entry; rows of entries are 8-byte aligned).
+__device__ __forceinline__ void cp_async8(uint32_t dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(dst), "l"(src) : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+// This thread's cp.async groups except the newest have landed.
+__device__ __forceinline__ void cp_async_wait_all_but_newest() {
+  asm volatile("cp.async.wait_group 1;\n" ::: "memory");
 }
 
 // One arrival on the barrier once this thread's earlier cp.async copies have landed (counts
@@ -154,7 +167,14 @@ __device__ __forceinline__ float exp2_ftz(float x) {
 
 }  // namespace p4
 
-// The merge warp: merges the group's plan rows into tile descriptors (ring entries).
+// The merge warp: merges the group's plan rows into tile descriptors (ring entries). Lane l walks
+// row l's entries, staged in shared memory 32 entries ahead of its cursor (cp.async, so a step
+// never waits on a global load). A step covers the window of kP4Window block keys starting at the
+// lanes' smallest current key: each lane consumes its entries that fall in the window (one per
+// block: a block listed twice waits for a later step, so each entry stays one softmax term) into
+// 4 bitmaps over the window (bit j of tm[i]: token i of block kmin + j), and every block some row
+// uses becomes one tile slot with 4 ballots for its tokens' row-membership words. With sorted rows
+// a step emits all the group's blocks of ~kP4Window consecutive keys at once.
 template <int D>
 __device__ __forceinline__ void p4_merge(const QsaPage4Params& p, uint8_t* smem, int32_t row0, int32_t rows) {
   using L = P4Layout<D>;
@@ -172,78 +192,58 @@ __device__ __forceinline__ void p4_merge(const QsaPage4Params& p, uint8_t* smem,
     else n = cnt;
   }
   const int2* ents = reinterpret_cast<const int2*>(md + entry_offset(R, K, r, 0));
+  const int2* staged = reinterpret_cast<const int2*>(smem + L::kEnts) + lane * kP4EntRing;
+  const uint32_t staged_addr = p4::smem_addr(staged);
+  const int32_t n_staged = n;  // entries past a flagged entry are still copied (in the plan), never read
+  // Entries [c0, c0 + 32) into the half of the ring they map to, as one cp.async group.
+  auto stage = [&](int32_t c0) {
+#pragma unroll 4
+    for (int i = 0; i < kP4EntRing / 2; ++i)
+      if (c0 + i < n_staged) p4::cp_async8(staged_addr + uint32_t(((c0 + i) % kP4EntRing) * 8), ents + c0 + i);
+    p4::cp_async_commit();
+  };
+  stage(0);
+  stage(kP4EntRing / 2);
+  p4::cp_async_wait_all_but_newest();
 
-  // Entries [pos - idx, pos - idx + kChunk) are in win, the next kChunk in flight into nxt.
-  int2 win[kP4Chunk], nxt[kP4Chunk];
-#pragma unroll
-  for (int i = 0; i < kP4Chunk; ++i) {
-    win[i] = i < n ? __ldg(ents + i) : make_int2(0, 0);
-    nxt[i] = kP4Chunk + i < n ? __ldg(ents + kP4Chunk + i) : make_int2(0, 0);
-  }
-  int32_t pos = 0;
-  int idx = 0;
   // key = page * (P / 4) + slot base / 4, the block's index in the cache (< 2^32 - 1, checked on
-  // the host): one min-reduction per step, and the plan's (page, base) order. ~0: this lane is done.
+  // the host). ~0: this lane is done.
   const uint32_t blocks_per_page = uint32_t(p.page_size) / 4u;
-  uint32_t key = ~0u, cur_mask = 0, cur_page = 0, cur_base = 0;
-  auto fetch = [&]() {
+  int32_t pos = 0;
+  uint32_t key = ~0u, tok = 0;
+  auto fetch = [&]() {  // entry pos (its half has landed)
     key = ~0u;
     if (pos >= n) return;
-    int2 e = win[0];
-#pragma unroll
-    for (int i = 1; i < kP4Chunk; ++i)
-      if (idx == i) e = win[i];
+    const int2 e = staged[pos % kP4EntRing];
     const uint32_t base = (uint32_t(e.y) >> 4) * 4u;
     if (e.x < 0 || int64_t(e.x) >= p.num_pages || base >= uint32_t(p.page_size)) {  // DESIGN §2: re-check
       bad = true;
       n = pos;
       return;
     }
-    cur_page = uint32_t(e.x);
-    cur_base = base;
-    key = cur_page * blocks_per_page + base / 4u;
-    cur_mask = uint32_t(e.y) & 15u;
+    key = uint32_t(e.x) * blocks_per_page + base / 4u;
+    tok = uint32_t(e.y) & 15u;
+  };
+  auto advance = [&]() {
+    ++pos;
+    if (pos % (kP4EntRing / 2) == 0) {  // into the other half: refill the one just consumed
+      stage(pos + kP4EntRing / 2);
+      p4::cp_async_wait_all_but_newest();
+    }
+    fetch();
   };
   fetch();
 
   const uint32_t ring_full = p4::smem_addr(smem + L::kRingFull), ring_empty = p4::smem_addr(smem + L::kRingEmpty);
-  for (int t = 0;; ++t) {
+  int t = 0;   // the descriptor being filled
+  int nb = 0;  // its blocks so far
+  auto acquire = [&]() {
+    p4::mbar_wait(ring_empty + 8u * uint32_t(t % kP4Ring), (uint32_t(t / kP4Ring) & 1u) ^ 1u);  // its last tile is done
+  };
+  // Publishes descriptor t with nb blocks; nb == 0 is the last one (and carries the flagged rows).
+  auto publish = [&]() {
     const int e = t % kP4Ring;
-    p4::mbar_wait(ring_empty + 8u * uint32_t(e), (uint32_t(t / kP4Ring) & 1u) ^ 1u);  // entry e's last tile is done
     uint32_t* tokw = reinterpret_cast<uint32_t*>(smem + L::kTokw) + e * kP4Tokens;
-    int32_t* blk_page = reinterpret_cast<int32_t*>(smem + L::kBlkPage) + e * kP4Blocks;
-    int32_t* blk_base = reinterpret_cast<int32_t*>(smem + L::kBlkBase) + e * kP4Blocks;
-
-    int nb = 0;
-    for (; nb < kP4Blocks; ++nb) {
-      const uint32_t kmin = __reduce_min_sync(~0u, key);
-      if (kmin == ~0u) break;  // every row done
-      const bool member = key == kmin;
-      const uint32_t m = member ? cur_mask : 0u;
-      uint4 w;
-      w.x = __ballot_sync(~0u, m & 1u);
-      w.y = __ballot_sync(~0u, m & 2u);
-      w.z = __ballot_sync(~0u, m & 4u);
-      w.w = __ballot_sync(~0u, m & 8u);
-      if (lane == 0) *reinterpret_cast<uint4*>(tokw + 4 * nb) = w;
-      // The lowest lane with a token of the block says where it is (none: nothing is loaded).
-      if (lane == __ffs(w.x | w.y | w.z | w.w) - 1) {
-        blk_page[nb] = int32_t(cur_page);
-        blk_base[nb] = int32_t(cur_base);
-      }
-      if (member) {  // one entry per step: a block listed twice by a row takes two steps
-        ++pos;
-        if (++idx == kP4Chunk) {
-          idx = 0;
-#pragma unroll
-          for (int i = 0; i < kP4Chunk; ++i) {
-            win[i] = nxt[i];
-            nxt[i] = pos + kP4Chunk + i < n ? __ldg(ents + pos + kP4Chunk + i) : make_int2(0, 0);
-          }
-        }
-        fetch();
-      }
-    }
     for (int j = 4 * nb + lane; j < kP4Tokens; j += 32) tokw[j] = 0u;
     const uint32_t bad_rows = __ballot_sync(~0u, bad);
     if (lane == 0) {
@@ -252,8 +252,49 @@ __device__ __forceinline__ void p4_merge(const QsaPage4Params& p, uint8_t* smem,
     }
     __syncwarp();
     p4::mbar_arrive(ring_full + 8u * uint32_t(e));  // every lane: each publishes its own writes
-    if (nb == 0) return;  // the last descriptor: nothing more to merge
+    ++t;
+  };
+  acquire();
+  for (;;) {
+    const uint32_t kmin = __reduce_min_sync(~0u, key);
+    if (kmin == ~0u) break;  // every row done
+    uint32_t tm0 = 0, tm1 = 0, tm2 = 0, tm3 = 0;
+    while (key - kmin < uint32_t(kP4Window)) {
+      const uint32_t bit = 1u << (key - kmin);
+      if (((tm0 | tm1 | tm2 | tm3) & bit) != 0u) break;  // listed twice: the next step takes it
+      tm0 |= (tok & 1u) ? bit : 0u;
+      tm1 |= (tok & 2u) ? bit : 0u;
+      tm2 |= (tok & 4u) ? bit : 0u;
+      tm3 |= (tok & 8u) ? bit : 0u;
+      advance();
+    }
+    for (uint32_t u = __reduce_or_sync(~0u, tm0 | tm1 | tm2 | tm3); u != 0u; u &= u - 1u) {
+      const int j = __ffs(u) - 1;
+      uint4 w;
+      w.x = __ballot_sync(~0u, (tm0 >> j) & 1u);
+      w.y = __ballot_sync(~0u, (tm1 >> j) & 1u);
+      w.z = __ballot_sync(~0u, (tm2 >> j) & 1u);
+      w.w = __ballot_sync(~0u, (tm3 >> j) & 1u);
+      if (lane == 0) {
+        const int e = t % kP4Ring;
+        const uint32_t kb = kmin + uint32_t(j), page = kb / blocks_per_page;
+        *reinterpret_cast<uint4*>(reinterpret_cast<uint32_t*>(smem + L::kTokw) + e * kP4Tokens + 4 * nb) = w;
+        reinterpret_cast<int32_t*>(smem + L::kBlkPage)[e * kP4Blocks + nb] = int32_t(page);
+        reinterpret_cast<int32_t*>(smem + L::kBlkBase)[e * kP4Blocks + nb] = int32_t((kb - page * blocks_per_page) * 4u);
+      }
+      if (++nb == kP4Blocks) {
+        publish();
+        nb = 0;
+        acquire();
+      }
+    }
   }
+  if (nb > 0) {  // the last blocks
+    publish();
+    nb = 0;
+    acquire();
+  }
+  publish();  // nb == 0: nothing more to merge
 }
 
 // The load warp: for each tile descriptor, copies the used tokens' K and V rows into the stage.
