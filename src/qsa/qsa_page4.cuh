@@ -165,6 +165,20 @@ __device__ __forceinline__ float exp2_ftz(float x) {
   return y;
 }
 
+
+// Lane l holds row l of a 32 x 32 bit matrix (bit c: column c); returns column `lane` (bit r: row
+// r). Five butterfly rounds, each swapping the off-diagonal k x k blocks of every 2k x 2k block.
+__device__ __forceinline__ uint32_t transpose32(uint32_t x, int lane) {
+  constexpr uint32_t kLow[5] = {0x0000FFFFu, 0x00FF00FFu, 0x0F0F0F0Fu, 0x33333333u, 0x55555555u};
+#pragma unroll
+  for (int i = 0; i < 5; ++i) {
+    const int k = 16 >> i;
+    const uint32_t m = kLow[i], y = __shfl_xor_sync(~0u, x, k);
+    x = (lane & k) != 0 ? ((x & ~m) | ((y & ~m) >> k)) : ((x & m) | ((y & m) << k));
+  }
+  return x;
+}
+
 }  // namespace p4
 
 // The merge warp: merges the group's plan rows into tile descriptors (ring entries). Lane l walks
@@ -268,21 +282,36 @@ __device__ __forceinline__ void p4_merge(const QsaPage4Params& p, uint8_t* smem,
       tm3 |= (tok & 8u) ? bit : 0u;
       advance();
     }
-    for (uint32_t u = __reduce_or_sync(~0u, tm0 | tm1 | tm2 | tm3); u != 0u; u &= u - 1u) {
-      const int j = __ffs(u) - 1;
-      uint4 w;
-      w.x = __ballot_sync(~0u, (tm0 >> j) & 1u);
-      w.y = __ballot_sync(~0u, (tm1 >> j) & 1u);
-      w.z = __ballot_sync(~0u, (tm2 >> j) & 1u);
-      w.w = __ballot_sync(~0u, (tm3 >> j) & 1u);
-      if (lane == 0) {
-        const int e = t % kP4Ring;
-        const uint32_t kb = kmin + uint32_t(j), page = kb / blocks_per_page;
-        *reinterpret_cast<uint4*>(reinterpret_cast<uint32_t*>(smem + L::kTokw) + e * kP4Tokens + 4 * nb) = w;
-        reinterpret_cast<int32_t*>(smem + L::kBlkPage)[e * kP4Blocks + nb] = int32_t(page);
-        reinterpret_cast<int32_t*>(smem + L::kBlkBase)[e * kP4Blocks + nb] = int32_t((kb - page * blocks_per_page) * 4u);
+    // Lane j takes block kmin + j: its tokens' row-membership words (the 32 x 32 bit matrices tm_i
+    // transposed over the warp), its page and slot base, and its rank among the window's used
+    // blocks; the used blocks fill the descriptor's free slots in key order, all lanes at once.
+    const uint32_t used_blocks = __reduce_or_sync(~0u, tm0 | tm1 | tm2 | tm3);
+    if (used_blocks == 0u) continue;
+    uint32_t w0 = p4::transpose32(tm0, lane), w1, w2, w3;
+    if (__all_sync(~0u, tm0 == tm1 && tm1 == tm2 && tm2 == tm3)) {  // whole blocks only (the common case)
+      w1 = w2 = w3 = w0;
+    } else {
+      w1 = p4::transpose32(tm1, lane);
+      w2 = p4::transpose32(tm2, lane);
+      w3 = p4::transpose32(tm3, lane);
+    }
+    const bool used = ((used_blocks >> lane) & 1u) != 0u;
+    int rank = __popc(used_blocks & ((1u << lane) - 1u));
+    const uint32_t kb = kmin + uint32_t(lane), page = kb / blocks_per_page;  // a used block's key is valid
+    const int32_t base = int32_t((kb - page * blocks_per_page) * 4u);
+    for (int left = __popc(used_blocks); left > 0;) {
+      const int room = kP4Blocks - nb, e = t % kP4Ring;
+      if (used && rank >= 0 && rank < room) {
+        const int slot = e * kP4Blocks + nb + rank;
+        *reinterpret_cast<uint4*>(reinterpret_cast<uint32_t*>(smem + L::kTokw) + 4 * slot) = make_uint4(w0, w1, w2, w3);
+        reinterpret_cast<int32_t*>(smem + L::kBlkPage)[slot] = int32_t(page);
+        reinterpret_cast<int32_t*>(smem + L::kBlkBase)[slot] = base;
       }
-      if (++nb == kP4Blocks) {
+      const int took = min(left, room);
+      nb += took;
+      left -= took;
+      rank -= room;  // written lanes go negative
+      if (nb == kP4Blocks) {
         publish();
         nb = 0;
         acquire();
