@@ -11,6 +11,7 @@
 //   row_valid_mask64   validity of 64 consecutive top-k entries (DESIGN §2 rule) as a 64-bit mask.
 //   wg_mask_rowmax     masks invalid columns to -inf and returns the two row maxima of a thread.
 //   wg_online_softmax64  exp2 of S against the new row max, row sums, the old-O rescale factor.
+//   OnlineSoftmax2     a thread's two rows' running max and sums, stepped by the two above.
 //   pack_bf16_pairs    accumulator values -> bf16x2 words (the RS A fragment), optional row scale.
 //   quad_sum           the sum over a quad (one accumulator row's 4 threads).
 //   quad_transpose4    4 x 4 word transpose over a quad (accumulator words -> 16-byte row chunks).
@@ -94,6 +95,39 @@ __device__ __forceinline__ float2 wg_online_softmax64(FragS& s, float sl2, float
   l1 = l1 * sc.y + ps1;
   return sc;
 }
+
+// The online-softmax state of a thread's rows r0 and r0 + 8: running maxima m in logit units
+// (-inf while nothing is valid) and running per-thread sums l (quad-reduced by finish()).
+struct OnlineSoftmax2 {
+  // This member order gives both consumers the SASS of the four separate locals the struct
+  // replaced (the order in which the compiler promotes the members sets its register numbering).
+  float l1 = 0.f;
+  float l0 = 0.f;
+  float m0 = -INFINITY;
+  float m1 = -INFINITY;
+
+  // Masks the block's invalid columns of s to -inf; the block's row maxima (quad-reduced).
+  template <class FragS>
+  __device__ __forceinline__ float2 rowmax(FragS& s, uint64_t valid, int lane) const {
+    float mx0, mx1;
+    wg_mask_rowmax64(s, valid, lane, mx0, mx1);
+    return make_float2(mx0, mx1);
+  }
+  // P = exp2(s * sl2 - mn * sl2) in place and the sums for the new maxima mn (>= m), which become
+  // the running maxima; returns the factors for the old O.
+  template <class FragS>
+  __device__ __forceinline__ float2 advance(FragS& s, float sl2, float mn0, float mn1) {
+    const float2 sc = wg_online_softmax64(s, sl2, m0, m1, mn0, mn1, l0, l1);
+    m0 = mn0;
+    m1 = mn1;
+    return sc;
+  }
+  // Row end: the sums over the row's quad.
+  __device__ __forceinline__ void finish() {
+    l0 = quad_sum(l0);
+    l1 = quad_sum(l1);
+  }
+};
 
 // words[j] = bf16x2(s[2j] * f_row, s[2j + 1] * f_row).
 template <class FragS, class FragW>

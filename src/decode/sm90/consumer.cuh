@@ -228,7 +228,6 @@ __device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, type
   const int warp_wg = tid_wg / 32, lane = tid_wg % 32;
   const int r0 = warp_wg * 16 + lane / 4, r1 = r0 + 8;
   const float sl2 = p.sm_scale_log2;
-  constexpr float kNegInf = -INFINITY;
 
   TiledMmaQK mma_qk;
   TiledMmaPVrs mma_pv;
@@ -249,7 +248,7 @@ __device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, type
     load_q_tile<L>(p, ss, w);
     SELKV_TL(if (tid_wg == 0 && tl_first) tl_stamp(3);)
     clear(tOrO);
-    float m0 = kNegInf, m1 = kNegInf, l0 = 0.f, l1 = 0.f;
+    selkv::sm90::OnlineSoftmax2 sm;
 
     for (int32_t blk = w.blk_begin; blk < w.blk_end; ++blk) {
       wait_kv_tile<kNumHeads>(ss, buf, phase);
@@ -262,14 +261,10 @@ __device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, type
       SELKV_TL(if (tid_wg == 0 && tl_first) { tl_stamp(4); tl_first = false; })
 
       // Mask invalid tokens (bit t of the block's mask = token t), row maxima over the quad.
-      float mx0, mx1;
-      selkv::sm90::wg_mask_rowmax64(tSrS, *reinterpret_cast<const uint64_t*>(ss.kv_valid_bits[buf]), lane, mx0, mx1);
-      const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+      const float2 mx = sm.rowmax(tSrS, *reinterpret_cast<const uint64_t*>(ss.kv_valid_bits[buf]), lane);
       // P = exp2(s * scale_log2 - m * scale_log2): row sums in fp32, P in bf16 registers.
-      const float2 sc = selkv::sm90::wg_online_softmax64(tSrS, sl2, m0, m1, mn0, mn1, l0, l1);
+      const float2 sc = sm.advance(tSrS, sl2, fmaxf(sm.m0, mx.x), fmaxf(sm.m1, mx.y));
       const float sc0 = sc.x, sc1 = sc.y;
-      m0 = mn0;
-      m1 = mn1;
       CUTE_UNROLL
       for (int i = 0; i < size(tSrS); i += 2) {
         const uint32_t v = bf16x2_bits(tSrS(i), tSrS(i + 1));
@@ -313,19 +308,18 @@ __device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, type
 
     // Row end: total row sums and maxima -> smem for WG2; the barrier also orders every wgmma of
     // this row before the next row's Q load.
-    l0 = selkv::sm90::quad_sum(l0);
-    l1 = selkv::sm90::quad_sum(l1);
+    sm.finish();
     if ((lane & 3) == 0) {
-      ss.row_sum[r0] = l0;
-      ss.row_sum[r1] = l1;
-      ss.row_max[r0] = m0;
-      ss.row_max[r1] = m1;
+      ss.row_sum[r0] = sm.l0;
+      ss.row_sum[r1] = sm.l1;
+      ss.row_max[r0] = sm.m0;
+      ss.row_max[r1] = sm.m1;
     }
     consumers_sync(NamedBar::kRowSum);
     // WG2 reads row_sum / row_max right after kRowSum; WG1 rewrites them only after the next
     // row's kQReady barrier, which WG2 reaches after that read.
     SELKV_TL(if (tid_wg == 0) tl_stamp(6);)  // overwritten per row: the last row's remains
-    store_row<kNumHeads, kF16Partials>(p, w, 0, lane, r0, r1, RowStats{m0, m1, l0, l1}, tOrO);
+    store_row<kNumHeads, kF16Partials>(p, w, 0, lane, r0, r1, RowStats{sm.m0, sm.m1, sm.l0, sm.l1}, tOrO);
   }
   SELKV_TL(if (tid_wg == 0) { tl_stamp(5); tl_finish(p); })
 }

@@ -247,7 +247,7 @@ __device__ __forceinline__ void run_consumer(const PrefillKernelParams& p, typen
     const int32_t* idx_row = p.indices + t * p.indices_token_stride;
 
     clear(tOrO);
-    float m0 = kNegInf, m1 = kNegInf, l0 = 0.f, l1 = 0.f;
+    selkv::sm90::OnlineSoftmax2 sm;
     uint64_t vmask = 0;
     if (npairs > 0) {
       cutlass::arch::ClusterBarrier::wait(&ss.bar_q, nq & 1u);
@@ -269,10 +269,9 @@ __device__ __forceinline__ void run_consumer(const PrefillKernelParams& p, typen
       const bool has1 = 2 * pr + 1 < nblk;
       if constexpr (kA) {
         // ---- A: softmax on the even block (S already in tSrS) ----
-        float mx0, mx1;
-        selkv::sm90::wg_mask_rowmax64(tSrS, vmask, lane, mx0, mx1);
-        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-        const float2 sc = selkv::sm90::wg_online_softmax64(tSrS, sl2, m0, m1, mn0, mn1, l0, l1);
+        const float2 mx = sm.rowmax(tSrS, vmask, lane);
+        const float mn0 = fmaxf(sm.m0, mx.x), mn1 = fmaxf(sm.m1, mx.y);
+        const float2 sc = sm.advance(tSrS, sl2, mn0, mn1);
         const float sc0 = sc.x, sc1 = sc.y;
         selkv::sm90::pack_bf16_pairs64(tSrS, tOrPw);
         if ((lane & 3) == 0) {
@@ -302,10 +301,10 @@ __device__ __forceinline__ void run_consumer(const PrefillKernelParams& p, typen
         nb_arrive(Bar::kP0);
         CUTE_UNROLL
         for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= ((i >> 1) & 1) ? f1 : f0;
-        l0 *= f0;
-        l1 *= f1;
-        m0 = mb0;
-        m1 = mb1;
+        sm.l0 *= f0;
+        sm.l1 *= f1;
+        sm.m0 = mb0;
+        sm.m1 = mb1;
 
         // O_A += P_B V_B[L]
         if (has1) {
@@ -345,20 +344,17 @@ __device__ __forceinline__ void run_consumer(const PrefillKernelParams& p, typen
         } else {
           vmask = 0;  // no odd block: every column -inf, P = 0
         }
-        float mx0, mx1;
-        selkv::sm90::wg_mask_rowmax64(tSrS, vmask, lane, mx0, mx1);
+        const float2 mx = sm.rowmax(tSrS, vmask, lane);
         nb_sync(Bar::kMaxA);
         const float ma0 = ss.m_x[r0], ma1 = ss.m_x[r1];
-        const float mn0 = fmaxf(ma0, mx0), mn1 = fmaxf(ma1, mx1);  // ma >= m (A folded the running max)
+        const float mn0 = fmaxf(ma0, mx.x), mn1 = fmaxf(ma1, mx.y);  // ma >= m (A folded the running max)
         __syncwarp();
         if ((lane & 3) == 0) {
           ss.m_x[r0] = mn0;
           ss.m_x[r1] = mn1;
         }
         nb_arrive(Bar::kMaxB);
-        const float2 sc = selkv::sm90::wg_online_softmax64(tSrS, sl2, m0, m1, mn0, mn1, l0, l1);
-        m0 = mn0;
-        m1 = mn1;
+        const float2 sc = sm.advance(tSrS, sl2, mn0, mn1);
         CUTE_UNROLL
         for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= ((i >> 1) & 1) ? sc.y : sc.x;
         if (has1) {
@@ -387,18 +383,17 @@ __device__ __forceinline__ void run_consumer(const PrefillKernelParams& p, typen
     // l_x alternates by tile: after this tile's kLSum a consumer may reach the next tile's write
     // while the other still reads this one's.
     const int lb = int(it & 1u);
-    l0 = selkv::sm90::quad_sum(l0);
-    l1 = selkv::sm90::quad_sum(l1);
+    sm.finish();
     if ((lane & 3) == 0) {
-      ss.l_x[lb][kC][r0] = l0;
-      ss.l_x[lb][kC][r1] = l1;
+      ss.l_x[lb][kC][r0] = sm.l0;
+      ss.l_x[lb][kC][r1] = sm.l1;
     }
     nb_sync(Bar::kLSum);
     const float L0 = ss.l_x[lb][0][r0] + ss.l_x[lb][1][r0];
     const float L1 = ss.l_x[lb][0][r1] + ss.l_x[lb][1][r1];
     // An empty row gives out 0, lse and max_logits -inf; a NaN that reached the softmax makes the
     // row's out, lse and max_logits NaN (never an empty row, DESIGN §2).
-    const selkv::sm90::RowResult2 rr = selkv::sm90::row_results<false>(m0, L0, m1, L1, p.sm_scale);
+    const selkv::sm90::RowResult2 rr = selkv::sm90::row_results<false>(sm.m0, L0, sm.m1, L1, p.sm_scale);
     const bool any0 = rr.any0, any1 = rr.any1;
     float f0 = rr.f0, f1 = rr.f1;
     const int h0 = hg * 64 + r0, h1 = hg * 64 + r1;
@@ -427,8 +422,8 @@ __device__ __forceinline__ void run_consumer(const PrefillKernelParams& p, typen
       }
       if (p.max_logits != nullptr) {
         float* mrow = p.max_logits + t * p.max_logits_token_stride;
-        mrow[h0] = any0 ? (L0 != L0 ? L0 : m0 * p.sm_scale) : kNegInf;
-        mrow[h1] = any1 ? (L1 != L1 ? L1 : m1 * p.sm_scale) : kNegInf;
+        mrow[h0] = any0 ? (L0 != L0 ? L0 : sm.m0 * p.sm_scale) : kNegInf;
+        mrow[h1] = any1 ? (L1 != L1 ? L1 : sm.m1 * p.sm_scale) : kNegInf;
       }
     }
     n0 += uint32_t(npairs);
