@@ -5,8 +5,8 @@
 //
 // Warp roles. A merge warp merges the group's plan rows (one lane per row; each row's entries are
 // sorted by (page, slot base)) into one stream of distinct blocks, a window of kP4Window block keys
-// per step (p4_merge). kP4Blocks blocks make a tile,
-// published in a ring of kP4Ring tile descriptors, so the merge runs ahead of the loads. A load
+// per step (p4_merge). kP4Blocks blocks make a tile, published in a ring of kP4Ring tile
+// descriptors, so the merge runs ahead of the loads. A load
 // warp copies the K and V rows of the tile's tokens that some row uses into a stage with cp.async
 // (16 bytes per lane: the copies of one token issue in one instruction, where per-token bulk
 // copies serialise over the issuing lanes), never a token no row uses. The 4 consumer warps
