@@ -35,6 +35,7 @@
 #include "qsa/qsa_layout.h"
 #include "qsa/qsa_page4.h"
 #include "qsa/qsa_simple.cuh"  // Elem<T>
+#include "sm90/device_ops.cuh"  // exp2_ftz, cp.async groups
 
 namespace selkv::qsa {
 
@@ -110,18 +111,6 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
 }
 
-// 8-byte global -> shared copy (a plan entry; rows of entries are 8-byte aligned).
-__device__ __forceinline__ void cp_async8(uint32_t dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(dst), "l"(src) : "memory");
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-
-// This thread's cp.async groups except the newest have landed.
-__device__ __forceinline__ void cp_async_wait_all_but_newest() {
-  asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-}
-
 // One arrival on the barrier once this thread's earlier cp.async copies have landed (counts
 // against the barrier's expected arrivals: .noinc).
 __device__ __forceinline__ void cp_async_arrive(uint32_t bar) {
@@ -158,14 +147,6 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], 
   }
 }
 
-// 2^x on MUFU.EX2, denormal results flushed to 0; exp2_ftz(-inf) = 0.
-__device__ __forceinline__ float exp2_ftz(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
-
 // Lane l holds row l of a 32 x 32 bit matrix (bit c: column c); returns column `lane` (bit r: row
 // r). Five butterfly rounds, each swapping the off-diagonal k x k blocks of every 2k x 2k block.
 __device__ __forceinline__ uint32_t transpose32(uint32_t x, int lane) {
@@ -186,9 +167,9 @@ __device__ __forceinline__ uint32_t transpose32(uint32_t x, int lane) {
 // never waits on a global load). A step covers the window of kP4Window block keys starting at the
 // lanes' smallest current key: each lane consumes its entries that fall in the window (one per
 // block: a block listed twice waits for a later step, so each entry stays one softmax term) into
-// 4 bitmaps over the window (bit j of tm[i]: token i of block kmin + j), and every block some row
-// uses becomes one tile slot with 4 ballots for its tokens' row-membership words. With sorted rows
-// a step emits all the group's blocks of ~kP4Window consecutive keys at once.
+// 4 bitmaps over the window (bit j of tm[i]: token i of block kmin + j); the blocks some row uses
+// then fill tile slots warp-parallel (below). With sorted rows a step emits all the group's blocks
+// of ~kP4Window consecutive keys at once.
 template <int D>
 __device__ __forceinline__ void p4_merge(const QsaPage4Params& p, uint8_t* smem, int32_t row0, int32_t rows) {
   using L = P4Layout<D>;
@@ -213,12 +194,12 @@ __device__ __forceinline__ void p4_merge(const QsaPage4Params& p, uint8_t* smem,
   auto stage = [&](int32_t c0) {
 #pragma unroll 4
     for (int i = 0; i < kP4EntRing / 2; ++i)
-      if (c0 + i < n_staged) p4::cp_async8(staged_addr + uint32_t(((c0 + i) % kP4EntRing) * 8), ents + c0 + i);
-    p4::cp_async_commit();
+      if (c0 + i < n_staged) selkv::sm90::cp_async_8(staged_addr + uint32_t(((c0 + i) % kP4EntRing) * 8), ents + c0 + i);
+    selkv::sm90::cp_async_commit();
   };
   stage(0);
   stage(kP4EntRing / 2);
-  p4::cp_async_wait_all_but_newest();
+  selkv::sm90::cp_async_wait_group<1>();
 
   // key = page * (P / 4) + slot base / 4, the block's index in the cache (< 2^32 - 1, checked on
   // the host). ~0: this lane is done.
@@ -242,7 +223,7 @@ __device__ __forceinline__ void p4_merge(const QsaPage4Params& p, uint8_t* smem,
     ++pos;
     if (pos % (kP4EntRing / 2) == 0) {  // into the other half: refill the one just consumed
       stage(pos + kP4EntRing / 2);
-      p4::cp_async_wait_all_but_newest();
+      selkv::sm90::cp_async_wait_group<1>();
     }
     fetch();
   };
@@ -357,7 +338,7 @@ __device__ __forceinline__ void p4_load(const QsaPage4Params& p, uint8_t* smem, 
 #pragma unroll 4
     for (int b = 0; b < nb; ++b) {
       const uint4 w = *reinterpret_cast<const uint4*>(tokw + 4 * b);
-      if ((w.x | w.y | w.z | w.w) == 0u) continue;  // no row uses it: page and base were not written
+      if ((w.x | w.y | w.z | w.w) == 0u) continue;  // an unused block: p4_merge publishes none
       const int64_t page = blk_page[b], base = blk_base[b];
       const char* kb = kbase + page * kpage + base * kslot;
       const char* vb = vbase + page * vpage + base * vslot;
@@ -513,8 +494,8 @@ __global__ void __launch_bounds__(kP4Threads, 1) qsa_page4_kernel(const QsaPage4
       mx1 = fmaxf(mx1, __shfl_xor_sync(~0u, mx1, 2));
       const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
       // A row still without a member keeps m = -inf, P = 0 (exp2(-inf - 0)) and O = 0.
-      const float a0 = n0 == kNegInf ? 1.f : p4::exp2_ftz(m0 - n0);
-      const float a1 = n1 == kNegInf ? 1.f : p4::exp2_ftz(m1 - n1);
+      const float a0 = n0 == kNegInf ? 1.f : selkv::sm90::exp2_ftz(m0 - n0);
+      const float a1 = n1 == kNegInf ? 1.f : selkv::sm90::exp2_ftz(m1 - n1);
       const float b0 = n0 == kNegInf ? 0.f : n0, b1 = n1 == kNegInf ? 0.f : n1;
       m0 = n0;
       m1 = n1;
@@ -522,8 +503,8 @@ __global__ void __launch_bounds__(kP4Threads, 1) qsa_page4_kernel(const QsaPage4
       uint32_t pa[kP4Chunks][4];
 #pragma unroll
       for (int j = 0; j < 2 * kP4Chunks; ++j) {
-        const float p00 = p4::exp2_ftz(sc[j][0] - b0), p01 = p4::exp2_ftz(sc[j][1] - b0);
-        const float p10 = p4::exp2_ftz(sc[j][2] - b1), p11 = p4::exp2_ftz(sc[j][3] - b1);
+        const float p00 = selkv::sm90::exp2_ftz(sc[j][0] - b0), p01 = selkv::sm90::exp2_ftz(sc[j][1] - b0);
+        const float p10 = selkv::sm90::exp2_ftz(sc[j][2] - b1), p11 = selkv::sm90::exp2_ftz(sc[j][3] - b1);
         sum0 += p00 + p01;
         sum1 += p10 + p11;
         pa[j / 2][(j % 2) * 2 + 0] = Elem<T>::pack(p00, p01);
