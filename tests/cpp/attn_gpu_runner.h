@@ -729,6 +729,19 @@ bool run_composed_ref(const P& p, const std::vector<int32_t>& idx, H& h, Call ca
   return true;
 }
 
+// GPU vs oracle of a composed route's call: prefill tolerances (NaN rows included), workspace bit
+// for bit. run_gpu(p, &out, what, graph) and run_ref(p, &out, &ref_out) are the route's runners.
+template <class P, class RunGpu, class RunRef>
+void check_composed_case(const P& p, const std::string& what, ComposedOut* keep, bool graph, RunGpu run_gpu,
+                         RunRef run_ref) {
+  ComposedOut g, r;
+  std::vector<float> ref_out;
+  if (!run_gpu(p, &g, what, graph) || !run_ref(p, &r, &ref_out)) return;
+  expect_prefill_close(g.o.out, g.o.ml, g.o.lse, ref_out, r.o.ml, r.o.lse, p.H, what);
+  EXPECT_TRUE(bits_equal(g.ws, r.ws)) << what << ": workspace differs from the oracle's";
+  if (keep) *keep = std::move(g);
+}
+
 inline DequantPrefillParams dq_params(const DqProblem& p) {
   DequantPrefillParams a;
   a.attn.num_tokens = p.T; a.attn.num_heads = p.H; a.attn.d_qk = p.D();
@@ -777,12 +790,7 @@ inline bool run_dq_ref(const DqProblem& p, ComposedOut* r, std::vector<float>* r
 // GPU vs oracle: prefill tolerances (NaN rows included), workspace bit for bit.
 inline void check_dq_case(const DqProblem& p, const std::string& what, ComposedOut* keep = nullptr,
                           bool graph = false) {
-  ComposedOut g, r;
-  std::vector<float> ref_out;
-  if (!run_dq_gpu(p, &g, what, graph) || !run_dq_ref(p, &r, &ref_out)) return;
-  expect_prefill_close(g.o.out, g.o.ml, g.o.lse, ref_out, r.o.ml, r.o.lse, p.H, what);
-  EXPECT_TRUE(bits_equal(g.ws, r.ws)) << what << ": workspace differs from the oracle's";
-  if (keep) *keep = std::move(g);
+  check_composed_case(p, what, keep, graph, run_dq_gpu, run_dq_ref);
 }
 
 inline std::string dq_name(const DqProblem& p) {
@@ -964,12 +972,7 @@ inline bool run_gather_ref(const GatherProblem& p, ComposedOut* r, std::vector<f
 // slack included).
 inline void check_gather_case(const GatherProblem& p, const std::string& what, ComposedOut* keep = nullptr,
                               bool graph = false) {
-  ComposedOut g, r;
-  std::vector<float> ref_out;
-  if (!run_gather_gpu(p, &g, what, graph) || !run_gather_ref(p, &r, &ref_out)) return;
-  expect_prefill_close(g.o.out, g.o.ml, g.o.lse, ref_out, r.o.ml, r.o.lse, p.H, what);
-  EXPECT_TRUE(bits_equal(g.ws, r.ws)) << what << ": workspace differs from the oracle's";
-  if (keep) *keep = std::move(g);
+  check_composed_case(p, what, keep, graph, run_gather_gpu, run_gather_ref);
 }
 
 inline std::string gather_name(const GatherProblem& p) {
