@@ -43,13 +43,16 @@ __global__ void __launch_bounds__(kPlanThreads) qsa_plan_kernel(const QsaSelecti
 
   const RowSel rs = row_sel(s, r);
   const int32_t groups = (rs.cols + 3) / 4;
+  // A full row has 2^k + 1 groups (the blocks, then the causal partial one): sort the first 2^k and
+  // insert the last key, instead of sorting 2^(k+1) keys half of which are padding.
+  const bool insert_last = groups > 2 && groups - 1 <= 2 * kPlanThreads && ((groups - 1) & (groups - 2)) == 0;
   int32_t n = 1;
-  while (n < groups) n <<= 1;
+  while (n < groups - (insert_last ? 1 : 0)) n <<= 1;
   const int64_t tail_block = floor_div4(int64_t(s.positions[r]) + 1);
   if (tid == 0) count_sh = 0;
 
   int irregular = 0;
-  for (int32_t g = tid; g < n; g += kPlanThreads) {
+  for (int32_t g = tid; g < n + (insert_last ? 1 : 0); g += kPlanThreads) {
     unsigned long long key = kNoEntry;
     if (g < groups) {
       int32_t mask = 0, page = 0, base = 0;
@@ -95,8 +98,21 @@ __global__ void __launch_bounds__(kPlanThreads) qsa_plan_kernel(const QsaSelecti
       __syncthreads();
     }
   }
-  for (int32_t i = tid; i < n; i += kPlanThreads)
-    if (keys[i] != kNoEntry && (i + 1 == n || keys[i + 1] == kNoEntry)) count_sh = i + 1;
+  int32_t total = n;
+  if (insert_last) {  // keys[0, n) sorted; keys[n] goes after the p keys smaller than it
+    static_assert(kPlanMaxGroups / 2 == 2 * kPlanThreads, "two sorted keys per thread");
+    const unsigned long long last = keys[n];
+    const int32_t i0 = tid, i1 = tid + kPlanThreads;
+    const unsigned long long k0 = i0 < n ? keys[i0] : kNoEntry, k1 = i1 < n ? keys[i1] : kNoEntry;
+    const int32_t p = __syncthreads_count(i0 < n && k0 < last) + __syncthreads_count(i1 < n && k1 < last);
+    if (i0 < n && k0 > last) keys[i0 + 1] = k0;  // keys are unique but for kNoEntry
+    if (i1 < n && k1 > last) keys[i1 + 1] = k1;
+    if (tid == 0) keys[p] = last;
+    __syncthreads();
+    total = n + 1;
+  }
+  for (int32_t i = tid; i < total; i += kPlanThreads)
+    if (keys[i] != kNoEntry && (i + 1 == total || keys[i + 1] == kNoEntry)) count_sh = i + 1;
   __syncthreads();
   const int32_t count = irregular ? 0 : count_sh;
 
