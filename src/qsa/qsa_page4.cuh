@@ -71,7 +71,8 @@ struct P4Layout {
   static constexpr int kBlkBase = kBlkPage + kP4Ring * kP4Blocks * 4;
   static constexpr int kBadRows = kBlkBase + kP4Ring * kP4Blocks * 4;
   // kv_full[stage], kv_empty[stage], ring_full[ring], ring_empty[ring]
-  static constexpr int kBars = (kBadRows + 4 + 7) / 8 * 8;
+  static constexpr int kWinBlk = (kBadRows + 4 + 7) / 8 * 8;  // [kP4Window] int2: the merge step's blocks' page, base
+  static constexpr int kBars = kWinBlk + kP4Window * 8;
   static constexpr int kKvFull = kBars, kKvEmpty = kKvFull + 8 * kP4Stages;
   static constexpr int kRingFull = kKvEmpty + 8 * kP4Stages, kRingEmpty = kRingFull + 8 * kP4Ring;
   static constexpr int kBytes = kRingEmpty + 8 * kP4Ring;
@@ -205,7 +206,7 @@ __device__ __forceinline__ void p4_merge(const QsaPage4Params& p, uint8_t* smem,
   // the host). ~0: this lane is done.
   const uint32_t blocks_per_page = uint32_t(p.page_size) / 4u;
   int32_t pos = 0;
-  uint32_t key = ~0u, tok = 0;
+  uint32_t key = ~0u, tok = 0, cur_page = 0, cur_base = 0;
   auto fetch = [&]() {  // entry pos (its half has landed)
     key = ~0u;
     if (pos >= n) return;
@@ -216,7 +217,9 @@ __device__ __forceinline__ void p4_merge(const QsaPage4Params& p, uint8_t* smem,
       n = pos;
       return;
     }
-    key = uint32_t(e.x) * blocks_per_page + base / 4u;
+    cur_page = uint32_t(e.x);
+    cur_base = base;
+    key = cur_page * blocks_per_page + base / 4u;
     tok = uint32_t(e.y) & 15u;
   };
   auto advance = [&]() {
@@ -249,8 +252,10 @@ __device__ __forceinline__ void p4_merge(const QsaPage4Params& p, uint8_t* smem,
     p4::mbar_arrive(ring_full + 8u * uint32_t(e));  // every lane: each publishes its own writes
     ++t;
   };
+  int2* win_blk = reinterpret_cast<int2*>(smem + L::kWinBlk);
   acquire();
   for (;;) {
+    __syncwarp();  // the last step's reads of win_blk are done
     const uint32_t kmin = __reduce_min_sync(~0u, key);
     if (kmin == ~0u) break;  // every row done
     uint32_t tm0 = 0, tm1 = 0, tm2 = 0, tm3 = 0;
@@ -261,6 +266,7 @@ __device__ __forceinline__ void p4_merge(const QsaPage4Params& p, uint8_t* smem,
       tm1 |= (tok & 2u) ? bit : 0u;
       tm2 |= (tok & 4u) ? bit : 0u;
       tm3 |= (tok & 8u) ? bit : 0u;
+      win_blk[key - kmin] = make_int2(int32_t(cur_page), int32_t(cur_base));  // rows of one block agree
       advance();
     }
     // Lane j takes block kmin + j: its tokens' row-membership words (the 32 x 32 bit matrices tm_i
@@ -268,6 +274,28 @@ __device__ __forceinline__ void p4_merge(const QsaPage4Params& p, uint8_t* smem,
     // blocks; the used blocks fill the descriptor's free slots in key order, all lanes at once.
     const uint32_t used_blocks = __reduce_or_sync(~0u, tm0 | tm1 | tm2 | tm3);
     if (used_blocks == 0u) continue;
+    __syncwarp();  // win_blk written
+    if ((used_blocks & (used_blocks - 1u)) == 0u) {  // one block (sparse keys): 4 ballots, no transpose
+      const int j = __ffs(used_blocks) - 1;
+      uint4 w;
+      w.x = __ballot_sync(~0u, (tm0 >> j) & 1u);
+      w.y = __ballot_sync(~0u, (tm1 >> j) & 1u);
+      w.z = __ballot_sync(~0u, (tm2 >> j) & 1u);
+      w.w = __ballot_sync(~0u, (tm3 >> j) & 1u);
+      if (lane == 0) {
+        const int slot = (t % kP4Ring) * kP4Blocks + nb;
+        const int2 pb = win_blk[j];
+        *reinterpret_cast<uint4*>(reinterpret_cast<uint32_t*>(smem + L::kTokw) + 4 * slot) = w;
+        reinterpret_cast<int32_t*>(smem + L::kBlkPage)[slot] = pb.x;
+        reinterpret_cast<int32_t*>(smem + L::kBlkBase)[slot] = pb.y;
+      }
+      if (++nb == kP4Blocks) {
+        publish();
+        nb = 0;
+        acquire();
+      }
+      continue;
+    }
     uint32_t w0 = p4::transpose32(tm0, lane), w1, w2, w3;
     if (__all_sync(~0u, tm0 == tm1 && tm1 == tm2 && tm2 == tm3)) {  // whole blocks only (the common case)
       w1 = w2 = w3 = w0;
@@ -278,8 +306,8 @@ __device__ __forceinline__ void p4_merge(const QsaPage4Params& p, uint8_t* smem,
     }
     const bool used = ((used_blocks >> lane) & 1u) != 0u;
     int rank = __popc(used_blocks & ((1u << lane) - 1u));
-    const uint32_t kb = kmin + uint32_t(lane), page = kb / blocks_per_page;  // a used block's key is valid
-    const int32_t base = int32_t((kb - page * blocks_per_page) * 4u);
+    const int2 pb = used ? win_blk[lane] : make_int2(0, 0);
+    const int32_t page = pb.x, base = pb.y;
     for (int left = __popc(used_blocks); left > 0;) {
       const int room = kP4Blocks - nb, e = t % kP4Ring;
       if (used && rank >= 0 && rank < room) {
@@ -337,8 +365,7 @@ __device__ __forceinline__ void p4_load(const QsaPage4Params& p, uint8_t* smem, 
     const uint32_t vst = p4::smem_addr(smem + L::kV + s * L::kStageBytes) + uint32_t(c * 16);
 #pragma unroll 4
     for (int b = 0; b < nb; ++b) {
-      const uint4 w = *reinterpret_cast<const uint4*>(tokw + 4 * b);
-      if ((w.x | w.y | w.z | w.w) == 0u) continue;  // an unused block: p4_merge publishes none
+      const uint4 w = *reinterpret_cast<const uint4*>(tokw + 4 * b);  // the merge publishes used blocks only
       const int64_t page = blk_page[b], base = blk_base[b];
       const char* kb = kbase + page * kpage + base * kslot;
       const char* vb = vbase + page * vpage + base * vslot;
