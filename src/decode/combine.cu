@@ -13,11 +13,11 @@ namespace {
 
 constexpr int kHeadsPerCombineCta = 4;
 constexpr int kCombineThreads = 128 * kHeadsPerCombineCta;  // 128 threads x 4 floats = 512 dims
-// Two shapes of the kernel, picked at launch from the plan's grid (shape only, never data):
-// a grid that fits one CTA per SM keeps all 16 partial rows of a thread in flight at once (104
-// registers, one L2 round trip for rows split up to 16 ways); a larger grid keeps 8 in flight at
-// 2 CTAs / SM (64 registers) so twice as many CTAs run at once. Neither shape wins for every grid
-// (docs/perf-log.md: combine shapes).
+// Three shapes, picked at launch from the plan's grid (shape only, never data): a grid that fits
+// one CTA per SM keeps all 16 partial rows of a thread in flight at once (104 registers, one L2
+// round trip for rows split up to 16 ways); a larger grid keeps 8 in flight at 2 CTAs / SM (64
+// registers) so twice as many CTAs run at once; a large grid of rows split a few ways each takes
+// the fat kernel below (docs/perf-log.md: combine shapes, combine fat shape).
 struct CombineWide {
   static constexpr int kBatch = 16, kMinCtas = 1;
 };
@@ -55,6 +55,32 @@ __device__ __forceinline__ void ctl_finish(const DecodeKernelParams& p) {
 #else
 #define SELKV_CTL(...)
 #endif
+
+// Entry `entry` of the plan's split-row table (written by the scheduler kernel, which completed
+// before the decode kernel started, so it can be read before the dependency wait), checked against
+// the call's shape: a corrupt table gives wrong rows, never an out-of-bounds access. num_parts ==
+// 0: nothing to merge. decode_combine_kernel keeps the same lines inline (calling this changed its
+// SASS, and its timings are the ones measured).
+__device__ __forceinline__ SplitRow load_split_row(const DecodeKernelParams& p, int32_t entry) {
+  SplitRow sr;
+  int32_t header[kMdHeaderInts];
+  md_load_header(p.metadata, header);
+  // (K2 = 0 for calls without an extra cache; the plan records K2 for both)
+  const int32_t k2_word = p.metadata[md_extra_offset(p.num_rows, p.batch)];
+  if (md_header_ok_extra(header, k2_word, p.num_rows, p.topk, p.topk_extra, p.min_blocks_per_part, p.num_sm_parts)) {
+    if (entry < header[kMdSplitCount]) {
+      const int4 e = *reinterpret_cast<const int4*>(p.metadata + kMdSplitRows + 4 * entry);
+      const bool ok = e.x >= 0 && e.x < p.num_rows && e.y >= 0 && e.y < p.num_sm_parts && e.z >= 2 &&
+                      e.z <= p.num_sm_parts - e.y && (e.w == 2 * e.y || e.w == 2 * e.y + 1);
+      if (ok) sr.row = e.x, sr.first_part = e.y, sr.num_parts = e.z, sr.first_slot = e.w;
+    }
+  } else if (!has_lengths(p)) {
+    // Stale or unwritten plan, fixed top-k: the decode kernel ran the closed-form schedule, whose
+    // table this rebuilds. (Dynamic top-k: the decode kernel wrote NaN rows; nothing to merge.)
+    sr = nth_split_row(FixedSchedule(p.num_rows, p.topk + p.topk_extra, p.min_blocks_per_part, p.num_sm_parts), entry);
+  }
+  return sr;
+}
 
 // One CTA per (split row, 4 heads): column i merges entry i of the plan's split-row table (the
 // scheduler wrote it from split_row_of_part, in part order), so no CTA is launched just to find
@@ -188,6 +214,118 @@ decode_combine_kernel(const DecodeKernelParams p) {
   SELKV_CTL(ctl_finish(p);)
 }
 
+// Large grids (more (split row, head group) CTAs than the SMs hold at once: a dynamic top-k batch
+// whose rows are mostly split two or three ways): the 4-heads-per-CTA kernel pays its per-CTA
+// work (split-row lookup, lse table, exp / log of the epilogue) for every 4 values a thread
+// merges, and was instruction-bound there. Here a thread merges kFatDims consecutive d_v values
+// of one head and a CTA kFatHeads heads. Same arithmetic, in the same order, as the kernel above.
+constexpr int kFatThreads = 256, kFatDims = 16;
+constexpr int kFatThreadsPerHead = 512 / kFatDims;                   // 32: one warp per head
+constexpr int kFatHeads = kFatThreads / kFatThreadsPerHead;          // 8
+constexpr int kFatMaxAvgSplits = 6;  // parts per split row at most, on average, for the fat kernel
+
+template <bool kF16Partials>
+__global__ void __launch_bounds__(kFatThreads, 4) decode_combine_fat_kernel(const DecodeKernelParams p) {
+  constexpr int kBatch = kF16Partials ? 2 : 1;  // splits whose values are in flight at once (64 registers)
+  // [splits][kFatHeads] partial lse, then with fp16 partials [splits][kFatHeads][2] inverse scales
+  extern __shared__ float s_fat[];
+  const SplitRow sr = load_split_row(p, int32_t(blockIdx.x));
+  if (sr.num_parts == 0) return;
+  const int32_t n = sr.num_parts;
+  const int tid = int(threadIdx.x);
+  const int h0 = int(blockIdx.y) * kFatHeads;
+  const int hl = tid / kFatThreadsPerHead, h = h0 + hl;
+  const int d = (tid % kFatThreadsPerHead) * kFatDims;
+  const int64_t split_stride = int64_t(p.num_heads) * 512;  // values per accumulator slot
+  auto slot = [&](int32_t i) -> int64_t { return i == 0 ? sr.first_slot : 2 * (sr.first_part + i); };
+  using Elem = std::conditional_t<kF16Partials, uint16_t, float>;
+  using Chunk = std::conditional_t<kF16Partials, uint4, float4>;
+  constexpr int kChunks = kFatDims * int(sizeof(Elem)) / 16;  // 16-byte loads per split: 2 (fp16) or 4
+  const Elem* po = reinterpret_cast<const Elem*>(p.accum_out) + int64_t(h) * 512 + d;
+
+  asm volatile("griddepcontrol.wait;" ::: "memory");  // the decode kernel's partials are visible
+
+  for (int32_t i = tid; i < n * kFatHeads; i += kFatThreads)
+    s_fat[i] = p.accum_lse[slot(i / kFatHeads) * p.num_heads + h0 + i % kFatHeads];
+  float* s_inv = s_fat + p.num_sm_parts * kFatHeads;
+  if constexpr (kF16Partials) {
+    const float* inv = p.accum_out + f16_inv_scales_offset(p.num_sm_parts, p.num_heads);
+    for (int32_t k = tid; k < n * 2 * kFatHeads; k += kFatThreads)
+      s_inv[k] = inv[(slot(k / (2 * kFatHeads)) * p.num_heads + h0) * 2 + k % (2 * kFatHeads)];
+  }
+  Chunk o[kBatch][kChunks];
+  auto load_batch = [&](int32_t base) {
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j)
+      if (base + j < n) {
+        const Chunk* src = reinterpret_cast<const Chunk*>(po + slot(base + j) * split_stride);
+#pragma unroll
+        for (int c = 0; c < kChunks; ++c) o[j][c] = src[c];
+      }
+  };
+  load_batch(0);  // in flight with the lse loads
+  __syncthreads();
+
+  float max_lse = -INFINITY;
+  for (int32_t i = 0; i < n; ++i) {  // NaN-sticky, as above
+    const float x = s_fat[kFatHeads * i + hl];
+    max_lse = (x != x || max_lse != max_lse) ? __int_as_float(0x7fffffff) : fmaxf(max_lse, x);
+  }
+  float acc[kFatDims];
+#pragma unroll
+  for (int e = 0; e < kFatDims; ++e) acc[e] = 0.f;
+  float sum_w = 0.f;
+  if (max_lse != -INFINITY) {
+    for (int32_t base = 0; base < n; base += kBatch) {
+      if (base != 0) load_batch(base);
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        if (base + j < n) {
+          const float w = expf(s_fat[kFatHeads * (base + j) + hl] - max_lse);  // 0 for an empty split
+          sum_w += w;
+          float is = 1.f;
+          if constexpr (kF16Partials) is = s_inv[2 * kFatHeads * (base + j) + 2 * hl + (d >> 8)];
+#pragma unroll
+          for (int c = 0; c < kChunks; ++c) {
+            if constexpr (kF16Partials) {
+              const uint32_t wd[4] = {o[j][c].x, o[j][c].y, o[j][c].z, o[j][c].w};
+#pragma unroll
+              for (int q = 0; q < 4; ++q) {
+                const float2 v = __half22float2(*reinterpret_cast<const __half2*>(&wd[q]));
+                acc[8 * c + 2 * q] += w * (v.x * is);
+                acc[8 * c + 2 * q + 1] += w * (v.y * is);
+              }
+            } else {
+              acc[4 * c + 0] += w * o[j][c].x;
+              acc[4 * c + 1] += w * o[j][c].y;
+              acc[4 * c + 2] += w * o[j][c].z;
+              acc[4 * c + 3] += w * o[j][c].w;
+            }
+          }
+        }
+      }
+    }
+  }
+  float lse = p.empty_lse, f = 0.f;  // a row with no valid entry: out 0
+  if (max_lse != -INFINITY) {
+    lse = max_lse + logf(sum_w);
+    f = 1.f / sum_w;
+    if (p.attn_sink != nullptr) f *= 1.f / (1.f + expf(p.attn_sink[h] - lse));
+  }
+  uint32_t packed[kFatDims / 2];
+#pragma unroll
+  for (int e = 0; e < kFatDims / 2; ++e) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(acc[2 * e] * f, acc[2 * e + 1] * f);
+    packed[e] = *reinterpret_cast<uint32_t*>(&v);
+  }
+  const auto [b, s] = row_coord(sr.row, p.batch);
+  uint16_t* out = p.out + b * p.out_batch_stride + s * p.out_seq_stride + h * p.out_head_stride + d;
+#pragma unroll
+  for (int e = 0; e < kFatDims / 8; ++e)
+    reinterpret_cast<uint4*>(out)[e] = make_uint4(packed[4 * e], packed[4 * e + 1], packed[4 * e + 2], packed[4 * e + 3]);
+  if (d == 0) p.lse[b * p.lse_batch_stride + s * p.lse_seq_stride + h] = lse;
+}
+
 }  // namespace
 
 cudaError_t launch_decode_combine(const DecodeKernelParams& p, int32_t max_split_rows, bool f16_partials,
@@ -209,11 +347,22 @@ cudaError_t launch_decode_combine(const DecodeKernelParams& p, int32_t max_split
   // Heads x parts = CTAs the decode grid had (H=128: 2 per cluster part): the SMs in use.
   const int64_t ctas = int64_t(cfg.gridDim.x) * cfg.gridDim.y;
   const bool wide = ctas <= int64_t(p.num_sm_parts) * (p.num_heads / kHeadsPerCta);
-  const cudaError_t err =
-      f16_partials ? (wide ? cudaLaunchKernelEx(&cfg, decode_combine_kernel<CombineWide, true>, p)
-                           : cudaLaunchKernelEx(&cfg, decode_combine_kernel<CombineNarrow, true>, p))
-                   : (wide ? cudaLaunchKernelEx(&cfg, decode_combine_kernel<CombineWide, false>, p)
-                           : cudaLaunchKernelEx(&cfg, decode_combine_kernel<CombineNarrow, false>, p));
+  // The fat kernel loads kBatch (2) splits at a time: for rows split more than ~6 ways on average
+  // the narrow shape's 8 in flight win (docs/perf-log.md: combine fat shape).
+  const bool fat = !wide && int64_t(cfg.gridDim.x) * kFatMaxAvgSplits >= p.num_sm_parts;
+  cudaError_t err;
+  if (!fat) {
+    err = f16_partials ? (wide ? cudaLaunchKernelEx(&cfg, decode_combine_kernel<CombineWide, true>, p)
+                               : cudaLaunchKernelEx(&cfg, decode_combine_kernel<CombineNarrow, true>, p))
+                       : (wide ? cudaLaunchKernelEx(&cfg, decode_combine_kernel<CombineWide, false>, p)
+                               : cudaLaunchKernelEx(&cfg, decode_combine_kernel<CombineNarrow, false>, p));
+  } else {
+    cfg.gridDim.y = unsigned(p.num_heads / kFatHeads);
+    cfg.blockDim = dim3(kFatThreads, 1, 1);
+    cfg.dynamicSmemBytes = size_t(p.num_sm_parts) * kFatHeads * sizeof(float) * (f16_partials ? 3 : 1);
+    err = f16_partials ? cudaLaunchKernelEx(&cfg, decode_combine_fat_kernel<true>, p)
+                       : cudaLaunchKernelEx(&cfg, decode_combine_fat_kernel<false>, p);
+  }
   if (err != cudaSuccess) return err;
   return cudaGetLastError();
 }
