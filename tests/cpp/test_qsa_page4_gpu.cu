@@ -177,6 +177,41 @@ TEST(QsaPage4Gpu, OverlappingAndDuplicatedSelectionsAnyRowsPerCta) {
   }
 }
 
+// Long contexts whose rows' blocks spread over thousands of block keys (a permuted block table over
+// ~2500 pages: many merge windows, most of them sparse), and rows whose groups all keep 3 of their 4
+// tokens (every entry a partial block, each block's token masks differ between rows).
+TEST(QsaPage4Gpu, MergeWindowsAndPartialBlocks) {
+  SELKV_REQUIRE_GPU();
+  const uint64_t seed = test::test_seed() + 37;
+  SCOPED_TRACE("SELKV_TEST_SEED=" + std::to_string(test::test_seed()));
+  for (int D : {256, 128})
+    for (int G : {1, 6}) {
+      Config c;
+      c.D = D;
+      c.G = G;
+      c.Hkv = 1;
+      c.P = 16;
+      c.K = 256;
+      c.num_req = 2;
+      c.max_len = D == 256 ? 20000 : 6000;
+      c.R = 40;
+      std::mt19937_64 rng(seed + uint64_t(D + G));
+      Problem pr = make_problem(c, rng);
+      const int64_t cols = qsa_expanded_cols(c.K);
+      for (int64_t r = 8; r < 24; ++r)
+        for (int k = 0; k < c.K; ++k) pr.sel[size_t(r * cols + 4 * k + 3)] = -1;
+      poison_unused(pr);
+      DeviceProblem dp(pr);
+      pr.p.form = QsaSelectionForm::kExpanded;
+      const std::string w = c.name();
+      const Result ref = run_oracle(pr);
+      const Result g = run_page4(dp, pr, QsaSelectionForm::kExpanded, w + " page4");
+      const Result simple = run_gpu(dp, pr, QsaSelectionForm::kExpanded, w + " simple", true);
+      expect_close(pr, g, ref, w + " page4 vs oracle");
+      expect_close(pr, g, simple, w + " page4 vs simple");
+    }
+}
+
 // Rows the page-4 kernel cannot serve go through the fix-up pass and stay exact: irregular
 // expanded rows (counts = -1), plan entries outside the cache or the page, counts out of range, and
 // a plan whose header names another call (every row).
