@@ -56,30 +56,61 @@ __device__ __forceinline__ void ctl_finish(const DecodeKernelParams& p) {
 #define SELKV_CTL(...)
 #endif
 
-// Entry `entry` of the plan's split-row table (written by the scheduler kernel, which completed
+// sr = entry `entry` of the plan's split-row table (written by the scheduler kernel, which completed
 // before the decode kernel started, so it can be read before the dependency wait), checked against
 // the call's shape: a corrupt table gives wrong rows, never an out-of-bounds access. num_parts ==
-// 0: nothing to merge. decode_combine_kernel keeps the same lines inline (calling this changed its
-// SASS, and its timings are the ones measured).
-__device__ __forceinline__ SplitRow load_split_row(const DecodeKernelParams& p, int32_t entry) {
+// 0: nothing to merge. One copy for both kernels; a macro because the 4-heads kernel expands it
+// inline to keep the SASS it was measured with (called through an inline function, ptxas
+// rescheduled its prologue); the fat kernel calls load_split_row. Both are SASS-identical to the
+// tested builds.
+#define SELKV_COMBINE_SPLIT_ROW(p, entry_, sr)                                                             \
+  do {                                                                                                     \
+    const int32_t entry = (entry_);                                                                        \
+    int32_t header[kMdHeaderInts];                                                                         \
+    md_load_header((p).metadata, header);                                                                  \
+    /* K2 = 0 for calls without an extra cache; the plan records K2 for both */                            \
+    const int32_t k2_word = (p).metadata[md_extra_offset((p).num_rows, (p).batch)];                        \
+    if (md_header_ok_extra(header, k2_word, (p).num_rows, (p).topk, (p).topk_extra, (p).min_blocks_per_part, \
+                           (p).num_sm_parts)) {                                                            \
+      if (entry < header[kMdSplitCount]) {                                                                 \
+        const int4 e = *reinterpret_cast<const int4*>((p).metadata + kMdSplitRows + 4 * entry);            \
+        const bool ok = e.x >= 0 && e.x < (p).num_rows && e.y >= 0 && e.y < (p).num_sm_parts && e.z >= 2 && \
+                        e.z <= (p).num_sm_parts - e.y && (e.w == 2 * e.y || e.w == 2 * e.y + 1);           \
+        if (ok) (sr).row = e.x, (sr).first_part = e.y, (sr).num_parts = e.z, (sr).first_slot = e.w;       \
+      }                                                                                                    \
+    } else if (!has_lengths(p)) {                                                                          \
+      /* Stale or unwritten plan, fixed top-k: the decode kernel ran the closed-form schedule, whose */     \
+      /* table this rebuilds. (Dynamic top-k: the decode kernel wrote NaN rows; nothing to merge.) */      \
+      (sr) = nth_split_row(FixedSchedule((p).num_rows, (p).topk + (p).topk_extra, (p).min_blocks_per_part,   \
+                                         (p).num_sm_parts),                                                \
+                           entry);                                                                         \
+    }                                                                                                      \
+  } while (0)
+
+__device__ __forceinline__ SplitRow load_split_row(const DecodeKernelParams& p, int32_t entry_index) {
   SplitRow sr;
-  int32_t header[kMdHeaderInts];
-  md_load_header(p.metadata, header);
-  // (K2 = 0 for calls without an extra cache; the plan records K2 for both)
-  const int32_t k2_word = p.metadata[md_extra_offset(p.num_rows, p.batch)];
-  if (md_header_ok_extra(header, k2_word, p.num_rows, p.topk, p.topk_extra, p.min_blocks_per_part, p.num_sm_parts)) {
-    if (entry < header[kMdSplitCount]) {
-      const int4 e = *reinterpret_cast<const int4*>(p.metadata + kMdSplitRows + 4 * entry);
-      const bool ok = e.x >= 0 && e.x < p.num_rows && e.y >= 0 && e.y < p.num_sm_parts && e.z >= 2 &&
-                      e.z <= p.num_sm_parts - e.y && (e.w == 2 * e.y || e.w == 2 * e.y + 1);
-      if (ok) sr.row = e.x, sr.first_part = e.y, sr.num_parts = e.z, sr.first_slot = e.w;
-    }
-  } else if (!has_lengths(p)) {
-    // Stale or unwritten plan, fixed top-k: the decode kernel ran the closed-form schedule, whose
-    // table this rebuilds. (Dynamic top-k: the decode kernel wrote NaN rows; nothing to merge.)
-    sr = nth_split_row(FixedSchedule(p.num_rows, p.topk + p.topk_extra, p.min_blocks_per_part, p.num_sm_parts), entry);
-  }
+  SELKV_COMBINE_SPLIT_ROW(p, entry_index, sr);
   return sr;
+}
+
+// fmaxf drops NaN; this keeps it: a split that saw a NaN makes the row NaN, never empty.
+__device__ __forceinline__ float nan_sticky_max(float m, float x) {
+  return (x != x || m != m) ? __int_as_float(0x7fffffff) : fmaxf(m, x);
+}
+
+// The merged row's lse and the scale of its weighted sum (1 / sum, times the attn_sink factor);
+// a row with no valid entry (max -inf): p.empty_lse and out 0.
+struct MergedRow {
+  float lse, f;
+};
+__device__ __forceinline__ MergedRow merged_row(const DecodeKernelParams& p, int h, float max_lse, float sum_w) {
+  float lse = p.empty_lse, f = 0.f;
+  if (max_lse != -INFINITY) {
+    lse = max_lse + logf(sum_w);
+    f = 1.f / sum_w;
+    if (p.attn_sink != nullptr) f *= 1.f / (1.f + expf(p.attn_sink[h] - lse));
+  }
+  return {lse, f};
 }
 
 // One CTA per (split row, 4 heads): column i merges entry i of the plan's split-row table (the
@@ -104,23 +135,7 @@ decode_combine_kernel(const DecodeKernelParams p) {
   // Entries are checked against the call's shape: a corrupt table gives wrong rows, never an
   // out-of-bounds partial, out or lse access.
   SplitRow sr;
-  const int32_t entry = int32_t(blockIdx.x);
-  int32_t header[kMdHeaderInts];
-  md_load_header(p.metadata, header);
-  // (K2 = 0 for calls without an extra cache; the plan records K2 for both)
-  const int32_t k2_word = p.metadata[md_extra_offset(p.num_rows, p.batch)];
-  if (md_header_ok_extra(header, k2_word, p.num_rows, p.topk, p.topk_extra, p.min_blocks_per_part, p.num_sm_parts)) {
-    if (entry < header[kMdSplitCount]) {
-      const int4 e = *reinterpret_cast<const int4*>(p.metadata + kMdSplitRows + 4 * entry);
-      const bool ok = e.x >= 0 && e.x < p.num_rows && e.y >= 0 && e.y < p.num_sm_parts && e.z >= 2 &&
-                      e.z <= p.num_sm_parts - e.y && (e.w == 2 * e.y || e.w == 2 * e.y + 1);
-      if (ok) sr.row = e.x, sr.first_part = e.y, sr.num_parts = e.z, sr.first_slot = e.w;
-    }
-  } else if (!has_lengths(p)) {
-    // Stale or unwritten plan, fixed top-k: the decode kernel ran the closed-form schedule, whose
-    // table this rebuilds. (Dynamic top-k: the decode kernel wrote NaN rows; nothing to merge.)
-    sr = nth_split_row(FixedSchedule(p.num_rows, p.topk + p.topk_extra, p.min_blocks_per_part, p.num_sm_parts), entry);
-  }
+  SELKV_COMBINE_SPLIT_ROW(p, int32_t(blockIdx.x), sr);
   if (sr.num_parts == 0) {
     SELKV_CTL(ctl_finish(p);)
     return;
@@ -171,10 +186,9 @@ decode_combine_kernel(const DecodeKernelParams p) {
   const float* lse_of = reinterpret_cast<const float*>(s_lse) + hl;  // split i: lse_of[4 * i]
 
   float max_lse = -INFINITY;
-  // NaN-sticky (fmaxf drops NaN): a split that saw a NaN makes the row NaN, never empty.
   for (int32_t i = 0; i < n; ++i) {
     const float x = lse_of[4 * i];
-    max_lse = (x != x || max_lse != max_lse) ? __int_as_float(0x7fffffff) : fmaxf(max_lse, x);
+    max_lse = nan_sticky_max(max_lse, x);
   }
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
   float sum_w = 0.f;
@@ -196,12 +210,7 @@ decode_combine_kernel(const DecodeKernelParams p) {
       }
     }
   }
-  float lse = p.empty_lse, f = 0.f;  // a row with no valid entry: out 0
-  if (max_lse != -INFINITY) {
-    lse = max_lse + logf(sum_w);
-    f = 1.f / sum_w;
-    if (p.attn_sink != nullptr) f *= 1.f / (1.f + expf(p.attn_sink[h] - lse));
-  }
+  const auto [lse, f] = merged_row(p, h, max_lse, sum_w);
   __nv_bfloat162 lo = __floats2bfloat162_rn(acc.x * f, acc.y * f);
   __nv_bfloat162 hi = __floats2bfloat162_rn(acc.z * f, acc.w * f);
   uint2 packed;
@@ -267,9 +276,9 @@ __global__ void __launch_bounds__(kFatThreads, 4) decode_combine_fat_kernel(cons
   __syncthreads();
 
   float max_lse = -INFINITY;
-  for (int32_t i = 0; i < n; ++i) {  // NaN-sticky, as above
+  for (int32_t i = 0; i < n; ++i) {
     const float x = s_fat[kFatHeads * i + hl];
-    max_lse = (x != x || max_lse != max_lse) ? __int_as_float(0x7fffffff) : fmaxf(max_lse, x);
+    max_lse = nan_sticky_max(max_lse, x);
   }
   float acc[kFatDims];
 #pragma unroll
@@ -306,12 +315,7 @@ __global__ void __launch_bounds__(kFatThreads, 4) decode_combine_fat_kernel(cons
       }
     }
   }
-  float lse = p.empty_lse, f = 0.f;  // a row with no valid entry: out 0
-  if (max_lse != -INFINITY) {
-    lse = max_lse + logf(sum_w);
-    f = 1.f / sum_w;
-    if (p.attn_sink != nullptr) f *= 1.f / (1.f + expf(p.attn_sink[h] - lse));
-  }
+  const auto [lse, f] = merged_row(p, h, max_lse, sum_w);
   uint32_t packed[kFatDims / 2];
 #pragma unroll
   for (int e = 0; e < kFatDims / 2; ++e) {
@@ -325,6 +329,8 @@ __global__ void __launch_bounds__(kFatThreads, 4) decode_combine_fat_kernel(cons
     reinterpret_cast<uint4*>(out)[e] = make_uint4(packed[4 * e], packed[4 * e + 1], packed[4 * e + 2], packed[4 * e + 3]);
   if (d == 0) p.lse[b * p.lse_batch_stride + s * p.lse_seq_stride + h] = lse;
 }
+
+#undef SELKV_COMBINE_SPLIT_ROW
 
 }  // namespace
 
