@@ -253,6 +253,12 @@ __device__ __forceinline__ void p4_merge(const QsaPage4Params& p, uint8_t* smem,
     ++t;
   };
   int2* win_blk = reinterpret_cast<int2*>(smem + L::kWinBlk);
+  // Descriptor slot `slot` (ring entry * kP4Blocks + block): the block's token words, page, base.
+  auto write_slot = [&](int slot, uint4 w, int2 pb) {
+    *reinterpret_cast<uint4*>(reinterpret_cast<uint32_t*>(smem + L::kTokw) + 4 * slot) = w;
+    reinterpret_cast<int32_t*>(smem + L::kBlkPage)[slot] = pb.x;
+    reinterpret_cast<int32_t*>(smem + L::kBlkBase)[slot] = pb.y;
+  };
   acquire();
   for (;;) {
     __syncwarp();  // the last step's reads of win_blk are done
@@ -282,13 +288,7 @@ __device__ __forceinline__ void p4_merge(const QsaPage4Params& p, uint8_t* smem,
       w.y = __ballot_sync(~0u, (tm1 >> j) & 1u);
       w.z = __ballot_sync(~0u, (tm2 >> j) & 1u);
       w.w = __ballot_sync(~0u, (tm3 >> j) & 1u);
-      if (lane == 0) {
-        const int slot = (t % kP4Ring) * kP4Blocks + nb;
-        const int2 pb = win_blk[j];
-        *reinterpret_cast<uint4*>(reinterpret_cast<uint32_t*>(smem + L::kTokw) + 4 * slot) = w;
-        reinterpret_cast<int32_t*>(smem + L::kBlkPage)[slot] = pb.x;
-        reinterpret_cast<int32_t*>(smem + L::kBlkBase)[slot] = pb.y;
-      }
+      if (lane == 0) write_slot((t % kP4Ring) * kP4Blocks + nb, w, win_blk[j]);
       if (++nb == kP4Blocks) {
         publish();
         nb = 0;
@@ -307,15 +307,9 @@ __device__ __forceinline__ void p4_merge(const QsaPage4Params& p, uint8_t* smem,
     const bool used = ((used_blocks >> lane) & 1u) != 0u;
     int rank = __popc(used_blocks & ((1u << lane) - 1u));
     const int2 pb = used ? win_blk[lane] : make_int2(0, 0);
-    const int32_t page = pb.x, base = pb.y;
     for (int left = __popc(used_blocks); left > 0;) {
       const int room = kP4Blocks - nb, e = t % kP4Ring;
-      if (used && rank >= 0 && rank < room) {
-        const int slot = e * kP4Blocks + nb + rank;
-        *reinterpret_cast<uint4*>(reinterpret_cast<uint32_t*>(smem + L::kTokw) + 4 * slot) = make_uint4(w0, w1, w2, w3);
-        reinterpret_cast<int32_t*>(smem + L::kBlkPage)[slot] = int32_t(page);
-        reinterpret_cast<int32_t*>(smem + L::kBlkBase)[slot] = base;
-      }
+      if (used && rank >= 0 && rank < room) write_slot(e * kP4Blocks + nb + rank, make_uint4(w0, w1, w2, w3), pb);
       const int took = min(left, room);
       nb += took;
       left -= took;
