@@ -35,7 +35,7 @@
 #include "qsa/qsa_layout.h"
 #include "qsa/qsa_page4.h"
 #include "qsa/qsa_simple.cuh"  // Elem<T>
-#include "sm90/device_ops.cuh"  // exp2_ftz, cp.async groups
+#include "sm90/device_ops.cuh"  // exp2_ftz, cp.async copies and groups
 
 namespace selkv::qsa {
 
@@ -105,11 +105,6 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
         : "r"(bar), "r"(parity)
         : "memory");
   } while (done == 0);
-}
-
-// 16-byte global -> shared copy through L2 only (the gathered rows are read once per CTA).
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
 }
 
 // One arrival on the barrier once this thread's earlier cp.async copies have landed (counts
@@ -369,8 +364,8 @@ __device__ __forceinline__ void p4_load(const QsaPage4Params& p, uint8_t* smem, 
         const uint32_t used = i == 0 ? w.x : i == 1 ? w.y : i == 2 ? w.z : w.w;
         if (used != 0u) {
           const uint32_t row = uint32_t((4 * b + i) * L::kRow);
-          p4::cp_async16(kst + row, kb + i * kslot);
-          p4::cp_async16(vst + row, vb + i * vslot);
+          selkv::sm90::cp_async_16(kst + row, kb + i * kslot, true);
+          selkv::sm90::cp_async_16(vst + row, vb + i * vslot, true);
         }
       }
     }
