@@ -56,7 +56,7 @@ inline constexpr int32_t kMaxDecodeParts = 1024;
 
 // Metadata buffer (int32, device), written by the scheduler kernel:
 //   [0] T = total blocks   [1] NP = effective number of parts   [2] rows   [3] magic
-//   [4] min blocks per part   [5] 1 = parts cut at row starts (row_start_part_begin)
+//   [4] min blocks per part   [5] the cut: DecodeCut (balanced, row starts or row pieces)
 //   [6] S = split rows (rows merged by the combine)   [7] K = topk
 //   (the header: kernels check it against their own shape, md_header_ok, so a stale or unwritten
 //   buffer gives a defined result, never a walk sized by garbage)
@@ -100,10 +100,12 @@ SELKV_DEC_HD constexpr int64_t md_ints(int32_t rows, int32_t batch) { return md_
 SELKV_DEC_HD int32_t clamp_topk_length(int32_t len, int32_t topk) { return len < 0 ? 0 : (len > topk ? topk : len); }
 
 // The header [0, 8) as written by the scheduler.
+// How a plan cut its parts (header word 5; the kernels read the part entries, never this word).
+enum class DecodeCut : int32_t { kBalanced = 0, kRowStarts = 1, kRowPieces = 2 };
 SELKV_DEC_HD void md_write_header(int32_t* md, int32_t total, int32_t np, int32_t rows, int32_t min_blocks,
-                                  bool row_starts, int32_t split_rows, int32_t topk) {
+                                  DecodeCut cut, int32_t split_rows, int32_t topk) {
   md[0] = total, md[1] = np, md[2] = rows, md[3] = kMdMagic;
-  md[4] = min_blocks, md[5] = row_starts ? 1 : 0, md[6] = split_rows, md[7] = topk;
+  md[4] = min_blocks, md[5] = int32_t(cut), md[6] = split_rows, md[7] = topk;
 }
 // The header words [0, 8): two 16-byte loads on the device.
 SELKV_DEC_HD void md_load_header(const int32_t* md, int32_t (&h)[kMdHeaderInts]) {
@@ -158,6 +160,13 @@ SELKV_DEC_HD int32_t row_containing(const int32_t* prefix, int32_t rows, int32_t
   }
   return lo;
 }
+
+// Dynamic top-k, row-piece cut: every row cut into pieces of `unit` blocks (its last piece
+// shorter), one part per piece, taken when all the pieces fit the grid (the sum over rows of
+// row_pieces <= num_sm_parts). Its longest part is at most the balanced cut's and no part
+// straddles a row boundary: a straddling part loads a second Q tile and runs a second epilogue, a
+// third of a short part's time (docs/perf-log.md: dynamic row pieces).
+SELKV_DEC_HD int32_t row_pieces(int32_t blocks, int32_t unit) { return (blocks + unit - 1) / unit; }
 
 // Dynamic top-k, row-start cut: the balanced boundary of part q moved to the nearer start of the
 // row holding it (ties: the earlier start). Monotone in q, and it splits no row; the scheduler takes

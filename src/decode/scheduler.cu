@@ -31,7 +31,10 @@ decode_scheduler_kernel(int32_t batch, int32_t seq_q, int32_t topk, const int32_
   }
   if (threadIdx.x == 0) md[md_extra_offset(rows, batch)] = topk2;
   __syncthreads();  // the snapshot visible to the whole CTA
-  int32_t carry = 0;  // the same in every thread (the scan's total)
+  // Blocks per row -> prefix sums; dynamic plans also scan the rows' pieces of min_blocks blocks and
+  // write the row-piece cut's part begins while they fit the grid (row_pieces).
+  __shared__ int32_t s_begin[kMaxDecodeParts + 1];
+  int32_t carry = 0, piece_carry = 0;  // the same in every thread (the scans' totals)
   for (int32_t base = 0; base < rows; base += kSchedThreads) {
     const int32_t r = base + int32_t(threadIdx.x);
     int32_t n = 0;
@@ -43,40 +46,54 @@ decode_scheduler_kernel(int32_t batch, int32_t seq_q, int32_t topk, const int32_
         if (n < 1) n = 1;  // an empty row still gets one (fully masked) block: out 0, lse -inf
       }
     }
-    int32_t incl, total;
+    const int32_t pieces = dynamic ? row_pieces(n, min_blocks) : 0;
+    int32_t incl, total, piece_excl, piece_total;
     Scan(tmp).InclusiveSum(n, incl, total);
-    if (r < rows) prefix[r + 1] = carry + incl;
+    __syncthreads();  // tmp reuse
+    Scan(tmp).ExclusiveSum(pieces, piece_excl, piece_total);
+    if (r < rows) {
+      prefix[r + 1] = carry + incl;
+      const int32_t row_begin = carry + incl - n;
+      for (int32_t j = 0; j < pieces && piece_carry + piece_excl + j < num_sm_parts; ++j)
+        s_begin[piece_carry + piece_excl + j] = row_begin + j * min_blocks;
+    }
     carry += total;
+    piece_carry += piece_total;
     __syncthreads();  // tmp reuse
   }
   const int32_t T = carry;
-  const int32_t np = effective_parts(T, min_blocks, num_sm_parts);
-  __shared__ int32_t s_begin[kMaxDecodeParts + 1];
+  const bool row_pieces_cut = dynamic && piece_carry <= num_sm_parts;
+  const int32_t np = row_pieces_cut ? piece_carry : effective_parts(T, min_blocks, num_sm_parts);
   __shared__ int32_t s_longest;
   if (threadIdx.x == 0) {
     prefix[0] = 0;
     s_longest = 0;
+    if (row_pieces_cut) s_begin[np] = T;
   }
   __syncthreads();  // prefix complete and visible to the whole CTA
-  // Cut at row starts when that lengthens the longest part little (row_start_cut_pays: no row
-  // split, no partials, nothing for the combine); else the balanced cut.
-  for (int32_t q = int32_t(threadIdx.x); q <= np; q += kSchedThreads)
-    s_begin[q] = row_start_part_begin(prefix, rows, T, np, q);
-  __syncthreads();
-  for (int32_t q = int32_t(threadIdx.x); q < np; q += kSchedThreads) atomicMax(&s_longest, s_begin[q + 1] - s_begin[q]);
-  __syncthreads();
-  const bool row_starts = row_start_cut_pays(s_longest, T, np);
+  // Otherwise cut at row starts when that lengthens the longest part little (row_start_cut_pays: no
+  // row split, no partials, nothing for the combine); else the balanced cut.
+  DecodeCut cut = DecodeCut::kRowPieces;
+  if (!row_pieces_cut) {
+    for (int32_t q = int32_t(threadIdx.x); q <= np; q += kSchedThreads)
+      s_begin[q] = row_start_part_begin(prefix, rows, T, np, q);
+    __syncthreads();
+    for (int32_t q = int32_t(threadIdx.x); q < np; q += kSchedThreads) atomicMax(&s_longest, s_begin[q + 1] - s_begin[q]);
+    __syncthreads();
+    cut = row_start_cut_pays(s_longest, T, np) ? DecodeCut::kRowStarts : DecodeCut::kBalanced;
+  }
   if (threadIdx.x == 0) {
-    md_write_header(md, T, np, rows, min_blocks, row_starts, 0, topk);
+    md_write_header(md, T, np, rows, min_blocks, cut, 0, topk);
     if (topk2 > 0) md[3] = kMdMagicExtra;
   }
   // Part entries: each part's blocks, the row holding its first block and the first two rows'
   // bounds and top-k lengths, so that a decode CTA starts without a search and without a load
   // that waits on another.
   auto len_of = [&](int32_t r) -> int32_t { return r < rows ? lens[row_coord(r, batch).b] : 0; };
+  const bool from_table = cut != DecodeCut::kBalanced;
   for (int32_t q = int32_t(threadIdx.x); q < np; q += kSchedThreads) {
-    const int32_t b = row_starts ? s_begin[q] : part_begin(q, T, np);
-    const int32_t e = row_starts ? s_begin[q + 1] : part_begin(q + 1, T, np);
+    const int32_t b = from_table ? s_begin[q] : part_begin(q, T, np);
+    const int32_t e = from_table ? s_begin[q + 1] : part_begin(q + 1, T, np);
     const int32_t r = row_containing(prefix, rows, b < T ? b : T - 1);
     int4* entry = reinterpret_cast<int4*>(md + kMdPartEntry + kMdPartEntryInts * q);
     entry[0] = make_int4(b, e, r, prefix[r]);

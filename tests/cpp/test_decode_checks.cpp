@@ -430,22 +430,30 @@ TEST(DecodeChecks, SchedulerPartitionArithmetic) {
       std::vector<int> P(rows + 1, 0);
       for (int r = 0; r < rows; ++r) P[r + 1] = P[r] + blocks[r];
       const int T = P[rows];
-      int npe = std::min(np, std::max(1, (T + min_blocks - 1) / min_blocks));
-      ASSERT_EQ(effective_parts(T, min_blocks, np), npe);
+      const int np_balanced = std::min(np, std::max(1, (T + min_blocks - 1) / min_blocks));
+      ASSERT_EQ(effective_parts(T, min_blocks, np), np_balanced);
       const bool uniform = std::all_of(blocks.begin(), blocks.end(), [&](int n) { return n == blocks[0]; });
-      // Three cuts: balanced (dynamic default), fixed top-k's granule (whole rows when cheap), and
-      // the dynamic row-start cut. Each as the list of part begins, checked by brute force.
-      const int fixed_unit = uniform ? fixed_part_unit(rows, blocks[0], npe) : 1;
-      std::vector<int> balanced(npe + 1), fixed_cut(npe + 1), row_start(npe + 1);
-      for (int q = 0; q <= npe; ++q) {
-        balanced[q] = part_begin(q, T, npe);
-        fixed_cut[q] = part_begin(q, T, npe, fixed_unit);
-        row_start[q] = row_start_part_begin(P.data(), rows, T, npe, q);
+      // Four cuts: balanced (dynamic default), fixed top-k's granule (whole rows when cheap), the
+      // dynamic row-start cut and the dynamic row-piece cut. Each as the list of part begins, checked by brute force.
+      const int fixed_unit = uniform ? fixed_part_unit(rows, blocks[0], np_balanced) : 1;
+      std::vector<int> balanced(np_balanced + 1), fixed_cut(np_balanced + 1), row_start(np_balanced + 1), pieces;
+      for (int q = 0; q <= np_balanced; ++q) {
+        balanced[q] = part_begin(q, T, np_balanced);
+        fixed_cut[q] = part_begin(q, T, np_balanced, fixed_unit);
+        row_start[q] = row_start_part_begin(P.data(), rows, T, np_balanced, q);
       }
-      enum Cut { kBalanced, kFixed, kRowStart };
-      for (Cut cut : {kBalanced, kFixed, kRowStart}) {
+      // The row-piece cut (as the scheduler writes it): each row in pieces of min_blocks blocks.
+      for (int r = 0; r < rows; ++r)
+        for (int j = 0; j < row_pieces(blocks[r], min_blocks); ++j) pieces.push_back(P[r] + j * min_blocks);
+      const int num_pieces = int(pieces.size());
+      pieces.push_back(T);
+      enum Cut { kBalanced, kFixed, kRowStart, kRowPieces };
+      for (Cut cut : {kBalanced, kFixed, kRowStart, kRowPieces}) {
       if (cut == kFixed && !uniform) continue;
-      const std::vector<int>& begins = cut == kBalanced ? balanced : cut == kFixed ? fixed_cut : row_start;
+      if (cut == kRowPieces && num_pieces > np) continue;  // the scheduler takes it only when it fits
+      const int npe = cut == kRowPieces ? num_pieces : np_balanced;
+      const std::vector<int>& begins =
+          cut == kBalanced ? balanced : cut == kFixed ? fixed_cut : cut == kRowStart ? row_start : pieces;
       ASSERT_EQ(begins[0], 0);
       ASSERT_EQ(begins[npe], T);
       std::vector<int> owner(T, -1);
@@ -455,10 +463,15 @@ TEST(DecodeChecks, SchedulerPartitionArithmetic) {
         ASSERT_LE(g0, g1);
         if (cut == kFixed) ASSERT_EQ(g0 % fixed_unit, 0);
         if (cut == kRowStart) ASSERT_TRUE(std::binary_search(P.begin(), P.end(), g0)) << "part " << p;
+        if (cut == kRowPieces) {  // within one row, at most min_blocks blocks: never straddles
+          ASSERT_LE(g1 - g0, min_blocks);
+          ASSERT_EQ(row_containing(P.data(), rows, g0), row_containing(P.data(), rows, g1 - 1)) << "part " << p;
+        }
         for (int g = g0; g < g1; ++g) {
           ASSERT_EQ(owner[g], -1);
           owner[g] = p;
-          if (cut != kRowStart) ASSERT_EQ(part_of(g, T, npe, cut == kFixed ? fixed_unit : 1), p) << "g=" << g;
+          if (cut == kBalanced || cut == kFixed)
+            ASSERT_EQ(part_of(g, T, npe, cut == kFixed ? fixed_unit : 1), p) << "g=" << g;
         }
         if (g0 >= g1) continue;
         int r = 0;
@@ -482,7 +495,10 @@ TEST(DecodeChecks, SchedulerPartitionArithmetic) {
       // same split rows as the brute force above.
       std::vector<int32_t> md(size_t(md_ints(rows, rows)), 0);
       const int topk = 64 * *std::max_element(blocks.begin(), blocks.end());
-      md_write_header(md.data(), T, npe, rows, min_blocks, cut == kRowStart, 0, topk);
+      md_write_header(md.data(), T, npe, rows, min_blocks,
+                      cut == kRowStart ? DecodeCut::kRowStarts
+                                       : cut == kRowPieces ? DecodeCut::kRowPieces : DecodeCut::kBalanced,
+                      0, topk);
       for (int r = 0; r <= rows; ++r) md[size_t(kMdPrefix + r)] = P[r];
       for (int q = 0; q < npe; ++q) {
         const int r = row_containing(md.data() + kMdPrefix, rows, std::min(begins[q], T - 1));

@@ -206,8 +206,8 @@ TEST(DecodeGpu, GraphReplayAndRerunAreBitwiseEqual) {
 }
 
 // The scheduler kernel's metadata, read back and checked entry by entry against the host's view
-// of the same partition: header, prefix sums, the cut (balanced or at row starts, and whether
-// the row-start rule was applied right), part rows, the part start entries the dynamic decode
+// of the same partition: header, prefix sums, the cut (row pieces, balanced or at row starts, and
+// whether their rules were applied right), part rows, the part start entries the dynamic decode
 // reads first, and the combine's split-row table.
 TEST(DecodeGpu, SchedulerTablesMatchHost) {
   SELKV_REQUIRE_GPU();
@@ -251,8 +251,17 @@ TEST(DecodeGpu, SchedulerTablesMatchHost) {
         for (int r = 0; r < rows; ++r) P[r + 1] = P[r] + (sh.dyn ? std::max((len_of(r) + 63) / 64, 1) : mb);
         const int T = P[rows];
         const int np = md[1];
+        // Dynamic plans whose rows' pieces of min_blocks blocks all fit the grid take the row-piece cut.
+        std::vector<int32_t> pieces;
+        if (sh.dyn)
+          for (int r = 0; r < rows; ++r)
+            for (int j = 0; j < row_pieces(P[r + 1] - P[r], plan.min_blocks_per_part); ++j)
+              pieces.push_back(P[r] + j * plan.min_blocks_per_part);
+        const bool row_piece_cut = sh.dyn && int(pieces.size()) <= plan.num_sm_parts;
+        pieces.push_back(T);
         ASSERT_EQ(md[0], T) << what;
-        ASSERT_EQ(np, effective_parts(T, plan.min_blocks_per_part, plan.num_sm_parts)) << what;
+        ASSERT_EQ(np, row_piece_cut ? int(pieces.size()) - 1 : effective_parts(T, plan.min_blocks_per_part, plan.num_sm_parts))
+            << what;
         ASSERT_EQ(md[2], rows) << what;
         ASSERT_EQ(md[3], kMdMagic) << what;
         ASSERT_EQ(md[4], plan.min_blocks_per_part) << what;
@@ -271,9 +280,10 @@ TEST(DecodeGpu, SchedulerTablesMatchHost) {
           if (q > 0) longest = std::max(longest, row_start[q] - row_start[q - 1]);
         }
         const int balanced_longest = (T - 1) / np + 1;
-        const bool rs = longest <= balanced_longest + std::min(balanced_longest / 8, int(kSplitCostBlocks));
-        ASSERT_EQ(md[5], rs ? 1 : 0) << what;
-        const std::vector<int32_t>& begins = rs ? row_start : balanced;
+        const bool rs = !row_piece_cut && longest <= balanced_longest + std::min(balanced_longest / 8, int(kSplitCostBlocks));
+        ASSERT_EQ(md[5], int(row_piece_cut ? DecodeCut::kRowPieces : rs ? DecodeCut::kRowStarts : DecodeCut::kBalanced))
+            << what;
+        const std::vector<int32_t>& begins = row_piece_cut ? pieces : rs ? row_start : balanced;
         ASSERT_EQ(begins[np], T) << what;  // the last entry's g1 below
         for (int q = 0; q < np; ++q) {
           const int r = row_containing(P.data(), rows, std::min(begins[q], T - 1));

@@ -345,7 +345,8 @@ TEST(Model1DecodeOracle, PlanSnapshotsBothLengths) {
 // rows * (K + K2) / 64; kernels without an extra cache reject such a plan.
 TEST(Model1DecodeOracle, HeaderRulesWithAnExtraCache) {
   int32_t h[8];
-  decode::md_write_header(h, /*total=*/6 * 2, /*np=*/4, /*rows=*/6, /*min_blocks=*/2, false, 0, /*topk=*/128);
+  decode::md_write_header(h, /*total=*/6 * 2, /*np=*/4, /*rows=*/6, /*min_blocks=*/2, decode::DecodeCut::kBalanced, 0,
+                          /*topk=*/128);
   EXPECT_TRUE(decode::md_header_ok(h, 6, 128, 2, 8));
   EXPECT_TRUE(decode::md_header_ok_extra(h, 0, 6, 128, 0, 2, 8));
   EXPECT_FALSE(decode::md_header_ok_extra(h, 64, 6, 128, 64, 2, 8));  // magic of a plan without extra
