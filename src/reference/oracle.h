@@ -187,4 +187,9 @@ std::vector<QsaEntry> qsa_row_entries(const QsaSparsePrefillParams& p, int64_t r
 // Every byte of that size is written (unused entries 0). Reads only the plan's inputs.
 Status qsa_plan(const QsaSparsePrefillParams& p, void* metadata, size_t metadata_bytes);
 
+// CPU reference of the page-4 group plan (layout src/qsa/qsa_group_layout.h) for groups of
+// rows_per_group (1..32) consecutive rows: group_plan_words(num_rows, max_blocks) int32 words,
+// every one written (unused 0). No argument check: p must have passed the oracle's checks.
+std::vector<int32_t> qsa_group_plan(const QsaSparsePrefillParams& p, int rows_per_group);
+
 }  // namespace selkv::ref

@@ -2,14 +2,17 @@
 // on the GPU op's Params with host pointers. Plain loops, fp64 softmax; every entry is resolved
 // through the one validity rule of selkv/qsa.h before anything is read.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <vector>
 
 #include "common/check.h"
 #include "formats/codec.h"
 #include "qsa/qsa_checks.h"
+#include "qsa/qsa_group_layout.h"
 #include "qsa/qsa_layout.h"
 #include "reference/oracle.h"
 #include "reference/parallel.h"
@@ -209,6 +212,76 @@ Status qsa_plan(const QsaSparsePrefillParams& p, void* metadata, size_t metadata
     }
   }
   return Status::Ok();
+}
+
+std::vector<int32_t> qsa_group_plan(const QsaSparsePrefillParams& p, int rows_per_group) {
+  const int64_t R = p.num_rows, K = p.max_blocks, C = qsa::group_capacity(K);
+  std::vector<int32_t> w(size_t(qsa::group_plan_words(R, K)), 0);
+  if (R <= 0 || rows_per_group < 1 || rows_per_group > 32) return w;
+  const int64_t groups = (R + rows_per_group - 1) / rows_per_group;
+  const int32_t hdr[qsa::kGroupHeaderWords] = {qsa::kGroupMagic, int32_t(R), int32_t(K), rows_per_group,
+                                               int32_t(groups), 0, 0, 0};
+  std::copy(hdr, hdr + qsa::kGroupHeaderWords, w.begin());
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t row0 = g * rows_per_group;
+    const int rows = int(std::min<int64_t>(rows_per_group, R - row0));
+    // Per row of the group: logical block -> mask of its tokens the row uses validly.
+    std::vector<std::map<int64_t, int>> sel(static_cast<size_t>(rows));
+    uint32_t bad = 0;
+    for (int j = 0; j < rows; ++j) {
+      const int64_t r = row0 + j;
+      const RowCtx c = row_ctx(p, r);
+      for_each_group(p, r, [&](const int64_t* tok, int n) {
+        int mask = 0;
+        int64_t block = -1;
+        for (int i = 0; i < n; ++i) {
+          int32_t page, slot;
+          if (!resolve(p, c, tok[i], &page, &slot)) continue;
+          const int64_t b = tok[i] / 4;
+          const int bit = 1 << int(tok[i] % 4);
+          if (mask != 0 && (b != block || (mask & bit) != 0)) bad |= 1u << j;  // two blocks, or a repeat
+          block = b;
+          mask |= bit;
+        }
+        if (mask == 0) return;
+        if (!sel[size_t(j)].emplace(block, mask).second) bad |= 1u << j;  // the block a second time
+      });
+    }
+    // Requests in order of first appearance; within one, ascending logical block.
+    std::vector<int32_t> reqs;
+    for (int j = 0; j < rows; ++j)
+      if ((bad >> j & 1u) == 0 && !sel[size_t(j)].empty() &&
+          std::find(reqs.begin(), reqs.end(), p.req_ids[row0 + j]) == reqs.end())
+        reqs.push_back(p.req_ids[row0 + j]);
+    const int64_t first = row0 * C;
+    int64_t count = 0;
+    for (const int32_t q : reqs) {
+      std::map<int64_t, std::array<uint32_t, 4>> blocks;
+      for (int j = 0; j < rows; ++j) {
+        if ((bad >> j & 1u) != 0 || p.req_ids[row0 + j] != q) continue;
+        for (const auto& [b, mask] : sel[size_t(j)]) {
+          std::array<uint32_t, 4>& tw = blocks[b];
+          for (int i = 0; i < 4; ++i)
+            if (mask >> i & 1) tw[i] |= 1u << j;
+        }
+      }
+      const int32_t* table = p.block_table + int64_t(q) * p.block_table_stride;
+      for (auto& [b, tw] : blocks) {
+        const int64_t t = 4 * b;  // the block's first token: same logical page as its others
+        int32_t* pb = w.data() + qsa::group_blocks_offset(R) + 2 * (first + count);
+        pb[0] = table[t / p.page_size];
+        pb[1] = int32_t(t % p.page_size);
+        uint32_t* words = reinterpret_cast<uint32_t*>(w.data() + qsa::group_tokw_offset(R, K) + 4 * (first + count));
+        std::copy(tw.begin(), tw.end(), words);
+        ++count;
+      }
+    }
+    int32_t* ge = w.data() + qsa::group_table_offset() + 4 * g;
+    ge[0] = int32_t(first);
+    ge[1] = int32_t(count);
+    ge[2] = int32_t(bad);
+  }
+  return w;
 }
 
 }  // namespace selkv::ref

@@ -11,6 +11,7 @@
 #include <tuple>
 #include <vector>
 
+#include "qsa/qsa_group_layout.h"
 #include "qsa/qsa_layout.h"
 #include "qsa_test_util.h"
 #include "reference/oracle.h"
@@ -438,6 +439,160 @@ TEST(OracleQsaPlan, PlanCoversExactlyTheOracleEntries) {
             << "row " << r << " entry " << i;
     }
   }
+}
+
+// ---- page-4 group plan (src/qsa/qsa_group_layout.h) ----
+
+struct GroupBlock {
+  int32_t page, base;
+  uint32_t w[4];
+};
+
+// Group g of a group plan: its blocks, and its {first, count, bad} entry.
+std::vector<GroupBlock> group_blocks(const std::vector<int32_t>& gp, int64_t R, int64_t K, int64_t g, int32_t* bad) {
+  const int32_t* ge = gp.data() + qsa::group_table_offset() + 4 * g;
+  *bad = ge[2];
+  std::vector<GroupBlock> out;
+  for (int32_t i = 0; i < ge[1]; ++i) {
+    GroupBlock b;
+    b.page = gp[size_t(qsa::group_blocks_offset(R) + 2 * (ge[0] + i))];
+    b.base = gp[size_t(qsa::group_blocks_offset(R) + 2 * (ge[0] + i) + 1)];
+    for (int t = 0; t < 4; ++t) b.w[t] = uint32_t(gp[size_t(qsa::group_tokw_offset(R, K) + 4 * (ge[0] + i) + t)]);
+    out.push_back(b);
+  }
+  return out;
+}
+
+// The example of SortedByPhysicalAddressPartialLastInvalidDropped: row 0's blocks in ascending
+// logical order (0, 1, 5, 9, then its causal partial block 10 with 3 tokens), row 1 with nothing
+// valid, row 2 bad (block 7 selected, and its causal partial block is block 7 again), row 3 of a
+// bad request (nothing valid, not bad).
+TEST(OracleQsaGroupPlan, LogicalOrderPartialLastBadRows) {
+  Problem pr;
+  pr.R = 4;
+  pr.num_req = 2;
+  pr.width = 4;
+  pr.pages = 6;
+  pr.K = 6;
+  pr.build();
+  pr.table = {3, 1, 5, -1, 2, 0, 4, 1};
+  pr.lens = {60, 30};
+  pr.select(0, 0, 42, {9, 1, 5, 0, 13});
+  pr.select(1, 0, 50, {12, 14});
+  pr.select(2, 1, 29, {7, 6});
+  pr.select(3, 5, 9, {0, 1});
+  for (auto form : {QsaSelectionForm::kExpanded, QsaSelectionForm::kCompact}) {
+    pr.p.form = form;
+    const auto gp4 = ref::qsa_group_plan(pr.p, 4);
+    ASSERT_EQ(int64_t(gp4.size()), qsa::group_plan_words(4, pr.K));
+    EXPECT_EQ(std::vector<int32_t>(gp4.begin(), gp4.begin() + 8),
+              (std::vector<int32_t>{qsa::kGroupMagic, 4, int32_t(pr.K), 4, 1, 0, 0, 0}));
+    int32_t bad;
+    const auto b = group_blocks(gp4, 4, pr.K, 0, &bad);
+    EXPECT_EQ(bad, 4);
+    const std::vector<std::tuple<int, int, uint32_t>> want = {
+        {3, 0, 0xF}, {3, 4, 0xF}, {1, 4, 0xF}, {5, 4, 0xF}, {5, 8, 0x7}};
+    ASSERT_EQ(b.size(), want.size());
+    for (size_t i = 0; i < b.size(); ++i) {
+      EXPECT_EQ(b[i].page, std::get<0>(want[i])) << i;
+      EXPECT_EQ(b[i].base, std::get<1>(want[i])) << i;
+      for (int t = 0; t < 4; ++t) EXPECT_EQ(b[i].w[t], (std::get<2>(want[i]) >> t) & 1u) << i << " token " << t;
+    }
+    const auto gp2 = ref::qsa_group_plan(pr.p, 2);
+    EXPECT_EQ(gp2[4], 2);  // groups
+    EXPECT_EQ(group_blocks(gp2, 4, pr.K, 0, &bad).size(), want.size());
+    EXPECT_EQ(bad, 0);
+    EXPECT_TRUE(group_blocks(gp2, 4, pr.K, 1, &bad).empty());
+    EXPECT_EQ(bad, 1);
+    EXPECT_EQ(gp2[size_t(qsa::group_table_offset() + 4)], 2 * int32_t(pr.K + 1));  // group 1's first block
+  }
+}
+
+// Random selections (duplicates, out-of-range ids, stale positions, bad requests, clamped
+// counts), every group size: a row is bad exactly when the row plan calls it irregular or its
+// entries repeat a token (a block selected twice); every other row's tokens in the group plan are
+// exactly the oracle's entries; no token bit belongs to a row outside the group or a bad row.
+TEST(OracleQsaGroupPlan, CoversExactlyTheOracleEntries) {
+  std::mt19937_64 rng(13);
+  Problem pr;
+  pr.R = 64;
+  pr.num_req = 3;
+  pr.width = 6;
+  pr.pages = 9;
+  pr.P = 16;
+  pr.K = 24;
+  pr.form = QsaSelectionForm::kCompact;
+  pr.build();
+  std::uniform_int_distribution<int> u(0, 1 << 20);
+  for (auto& t : pr.table) t = u(rng) % 11 - 1;
+  pr.lens = {70, 96, 5};
+  for (int64_t r = 0; r < pr.R; ++r) {
+    const int rq = (r / 3 + u(rng) % 2) % 4;  // runs of one request, some interleaving; 3 is bad
+    const int32_t position = u(rng) % 110 - 3;
+    std::vector<int32_t> blocks;
+    const int nb = u(rng) % (pr.K + 1);
+    for (int i = 0; i < nb; ++i) {
+      const int32_t b = u(rng) % 30 - 2;
+      // Mostly distinct blocks; now and then a block twice (the row is then bad).
+      if (std::find(blocks.begin(), blocks.end(), b) == blocks.end() || u(rng) % 16 == 0) blocks.push_back(b);
+    }
+    pr.select(r, rq, position, blocks);
+    if (u(rng) % 5 == 0) pr.counts[size_t(r)] = pr.K + 7;
+  }
+  int64_t bad_rows = 0, good_rows = 0;
+  for (auto form : {QsaSelectionForm::kCompact, QsaSelectionForm::kExpanded}) {
+    pr.p.form = form;
+    const auto md = make_plan(pr);
+    for (int rpg : {1, 5, 7, 32}) {
+      const auto gp = ref::qsa_group_plan(pr.p, rpg);
+      const int64_t groups = (pr.R + rpg - 1) / rpg;
+      ASSERT_EQ(gp[3], rpg);
+      ASSERT_EQ(gp[4], groups);
+      for (int64_t g = 0; g < groups; ++g) {
+        int32_t bad;
+        const auto blocks = group_blocks(gp, pr.R, pr.K, g, &bad);
+        const int rows = int(std::min<int64_t>(rpg, pr.R - g * rpg));
+        ASSERT_EQ(gp[size_t(qsa::group_table_offset() + 4 * g)], g * rpg * (pr.K + 1));
+        ASSERT_LE(int64_t(blocks.size()), rows * (pr.K + 1));
+        for (const auto& b : blocks) {
+          uint32_t any = 0;
+          for (int t = 0; t < 4; ++t) any |= b.w[t];
+          ASSERT_NE(any, 0u) << "group " << g;
+          ASSERT_EQ(any & (uint32_t(bad) | ~((rows == 32 ? 0u : 1u << rows) - 1u)), 0u) << "group " << g;
+          ASSERT_EQ(b.base % 4, 0);
+        }
+        for (int j = 0; j < rows; ++j) {
+          const int64_t r = g * rpg + j;
+          std::vector<std::pair<int, int>> got, want;
+          std::vector<int64_t> tokens;  // logical: two blocks on one physical page are two blocks
+          for (const auto& b : blocks)
+            for (int t = 0; t < 4; ++t)
+              if (b.w[t] >> j & 1u) got.push_back({b.page, b.base + t});
+          for (auto e : ref::qsa_row_entries(pr.p, r)) {
+            want.push_back({e.page, e.slot});
+            tokens.push_back(e.token);
+          }
+          std::sort(got.begin(), got.end());
+          std::sort(want.begin(), want.end());
+          std::sort(tokens.begin(), tokens.end());
+          int32_t n;
+          plan_row(md, pr.R, pr.K, r, &n);
+          const bool repeats = std::adjacent_find(tokens.begin(), tokens.end()) != tokens.end();
+          const bool expect_bad = n == qsa::kIrregular || repeats;
+          ASSERT_EQ((bad >> j & 1) != 0, expect_bad) << "row " << r << " rpg " << rpg;
+          if (expect_bad) {
+            ASSERT_TRUE(got.empty()) << "row " << r;
+            ++bad_rows;
+          } else {
+            ASSERT_EQ(got, want) << "row " << r << " rpg " << rpg;
+            ++good_rows;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(bad_rows, 0);
+  EXPECT_GT(good_rows, 2 * bad_rows);
 }
 
 }  // namespace
