@@ -18,6 +18,8 @@
 #include "qsa/qsa_checks.h"
 #include "qsa/qsa_kernel_params.h"
 #include "qsa/qsa_page4.h"
+#include "qsa/qsa_group_layout.h"
+#include "qsa/qsa_group_plan.h"
 #include "qsa/qsa_plan.h"
 #include "qsa/qsa_simple.h"
 #include "selkv/qsa.h"
@@ -170,5 +172,24 @@ Status qsa_plan(const QsaSparsePrefillParams& p, void* metadata, size_t metadata
   SELKV_CUDA_RETURN(qsa::launch_qsa_plan(selection_params(p), static_cast<int32_t*>(metadata), stream), kOp);
   return Status::Ok();
 }
+
+namespace qsa {
+
+Status qsa_group_plan(const QsaSparsePrefillParams& p, int rows_per_group, void* group_plan, size_t group_plan_bytes,
+                      cudaStream_t stream) {
+  constexpr const char* kOp = "selkv::qsa_group_plan";
+  SELKV_CHECK_ARG(rows_per_group >= 1 && rows_per_group <= 32, "rows_per_group", "must be in [1, 32], got ",
+                  rows_per_group);
+  const size_t need = size_t(group_plan_words(p.num_rows, p.max_blocks)) * 4;
+  SELKV_CHECK_ARG(group_plan_bytes >= need, "group_plan", "needs ", need, " bytes, got ", group_plan_bytes);
+  Work work;
+  SELKV_RETURN_IF_ERROR(check_params(kOp, p, Use::kPlan, /*device=*/true, &work, group_plan, group_plan_bytes));
+  if (work == Work::kNone) return Status::Ok();
+  SELKV_CUDA_RETURN(launch_qsa_group_plan(selection_params(p), rows_per_group, static_cast<int32_t*>(group_plan), stream),
+                    kOp);
+  return Status::Ok();
+}
+
+}  // namespace qsa
 
 }  // namespace selkv

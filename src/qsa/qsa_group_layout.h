@@ -12,10 +12,11 @@
 // Group g owns blocks [g * rows_per_group * C, + its count): at most C per row, so no group can
 // overflow whatever the selection. Block = 4 consecutive slots of one physical page from a 4-aligned
 // slot base; bit j of w_i: row g * rows_per_group + j uses slot base + i (a valid token of its
-// selection). Order: the group's requests in order of first appearance among its rows, within a
-// request ascending logical block (so the causal partial block of each row comes after its
-// complete blocks). A row is bad (mask bit set, no token bits; the fix-up pass computes it) when an
-// expanded group of its selection is not distinct tokens of one block, or it selects a block twice.
+// selection). Order: the valid request ids in order of first appearance among the group's rows,
+// within a request ascending logical block (so the causal partial block of each row comes after
+// its complete blocks). A row is bad (mask bit set, no token bits; the fix-up pass computes it)
+// when an expanded group of its selection is not distinct tokens of one block, or it selects a
+// block twice. Blocks past a group's count are unspecified (the CPU reference writes 0).
 #pragma once
 
 #include <cstdint>

@@ -247,12 +247,13 @@ std::vector<int32_t> qsa_group_plan(const QsaSparsePrefillParams& p, int rows_pe
         if (!sel[size_t(j)].emplace(block, mask).second) bad |= 1u << j;  // the block a second time
       });
     }
-    // Requests in order of first appearance; within one, ascending logical block.
+    // Valid requests in order of first appearance among the group's rows (whatever those rows
+    // hold); within one, ascending logical block.
     std::vector<int32_t> reqs;
-    for (int j = 0; j < rows; ++j)
-      if ((bad >> j & 1u) == 0 && !sel[size_t(j)].empty() &&
-          std::find(reqs.begin(), reqs.end(), p.req_ids[row0 + j]) == reqs.end())
-        reqs.push_back(p.req_ids[row0 + j]);
+    for (int j = 0; j < rows; ++j) {
+      const int32_t q = p.req_ids[row0 + j];
+      if (q >= 0 && q < p.num_req && std::find(reqs.begin(), reqs.end(), q) == reqs.end()) reqs.push_back(q);
+    }
     const int64_t first = row0 * C;
     int64_t count = 0;
     for (const int32_t q : reqs) {

@@ -23,6 +23,8 @@
 
 #include "attn_check_util.h"
 #include "gpu_test_util.h"
+#include "qsa/qsa_group_layout.h"
+#include "qsa/qsa_group_plan.h"
 #include "qsa/qsa_layout.h"
 #include "qsa_gpu_util.h"
 #include "qsa_test_util.h"
@@ -284,6 +286,70 @@ TEST(QsaGpu, LargeBatchAtTheRouteBoundary) {
   const Result small = run_gpu(dp, pr, QsaSelectionForm::kExpanded, "4095 rows");
   expect_close(pr, small, ref, "4095 rows", 4095);
   expect_plan_equal(dp, pr, QsaSelectionForm::kCompact, "4095 rows plan (compact)");
+}
+
+// The group plan kernel against its CPU reference: header, group table and every group's blocks
+// (blocks past a group's count are unspecified), both selection forms, group sizes 1..32, on the
+// generator's garbage; long contexts (more than one 8192-block window: the bad-row pass first);
+// and rows whose every group keeps 3 of its 4 tokens (the partial-block list overflows and the
+// window is halved).
+TEST(QsaGpu, GroupPlanMatchesReference) {
+  SELKV_REQUIRE_GPU();
+  const uint64_t seed = test::test_seed() + 41;
+  SCOPED_TRACE("SELKV_TEST_SEED=" + std::to_string(test::test_seed()));
+  struct Shape {
+    int max_len, K, P;
+    bool partial;
+  };
+  for (const Shape sh : {Shape{200, 16, 16, false}, Shape{1600, 96, 784, false}, Shape{40000, 256, 16, false},
+                         Shape{6000, 256, 16, true}}) {
+    Config c;
+    c.D = 128;
+    c.Hkv = 1;
+    c.G = 1;
+    c.K = sh.K;
+    c.P = sh.P;
+    c.max_len = sh.max_len;
+    c.R = 70;
+    c.num_req = 3;
+    std::mt19937_64 rng(seed + uint64_t(sh.max_len));
+    Problem pr = make_problem(c, rng);
+    if (sh.partial) {
+      const int64_t cols = qsa_expanded_cols(c.K);
+      for (int64_t r = 0; r < pr.R; ++r)
+        for (int k = 0; k < c.K; ++k) pr.sel[size_t(r * cols + 4 * k + 3)] = -1;
+    }
+    DeviceProblem dp(pr);
+    const size_t bytes = size_t(qsa::group_plan_words(pr.R, pr.K)) * 4;
+    DevBuf gp(bytes);
+    for (QsaSelectionForm form : {QsaSelectionForm::kExpanded, QsaSelectionForm::kCompact}) {
+      if (sh.partial && form == QsaSelectionForm::kCompact) continue;  // the holes are in the expanded form
+      for (int rpg : {1, 6, 10, 32}) {
+        const std::string w = "len " + std::to_string(sh.max_len) + (sh.partial ? " partial" : "") +
+                              (form == QsaSelectionForm::kCompact ? " compact" : " expanded") + " rpg " +
+                              std::to_string(rpg);
+        QsaSparsePrefillParams p = dp.p;
+        p.form = form;
+        CUDA_OK(cudaMemset(gp.ptr, 0x55, bytes));
+        const Status st = qsa::qsa_group_plan(p, rpg, gp.ptr, bytes, nullptr);
+        ASSERT_TRUE(st.ok()) << w << ": " << st.to_string();
+        ASSERT_TRUE(test::sync_or_abort(nullptr, w.c_str()));
+        const std::vector<int32_t> got = test::down<int32_t>(gp, bytes / 4);
+        pr.p.form = form;
+        const std::vector<int32_t> want = ref::qsa_group_plan(pr.p, rpg);
+        const int64_t groups = (pr.R + rpg - 1) / rpg;
+        const int64_t table_end = qsa::group_table_offset() + 4 * groups;
+        ASSERT_TRUE(std::equal(want.begin(), want.begin() + table_end, got.begin())) << w << ": header or group table";
+        for (int64_t g = 0; g < groups; ++g) {
+          const int64_t first = want[size_t(qsa::group_table_offset() + 4 * g)];
+          const int64_t n = want[size_t(qsa::group_table_offset() + 4 * g + 1)];
+          const int64_t pb = qsa::group_blocks_offset(pr.R) + 2 * first, tw = qsa::group_tokw_offset(pr.R, pr.K) + 4 * first;
+          ASSERT_TRUE(std::equal(want.begin() + pb, want.begin() + pb + 2 * n, got.begin() + pb)) << w << ": group " << g << " pages";
+          ASSERT_TRUE(std::equal(want.begin() + tw, want.begin() + tw + 4 * n, got.begin() + tw)) << w << ": group " << g << " token words";
+        }
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -1,0 +1,222 @@
+// C8 page-4 group plan kernel (layout src/qsa/qsa_group_layout.h; CPU reference
+// selkv::ref::qsa_group_plan): one CTA per group of rows_per_group consecutive rows lists the
+// group's distinct 4-token blocks and each block's row-membership words, so the page-4 attention
+// CTA streams a finished list instead of merging its rows' lists itself (docs/perf-log.md session
+// 16: an in-kernel merge is one warp's serial work on the attention's critical path).
+//
+// Per request of the group (valid ids in order of first appearance), the request's logical blocks
+// are covered by windows of up to kGpWinWords x 32 blocks. In a window every thread takes
+// (row, selection group) items: the group's valid tokens (the validity rule of selkv/qsa.h) give a
+// block and a token mask, set as one bit of the row's bitmap (atomicOr: a bit already set is a
+// block selected twice, which makes the row bad), a mask other than all 4 tokens goes to a list.
+// Then thread w turns bitmap word w of every row into the blocks' membership words, placed by a
+// CTA-wide exclusive scan of the words' block counts, and the list's entries clear the tokens a
+// row does not use. Rows found bad (an irregular expanded group, a block twice) must contribute
+// nothing: when a request needs more than one window a first pass over its windows only finds
+// them; with one window the bits of rows found bad are dropped before that window is emitted.
+// A window whose partial-block list overflows is retried at half the size (a 32-block window of
+// 32 rows holds at most 1024 entries: the list's capacity).
+#pragma once
+
+#include <cstdint>
+
+#include "qsa/qsa_group_layout.h"
+#include "qsa/qsa_kernel_params.h"
+#include "qsa/qsa_select.cuh"
+
+namespace selkv::qsa {
+
+inline constexpr int kGpThreads = 256;
+inline constexpr int kGpWinWords = 256;  // bitmap words a row has: windows of up to 8192 blocks
+inline constexpr int kGpExcCap = 1024;   // partial-block entries of one window
+inline constexpr int kGpMaxRows = 32;
+
+struct GroupPlanSmem {
+  uint32_t bits[kGpMaxRows][kGpWinWords + 1];  // + 1: the rows' word w in distinct banks
+  uint32_t exc[kGpExcCap];                     // (block offset << 9) | (row << 4) | token mask
+  uint32_t word_union[kGpWinWords];
+  int32_t word_first[kGpWinWords];             // output index of word w's first block
+  RowSel rs[kGpMaxRows];
+  int32_t req[kGpMaxRows];
+  int32_t warp_sums[kGpThreads / 32];
+  int32_t exc_count;
+  uint32_t bad;
+  int32_t count;  // blocks emitted so far
+};
+
+// Selection group gi (4 columns) of a row: its valid tokens' logical block and mask (0: none), and
+// whether they fail to be distinct tokens of one block.
+__device__ __forceinline__ void gp_item(const QsaSelectionParams& s, const RowSel& rs, int32_t gi, int64_t* block,
+                                        int* mask, bool* irregular) {
+  *mask = 0;
+  *irregular = false;
+  *block = -1;
+  const int32_t c0 = 4 * gi, cn = rs.cols - c0 < 4 ? rs.cols - c0 : 4;
+  for (int i = 0; i < cn; ++i) {
+    const int64_t t = column_token(s, rs, c0 + i);
+    int32_t pg, sl;
+    if (!resolve_token(s, rs, t, &pg, &sl)) continue;
+    const int64_t b = t / 4;  // valid tokens are >= 0
+    const int bit = 1 << int(t & 3);
+    if (*mask != 0 && (b != *block || (*mask & bit) != 0)) *irregular = true;
+    *block = b;
+    *mask |= bit;
+  }
+}
+
+__global__ void __launch_bounds__(kGpThreads, 2) qsa_group_plan_kernel(const QsaSelectionParams s, int32_t rows_per_group,
+                                                                     int32_t* gp) {
+  extern __shared__ __align__(16) uint8_t gp_smem_raw[];
+  GroupPlanSmem& sm = *reinterpret_cast<GroupPlanSmem*>(gp_smem_raw);
+  const int tid = int(threadIdx.x), lane = tid % 32, warp = tid / 32;
+  const int64_t R = s.num_rows, K = s.max_blocks, C = group_capacity(K);
+  const int64_t g = blockIdx.x;
+  const int64_t row0 = g * rows_per_group;
+  const int rows = int(R - row0 < rows_per_group ? R - row0 : rows_per_group);
+  const int64_t groups = (R + rows_per_group - 1) / rows_per_group;
+  if (g == 0 && tid < kGroupHeaderWords) {
+    const int32_t hdr[kGroupHeaderWords] = {kGroupMagic, int32_t(R), int32_t(K), rows_per_group, int32_t(groups), 0, 0, 0};
+    gp[tid] = hdr[tid];
+  }
+  if (tid < rows) {
+    sm.rs[tid] = row_sel(s, int32_t(row0 + tid));
+    const int32_t q = s.req_ids[row0 + tid];
+    sm.req[tid] = q >= 0 && q < s.num_req ? q : -1;
+  }
+  if (tid == 0) {
+    sm.bad = 0;
+    sm.count = 0;
+  }
+  __syncthreads();
+
+  const int64_t first = row0 * C;
+  int2* out_pb = reinterpret_cast<int2*>(gp + group_blocks_offset(R)) + first;
+  uint4* out_tw = reinterpret_cast<uint4*>(gp + group_tokw_offset(R, K)) + first;
+  const int32_t groups_per_row = int32_t(K) + 1;  // expanded: K + 1 column groups; compact: <= K blocks + tail
+
+  // Scans window [w0, w0 + nb) of request q's blocks: sets the bits of the rows of q (and, when
+  // `emit`, lists partial blocks; rows already bad are skipped then). Returns false when the list
+  // overflowed. Uniform across the CTA.
+  auto scan = [&](int32_t q, int64_t w0, int32_t nb, bool emit) -> bool {
+    const int words = (nb + 31) / 32;
+    for (int i = tid; i < kGpMaxRows * words; i += kGpThreads) sm.bits[i / words][i % words] = 0u;
+    if (tid == 0) sm.exc_count = 0;
+    __syncthreads();
+    const uint32_t skip = emit ? sm.bad : 0u;
+    for (int32_t idx = tid; idx < rows * groups_per_row; idx += kGpThreads) {
+      const int j = idx / groups_per_row;
+      const int32_t gi = idx - j * groups_per_row;
+      if (sm.req[j] != q || ((skip >> j) & 1u) != 0u) continue;
+      const RowSel& rs = sm.rs[j];
+      if (4 * gi >= rs.cols) continue;
+      int64_t b;
+      int mask;
+      bool irregular;
+      gp_item(s, rs, gi, &b, &mask, &irregular);
+      if (irregular) atomicOr(&sm.bad, 1u << j);
+      if (mask == 0 || b < w0 || b >= w0 + nb) continue;
+      const uint32_t off = uint32_t(b - w0), bit = 1u << (off & 31u);
+      const uint32_t old = atomicOr(&sm.bits[j][off >> 5], bit);
+      if ((old & bit) != 0u) atomicOr(&sm.bad, 1u << j);  // the block a second time
+      if (emit && mask != 15) {
+        const int32_t i = atomicAdd(&sm.exc_count, 1);
+        if (i < kGpExcCap) sm.exc[i] = (off << 9) | (uint32_t(j) << 4) | uint32_t(mask);
+      }
+    }
+    __syncthreads();
+    return sm.exc_count <= kGpExcCap;
+  };
+
+  // Emits the blocks of the window just scanned, rows in `bad` excluded.
+  auto emit_window = [&](int32_t q, int64_t w0, int32_t nb) {
+    const int words = (nb + 31) / 32;
+    const uint32_t bad = sm.bad;
+    uint32_t u = 0u;
+    if (tid < words) {
+      for (int j = 0; j < rows; ++j)
+        if (((bad >> j) & 1u) == 0u) u |= sm.bits[j][tid];
+      sm.word_union[tid] = u;
+    }
+    // CTA-wide exclusive scan of the words' block counts.
+    const int cnt = __popc(u);
+    int incl = cnt;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      const int y = __shfl_up_sync(~0u, incl, d);
+      if (lane >= d) incl += y;
+    }
+    if (lane == 31) sm.warp_sums[warp] = incl;
+    __syncthreads();
+    int before = sm.count;
+    for (int w = 0; w < warp; ++w) before += sm.warp_sums[w];
+    const int firstw = before + incl - cnt;
+    if (tid < words) sm.word_first[tid] = firstw;
+    if (u != 0u) {
+      uint32_t rb[kGpMaxRows];
+#pragma unroll
+      for (int j = 0; j < kGpMaxRows; ++j) rb[j] = j < rows && ((bad >> j) & 1u) == 0u ? sm.bits[j][tid] : 0u;
+      int k = firstw;
+      for (uint32_t m = u; m != 0u; m &= m - 1u, ++k) {
+        const int bit = __ffs(m) - 1;
+        uint32_t mem = 0u;
+#pragma unroll
+        for (int j = 0; j < kGpMaxRows; ++j) mem |= ((rb[j] >> bit) & 1u) << j;
+        const int64_t t = 4 * (w0 + 32 * tid + bit);  // the block's first token (its page: valid, a row uses it)
+        const int32_t* tab = s.block_table + int64_t(q) * s.block_table_stride;
+        const int32_t lp = int32_t(t / s.page_size);
+        out_pb[k] = make_int2(tab[lp], int32_t(t - int64_t(lp) * s.page_size));
+        out_tw[k] = make_uint4(mem, mem, mem, mem);
+      }
+    }
+    __syncthreads();  // the block words are written (visible to the CTA) before the partial masks
+    const int32_t n_exc = sm.exc_count;
+    for (int32_t i = tid; i < n_exc; i += kGpThreads) {
+      const uint32_t x = sm.exc[i];
+      const int j = int((x >> 4) & 31u);
+      if (((bad >> j) & 1u) != 0u) continue;
+      const uint32_t off = x >> 9, w = off >> 5, bit = off & 31u;
+      const int k = sm.word_first[w] + __popc(sm.word_union[w] & ((1u << bit) - 1u));
+      uint32_t* tw = reinterpret_cast<uint32_t*>(out_tw + k);
+      for (int ti = 0; ti < 4; ++ti)
+        if (((x >> ti) & 1u) == 0u) atomicAnd(tw + ti, ~(1u << j));
+    }
+    if (tid == kGpThreads - 1) sm.count = before + incl;  // the last thread's inclusive total
+    __syncthreads();
+  };
+
+  // Requests in order of first appearance among the group's rows.
+  for (int jq = 0; jq < rows; ++jq) {
+    const int32_t q = sm.req[jq];
+    if (q < 0) continue;
+    bool seen = false;
+    for (int j = 0; j < jq; ++j) seen = seen || sm.req[j] == q;
+    if (seen) continue;
+    const int64_t live = s.seq_lens[q] < int64_t(s.block_table_width) * s.page_size
+                             ? int64_t(s.seq_lens[q]) : int64_t(s.block_table_width) * s.page_size;
+    const int64_t nblocks = live > 0 ? (live + 3) / 4 : 0;
+    constexpr int32_t kWin = 32 * kGpWinWords;
+    if (nblocks > kWin)  // bad rows first, over every window
+      for (int64_t w0 = 0; w0 < nblocks; w0 += kWin)
+        scan(q, w0, int32_t(nblocks - w0 < kWin ? nblocks - w0 : kWin), false);
+    int32_t win = kWin;
+    for (int64_t w0 = 0; w0 < nblocks;) {
+      const int32_t nb = int32_t(nblocks - w0 < win ? nblocks - w0 : win);
+      if (!scan(q, w0, nb, true)) {  // the partial-block list overflowed: half the window
+        win = nb / 2 > 32 ? nb / 2 : 32;
+        continue;
+      }
+      emit_window(q, w0, nb);
+      w0 += nb;
+      win = kWin;
+    }
+  }
+  if (tid == 0) {
+    int32_t* ge = gp + group_table_offset() + 4 * g;
+    ge[0] = int32_t(first);
+    ge[1] = sm.count;
+    ge[2] = int32_t(sm.bad);
+    ge[3] = 0;
+  }
+}
+
+}  // namespace selkv::qsa
