@@ -1,6 +1,7 @@
 // C8 QSA sparse prefill (selkv::qsa_sparse_prefill): R query rows, each selecting 512 random
 // 4-token blocks of its request's context plus its causal partial block (vLLM's expanded
-// [R, 2051] selection), fp16, page 16. The plan (qsa_plan) is built once, outside the timed call.
+// [R, 2051] selection), fp16, page 16. The row plan (qsa_plan) is built once, outside the timed
+// call; "page4" cases build their group plan (qsa::qsa_group_plan) inside every timed call.
 // "page4" cases time the page-4 route (qsa::qsa_sparse_prefill_page4: the SM90 page-4 kernel and
 // the fix-up pass) whatever qsa_route picks; "overlap N%" cases give each row N% of the previous
 // row's blocks (neighbouring query tokens select mostly the same blocks), the rest random.
@@ -16,6 +17,8 @@
 
 #include "cache_common.h"
 #include "formats/codec.h"
+#include "qsa/qsa_group_layout.h"
+#include "qsa/qsa_group_plan.h"
 #include "qsa/qsa_page4.h"
 #include "reference/oracle.h"
 #include "selkv/qsa.h"
@@ -121,12 +124,13 @@ class QsaWorkload final : public Workload {
     sel_d_ = upload(sel_);
     out_ = DeviceBuffer(size_t(s.rows) * s.q_heads * s.dim * 2);
     lse_ = DeviceBuffer(size_t(s.rows) * s.q_heads * 4);
-    md_bytes_ = qsa_metadata_size(s.rows, kQsaMaxBlocks);
+    // page4: the group plan, rebuilt inside every timed call; else the row plan, built once here.
+    md_bytes_ = s.page4 ? size_t(qsa::group_plan_words(s.rows, kQsaMaxBlocks)) * 4 : qsa_metadata_size(s.rows, kQsaMaxBlocks);
     md_ = DeviceBuffer(md_bytes_);
     const QsaSparsePrefillParams p = params(q_.get(), kv_.get(), table_d_.as<int32_t>(), lens_d_.as<int32_t>(),
                                             req_d_.as<int32_t>(), pos_d_.as<int32_t>(), sel_d_.as<int32_t>(),
                                             out_.get(), lse_.as<float>(), s.rows);
-    throw_if_error(qsa_plan(p, md_.get(), md_bytes_, nullptr));
+    if (!s.page4) throw_if_error(qsa_plan(p, md_.get(), md_bytes_, nullptr));
     SELKV_BENCH_CUDA(cudaDeviceSynchronize());
   }
 
@@ -150,8 +154,14 @@ class QsaWorkload final : public Workload {
     return double(gathered_tokens_) * s_.q_heads * 4.0 * s_.dim;
   }
   void run(cudaStream_t stream) override {
-    throw_if_error(s_.page4 ? qsa::qsa_sparse_prefill_page4(device_params(), stream, s_.rows_per_cta)
-                            : qsa_sparse_prefill(device_params(), stream));
+    const QsaSparsePrefillParams p = device_params();
+    if (!s_.page4) {
+      throw_if_error(qsa_sparse_prefill(p, stream));
+      return;
+    }
+    const int rows = s_.rows_per_cta != 0 ? s_.rows_per_cta : qsa::qsa_page4_max_rows(s_.q_heads / s_.kv_heads);
+    throw_if_error(qsa::qsa_group_plan(p, rows, md_.get(), md_bytes_, stream));
+    throw_if_error(qsa::qsa_sparse_prefill_page4(p, stream, s_.rows_per_cta));
   }
 
   // Rows 0, R/2 and R-1 through the oracle on host copies of their inputs.

@@ -111,17 +111,15 @@ cudaError_t launch_page4(const QsaPage4Params& k, bool bf16, int head_dim, cudaS
 Status run_page4(const char* kOp, const QsaSparsePrefillParams& p, int rows_per_cta, cudaStream_t stream) {
   const int group = p.num_q_heads / p.num_kv_heads;
   const int max_rows = qsa_page4_max_rows(group);
-  SELKV_CHECK_ARG(p.metadata != nullptr, "metadata", "the page-4 kernel needs the plan of qsa_plan, got null");
+  SELKV_CHECK_ARG(p.metadata != nullptr, "metadata", "the page-4 kernel needs the group plan of qsa_group_plan, got null");
+  const size_t need = size_t(group_plan_words(p.num_rows, p.max_blocks)) * 4;
+  if (p.metadata_bytes < need)
+    return Status(StatusCode::kWorkspaceTooSmall, detail::concat(kOp, ": metadata_bytes: the group plan needs ", need,
+                                                                 " bytes, got ", p.metadata_bytes));
   SELKV_CHECK_ARG(rows_per_cta >= 0 && rows_per_cta <= max_rows, "rows_per_cta", "must be 0 (default) or in [1, ",
                   max_rows, "] for num_q_heads / num_kv_heads = ", group, ", got ", rows_per_cta);
   SELKV_RETURN_IF_ERROR(detail::require_sm90(kOp));
   const bool bf16 = p.dtype == QsaDtype::kBf16;
-  if (p.num_pages > int64_t(0xFFFFFFFE) / (p.page_size / kQsaBlockTokens)) {
-    // The kernel merges rows by a 32-bit block index; a cache of 2^32 blocks or more (2^34
-    // tokens) takes the simple kernel.
-    SELKV_CUDA_RETURN(launch_qsa_simple(simple_params(p), bf16, p.head_dim, stream), kOp);
-    return Status::Ok();
-  }
   QsaPage4Params k{};
   k.md = static_cast<const int32_t*>(p.metadata);
   k.num_rows = int32_t(p.num_rows);
@@ -181,7 +179,9 @@ Status qsa_group_plan(const QsaSparsePrefillParams& p, int rows_per_group, void*
   SELKV_CHECK_ARG(rows_per_group >= 1 && rows_per_group <= 32, "rows_per_group", "must be in [1, 32], got ",
                   rows_per_group);
   const size_t need = size_t(group_plan_words(p.num_rows, p.max_blocks)) * 4;
-  SELKV_CHECK_ARG(group_plan_bytes >= need, "group_plan", "needs ", need, " bytes, got ", group_plan_bytes);
+  if (group_plan_bytes < need)
+    return Status(StatusCode::kWorkspaceTooSmall,
+                  detail::concat(kOp, ": group_plan_bytes: needs ", need, " bytes, got ", group_plan_bytes));
   Work work;
   SELKV_RETURN_IF_ERROR(check_params(kOp, p, Use::kPlan, /*device=*/true, &work, group_plan, group_plan_bytes));
   if (work == Work::kNone) return Status::Ok();

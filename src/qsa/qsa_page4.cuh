@@ -1,24 +1,21 @@
-// C8 SM90 page-4 kernel (selkv/qsa.h; plan layout src/qsa/qsa_layout.h). One CTA serves a group
+// C8 SM90 page-4 kernel (selkv/qsa.h; group plan layout src/qsa/qsa_group_layout.h). One CTA serves a group
 // of rows_per_cta consecutive query rows and one kv head: the (row, head) pairs of the group are
 // the M dimension of the tensor-core tiles (16 pairs per consumer warp), and every selected 4-token
 // block is loaded once for all rows of the group that selected it.
 //
-// Warp roles. A merge warp merges the group's plan rows (one lane per row; each row's entries are
-// sorted by (page, slot base)) into one stream of distinct blocks, a window of kP4Window block keys
-// per step (p4_merge). kP4Blocks blocks make a tile, published in a ring of kP4Ring tile
-// descriptors, so the merge runs ahead of the loads. A load
-// warp copies the K and V rows of the tile's tokens that some row uses into a stage with cp.async
-// (16 bytes per lane: the copies of one token issue in one instruction, where per-token bulk
-// copies serialise over the issuing lanes), never a token no row uses. The 4 consumer warps
-// compute S = Q K^T with mma.sync m16n8k16 (fp32 accumulation), replace the scores of tokens
-// a row did not select with -inf (a select, so garbage K never leaks), run the fp32 online softmax
-// and accumulate P V. Equal keys of one row (a block listed twice) are consumed one per step, so
-// every entry stays one softmax term; the merge does not need the rows' lists to be sorted for
-// correctness (the causal tail entries come last), only for sharing.
+// Warp roles. The rows' selections were merged before the launch: the group plan (qsa_plan,
+// layout src/qsa/qsa_group_layout.h) lists the group's distinct blocks in order with a
+// row-membership word per token. A reader warp copies kP4Blocks of them at a time into a ring of
+// kP4Ring tile descriptors (cp.async, published when the copies land), so it runs ahead of the
+// loads. A load warp copies the K and V rows of the tile's tokens that some row uses into a stage
+// with cp.async (16 bytes per lane: the copies of one token issue in one instruction), never a
+// token no row uses. The 4 consumer warps compute S = Q K^T with mma.sync m16n8k16 (fp32
+// accumulation), replace the scores of tokens a row did not select with -inf (a select, so garbage
+// K never leaks), run the fp32 online softmax and accumulate P V.
 //
-// What it does not serve exactly, it flags: a row the plan marks irregular, a plan whose header
-// does not match the call, a count out of range or an entry outside [0, num_pages) x [0, P) gets
-// NaN in its out and lse, and so does a pair whose out is not finite in T (a non-finite V of a
+// What it does not serve exactly, it flags: a row the plan marks bad, every row of a group whose
+// plan entry or header does not match the call or that holds a block outside [0, num_pages) x
+// [0, P) gets NaN in its out and lse, and so does a pair whose out is not finite in T (a non-finite V of a
 // token only other rows selected reaches it as 0 * NaN). The fix-up pass of the simple kernel
 // (QsaSimpleParams::only_nonfinite) recomputes exactly every (row, kv head) with a NaN in element
 // 0 of one of its heads.
@@ -32,7 +29,7 @@
 
 #include "common/arch.h"
 #include "qsa/qsa_kernel_params.h"
-#include "qsa/qsa_layout.h"
+#include "qsa/qsa_group_layout.h"
 #include "qsa/qsa_page4.h"
 #include "qsa/qsa_simple.cuh"  // Elem<T>
 #include "sm90/device_ops.cuh"  // exp2_ftz, cp.async copies and groups
@@ -41,22 +38,20 @@ namespace selkv::qsa {
 
 inline constexpr int kP4ConsumerWarps = kQsaPage4Pairs / 16;
 inline constexpr int kP4ConsumerThreads = kP4ConsumerWarps * 32;
-inline constexpr int kP4MergeWarp = kP4ConsumerWarps, kP4LoadWarp = kP4ConsumerWarps + 1;
-inline constexpr int kP4Threads = kP4ConsumerThreads + 64;  // + the merge and load warps
+inline constexpr int kP4ReadWarp = kP4ConsumerWarps, kP4LoadWarp = kP4ConsumerWarps + 1;
+inline constexpr int kP4Threads = kP4ConsumerThreads + 64;  // + the reader and load warps
 // 8 blocks (32 tokens) a tile: the K / V stages hold 128 tokens in all (D 256: that fills the shared
 // memory), so 4 stages (docs/perf-log.md: page-4 tile size).
 inline constexpr int kP4Blocks = 8;                          // blocks of one tile
 inline constexpr int kP4Tokens = 4 * kP4Blocks;
 inline constexpr int kP4Stages = 128 / kP4Tokens;           // K / V stages
-inline constexpr int kP4Ring = 2 * kP4Stages;               // tile descriptors the merge may run ahead
+inline constexpr int kP4Ring = 2 * kP4Stages;               // tile descriptors the reader may run ahead
 inline constexpr int kP4Chunks = kP4Tokens / 16;            // 16-token MMA chunks of a tile
 static_assert(kP4Tokens == 16 || kP4Tokens == 32 || kP4Tokens == 64, "page-4 tile size");
-inline constexpr int kP4EntRing = 64;  // plan entries a merge lane stages in shared memory (two halves)
-inline constexpr int kP4Window = 32;   // block keys one merge step covers (one bit each)
 
 // Shared memory of one CTA. Rows of Q, K and V are D elements padded by 16 bytes, so the 8 rows
 // an ldmatrix reads fall in distinct banks. A tile descriptor (ring entry): the tile's tokens'
-// row-membership words, the block count and each block's page and slot base.
+// row-membership words and each block's page and slot base, as the group plan holds them.
 template <int D>
 struct P4Layout {
   static constexpr int kRow = D * 2 + 16;
@@ -64,19 +59,40 @@ struct P4Layout {
   static constexpr int kK = kQ + kQsaPage4Pairs * kRow;  // stage s: kK + s * kStageBytes
   static constexpr int kV = kK + kP4Tokens * kRow;
   static constexpr int kStageBytes = 2 * kP4Tokens * kRow;
-  static constexpr int kEnts = kK + kP4Stages * kStageBytes;  // [32 lanes][kP4EntRing] int2 plan entries
-  static constexpr int kTokw = kEnts + 32 * kP4EntRing * 8;    // [ring][tokens] u32 row-membership words
-  static constexpr int kNblk = kTokw + kP4Ring * kP4Tokens * 4;  // [ring] i32
-  static constexpr int kBlkPage = kNblk + kP4Ring * 4;          // [ring][blocks] i32
-  static constexpr int kBlkBase = kBlkPage + kP4Ring * kP4Blocks * 4;
-  static constexpr int kBadRows = kBlkBase + kP4Ring * kP4Blocks * 4;
+  static constexpr int kTokw = kK + kP4Stages * kStageBytes;    // [ring][tokens] u32 row-membership words
+  static constexpr int kBlkPb = kTokw + kP4Ring * kP4Tokens * 4;  // [ring][blocks] int2 page, slot base
+  static constexpr int kCorrupt = kBlkPb + kP4Ring * kP4Blocks * 8;  // u32: a block outside the cache was listed
   // kv_full[stage], kv_empty[stage], ring_full[ring], ring_empty[ring]
-  static constexpr int kWinBlk = (kBadRows + 4 + 7) / 8 * 8;  // [kP4Window] int2: the merge step's blocks' page, base
-  static constexpr int kBars = kWinBlk + kP4Window * 8;
+  static constexpr int kBars = (kCorrupt + 4 + 7) / 8 * 8;
   static constexpr int kKvFull = kBars, kKvEmpty = kKvFull + 8 * kP4Stages;
   static constexpr int kRingFull = kKvEmpty + 8 * kP4Stages, kRingEmpty = kRingFull + 8 * kP4Ring;
   static constexpr int kBytes = kRingEmpty + 8 * kP4Ring;
 };
+
+// The group's entry of the plan, checked against the call: a plan of another call, or an entry
+// that is not where this group's blocks are, serves no block and flags every row.
+struct P4Group {
+  int64_t first = 0;   // index of the group's first block in the plan
+  int32_t count = 0;   // its blocks
+  uint32_t bad = 0;    // rows the fix-up computes
+};
+
+__device__ __forceinline__ P4Group p4_group(const QsaPage4Params& p, int32_t grp, int32_t rows) {
+  const int32_t* md = p.md;
+  const int64_t R = p.num_rows, K = p.max_blocks, C = group_capacity(K);
+  const int64_t groups = (R + p.rows_per_cta - 1) / p.rows_per_cta;
+  P4Group pg;
+  pg.bad = rows >= 32 ? ~0u : (1u << rows) - 1u;
+  if (md[0] != kGroupMagic || md[1] != p.num_rows || md[2] != p.max_blocks || md[3] != p.rows_per_cta ||
+      md[4] != int32_t(groups))
+    return pg;
+  const int4 e = *reinterpret_cast<const int4*>(md + group_table_offset() + 4 * int64_t(grp));
+  if (int64_t(e.x) != int64_t(grp) * p.rows_per_cta * C || e.y < 0 || int64_t(e.y) > rows * C) return pg;
+  pg.first = e.x;
+  pg.count = e.y;
+  pg.bad = uint32_t(e.z);
+  return pg;
+}
 
 namespace p4 {
 
@@ -143,185 +159,33 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], 
   }
 }
 
-// Lane l holds row l of a 32 x 32 bit matrix (bit c: column c); returns column `lane` (bit r: row
-// r). Five butterfly rounds, each swapping the off-diagonal k x k blocks of every 2k x 2k block.
-__device__ __forceinline__ uint32_t transpose32(uint32_t x, int lane) {
-  constexpr uint32_t kLow[5] = {0x0000FFFFu, 0x00FF00FFu, 0x0F0F0F0Fu, 0x33333333u, 0x55555555u};
-#pragma unroll
-  for (int i = 0; i < 5; ++i) {
-    const int k = 16 >> i;
-    const uint32_t m = kLow[i], y = __shfl_xor_sync(~0u, x, k);
-    x = (lane & k) != 0 ? ((x & ~m) | ((y & ~m) >> k)) : ((x & m) | ((y & m) << k));
-  }
-  return x;
-}
-
 }  // namespace p4
 
-// The merge warp: merges the group's plan rows into tile descriptors (ring entries). Lane l walks
-// row l's entries, staged in shared memory 32 entries ahead of its cursor (cp.async, so a step
-// never waits on a global load). A step covers the window of kP4Window block keys starting at the
-// lanes' smallest current key: each lane consumes its entries that fall in the window (one per
-// block: a block listed twice waits for a later step, so each entry stays one softmax term) into
-// 4 bitmaps over the window (bit j of tm[i]: token i of block kmin + j); the blocks some row uses
-// then fill tile slots warp-parallel (below). With sorted rows a step emits all the group's blocks
-// of ~kP4Window consecutive keys at once.
+// The reader warp: tile t's descriptor is the group's blocks [8 t, 8 t + 8) of the plan. Lanes
+// 0-7 copy one block's token words each (16 bytes, zero-filled past the count, so the consumers'
+// words of unused slots are 0), lanes 8-15 its page and slot base (8 bytes); every lane's
+// arrival on ring_full completes when its copies land, so the reader never waits for them.
 template <int D>
-__device__ __forceinline__ void p4_merge(const QsaPage4Params& p, uint8_t* smem, int32_t row0, int32_t rows) {
+__device__ __forceinline__ void p4_read(const QsaPage4Params& p, uint8_t* smem, const P4Group& pg) {
   using L = P4Layout<D>;
   const int lane = int(threadIdx.x) % 32;
-  const int64_t R = p.num_rows, K = p.max_blocks, C = capacity(K);
-  const int32_t* md = p.md;
-  // A plan of another call (header) or a count out of range: the row is flagged, never walked.
-  const bool header_ok = md[0] == kMagic && md[1] == p.num_rows && md[2] == p.max_blocks && md[3] == int32_t(C);
-  const int32_t r = row0 + (lane < rows ? lane : 0);
-  int32_t n = 0;
-  bool bad = false;
-  if (lane < rows) {
-    const int32_t cnt = header_ok ? md[counts_offset() + r] : kIrregular;
-    if (cnt < 0 || cnt > C) bad = true;
-    else n = cnt;
-  }
-  const int2* ents = reinterpret_cast<const int2*>(md + entry_offset(R, K, r, 0));
-  const int2* staged = reinterpret_cast<const int2*>(smem + L::kEnts) + lane * kP4EntRing;
-  const uint32_t staged_addr = p4::smem_addr(staged);
-  const int32_t n_staged = n;  // entries past a flagged entry are still copied (in the plan), never read
-  // Entries [c0, c0 + 32) into the half of the ring they map to, as one cp.async group.
-  auto stage = [&](int32_t c0) {
-#pragma unroll 4
-    for (int i = 0; i < kP4EntRing / 2; ++i)
-      if (c0 + i < n_staged) selkv::sm90::cp_async_8(staged_addr + uint32_t(((c0 + i) % kP4EntRing) * 8), ents + c0 + i);
-    selkv::sm90::cp_async_commit();
-  };
-  stage(0);
-  stage(kP4EntRing / 2);
-  selkv::sm90::cp_async_wait_group<1>();
-
-  // key = page * (P / 4) + slot base / 4, the block's index in the cache (< 2^32 - 1, checked on
-  // the host). ~0: this lane is done.
-  const uint32_t blocks_per_page = uint32_t(p.page_size) / 4u;
-  int32_t pos = 0;
-  uint32_t key = ~0u, tok = 0, cur_page = 0, cur_base = 0;
-  auto fetch = [&]() {  // entry pos (its half has landed)
-    key = ~0u;
-    if (pos >= n) return;
-    const int2 e = staged[pos % kP4EntRing];
-    const uint32_t base = (uint32_t(e.y) >> 4) * 4u;
-    if (e.x < 0 || int64_t(e.x) >= p.num_pages || base >= uint32_t(p.page_size)) {  // DESIGN §2: re-check
-      bad = true;
-      n = pos;
-      return;
-    }
-    cur_page = uint32_t(e.x);
-    cur_base = base;
-    key = cur_page * blocks_per_page + base / 4u;
-    tok = uint32_t(e.y) & 15u;
-  };
-  auto advance = [&]() {
-    ++pos;
-    if (pos % (kP4EntRing / 2) == 0) {  // into the other half: refill the one just consumed
-      stage(pos + kP4EntRing / 2);
-      selkv::sm90::cp_async_wait_group<1>();
-    }
-    fetch();
-  };
-  fetch();
-
+  const int64_t R = p.num_rows, K = p.max_blocks;
+  const uint4* tokw = reinterpret_cast<const uint4*>(p.md + group_tokw_offset(R, K)) + pg.first;
+  const int2* pb = reinterpret_cast<const int2*>(p.md + group_blocks_offset(R)) + pg.first;
   const uint32_t ring_full = p4::smem_addr(smem + L::kRingFull), ring_empty = p4::smem_addr(smem + L::kRingEmpty);
-  int t = 0;   // the descriptor being filled
-  int nb = 0;  // its blocks so far
-  auto acquire = [&]() {
-    p4::mbar_wait(ring_empty + 8u * uint32_t(t % kP4Ring), (uint32_t(t / kP4Ring) & 1u) ^ 1u);  // its last tile is done
-  };
-  // Publishes descriptor t with nb blocks; nb == 0 is the last one (and carries the flagged rows).
-  auto publish = [&]() {
+  const int tiles = (pg.count + kP4Blocks - 1) / kP4Blocks;
+  for (int t = 0; t < tiles; ++t) {
     const int e = t % kP4Ring;
-    uint32_t* tokw = reinterpret_cast<uint32_t*>(smem + L::kTokw) + e * kP4Tokens;
-    for (int j = 4 * nb + lane; j < kP4Tokens; j += 32) tokw[j] = 0u;
-    const uint32_t bad_rows = __ballot_sync(~0u, bad);
-    if (lane == 0) {
-      reinterpret_cast<int32_t*>(smem + L::kNblk)[e] = nb;
-      if (nb == 0) *reinterpret_cast<uint32_t*>(smem + L::kBadRows) = bad_rows;
+    p4::mbar_wait(ring_empty + 8u * uint32_t(e), (uint32_t(t / kP4Ring) & 1u) ^ 1u);  // its last tile is done
+    const int k = kP4Blocks * t + (lane % kP4Blocks);
+    if (lane < kP4Blocks) {
+      selkv::sm90::cp_async_16(p4::smem_addr(smem + L::kTokw) + uint32_t((e * kP4Tokens + 4 * lane) * 4), tokw + k,
+                               k < pg.count);
+    } else if (lane < 2 * kP4Blocks && k < pg.count) {
+      selkv::sm90::cp_async_8(p4::smem_addr(smem + L::kBlkPb) + uint32_t((e * kP4Blocks + lane - kP4Blocks) * 8), pb + k);
     }
-    __syncwarp();
-    p4::mbar_arrive(ring_full + 8u * uint32_t(e));  // every lane: each publishes its own writes
-    ++t;
-  };
-  int2* win_blk = reinterpret_cast<int2*>(smem + L::kWinBlk);
-  // Descriptor slot `slot` (ring entry * kP4Blocks + block): the block's token words, page, base.
-  auto write_slot = [&](int slot, uint4 w, int2 pb) {
-    *reinterpret_cast<uint4*>(reinterpret_cast<uint32_t*>(smem + L::kTokw) + 4 * slot) = w;
-    reinterpret_cast<int32_t*>(smem + L::kBlkPage)[slot] = pb.x;
-    reinterpret_cast<int32_t*>(smem + L::kBlkBase)[slot] = pb.y;
-  };
-  acquire();
-  for (;;) {
-    __syncwarp();  // the last step's reads of win_blk are done
-    const uint32_t kmin = __reduce_min_sync(~0u, key);
-    if (kmin == ~0u) break;  // every row done
-    uint32_t tm0 = 0, tm1 = 0, tm2 = 0, tm3 = 0;
-    while (key - kmin < uint32_t(kP4Window)) {
-      const uint32_t bit = 1u << (key - kmin);
-      if (((tm0 | tm1 | tm2 | tm3) & bit) != 0u) break;  // listed twice: the next step takes it
-      tm0 |= (tok & 1u) ? bit : 0u;
-      tm1 |= (tok & 2u) ? bit : 0u;
-      tm2 |= (tok & 4u) ? bit : 0u;
-      tm3 |= (tok & 8u) ? bit : 0u;
-      win_blk[key - kmin] = make_int2(int32_t(cur_page), int32_t(cur_base));  // rows of one block agree
-      advance();
-    }
-    // Lane j takes block kmin + j: its tokens' row-membership words (the 32 x 32 bit matrices tm_i
-    // transposed over the warp), its page and slot base, and its rank among the window's used
-    // blocks; the used blocks fill the descriptor's free slots in key order, all lanes at once.
-    const uint32_t used_blocks = __reduce_or_sync(~0u, tm0 | tm1 | tm2 | tm3);
-    if (used_blocks == 0u) continue;
-    __syncwarp();  // win_blk written
-    if ((used_blocks & (used_blocks - 1u)) == 0u) {  // one block (sparse keys): 4 ballots, no transpose
-      const int j = __ffs(used_blocks) - 1;
-      uint4 w;
-      w.x = __ballot_sync(~0u, (tm0 >> j) & 1u);
-      w.y = __ballot_sync(~0u, (tm1 >> j) & 1u);
-      w.z = __ballot_sync(~0u, (tm2 >> j) & 1u);
-      w.w = __ballot_sync(~0u, (tm3 >> j) & 1u);
-      if (lane == 0) write_slot((t % kP4Ring) * kP4Blocks + nb, w, win_blk[j]);
-      if (++nb == kP4Blocks) {
-        publish();
-        nb = 0;
-        acquire();
-      }
-      continue;
-    }
-    uint32_t w0 = p4::transpose32(tm0, lane), w1, w2, w3;
-    if (__all_sync(~0u, tm0 == tm1 && tm1 == tm2 && tm2 == tm3)) {  // whole blocks only (the common case)
-      w1 = w2 = w3 = w0;
-    } else {
-      w1 = p4::transpose32(tm1, lane);
-      w2 = p4::transpose32(tm2, lane);
-      w3 = p4::transpose32(tm3, lane);
-    }
-    const bool used = ((used_blocks >> lane) & 1u) != 0u;
-    int rank = __popc(used_blocks & ((1u << lane) - 1u));
-    const int2 pb = used ? win_blk[lane] : make_int2(0, 0);
-    for (int left = __popc(used_blocks); left > 0;) {
-      const int room = kP4Blocks - nb, e = t % kP4Ring;
-      if (used && rank >= 0 && rank < room) write_slot(e * kP4Blocks + nb + rank, make_uint4(w0, w1, w2, w3), pb);
-      const int took = min(left, room);
-      nb += took;
-      left -= took;
-      rank -= room;  // written lanes go negative
-      if (nb == kP4Blocks) {
-        publish();
-        nb = 0;
-        acquire();
-      }
-    }
+    p4::cp_async_arrive(ring_full + 8u * uint32_t(e));
   }
-  if (nb > 0) {  // the last blocks
-    publish();
-    nb = 0;
-    acquire();
-  }
-  publish();  // nb == 0: nothing more to merge
 }
 
 // The load warp: for each tile descriptor, copies the used tokens' K and V rows into the stage.
@@ -329,7 +193,7 @@ __device__ __forceinline__ void p4_merge(const QsaPage4Params& p, uint8_t* smem,
 // once (shared-memory broadcasts) and its four rows issue back to back, so consecutive blocks'
 // copies overlap (no per-token shuffles on the critical path).
 template <int D>
-__device__ __forceinline__ void p4_load(const QsaPage4Params& p, uint8_t* smem, int32_t kvh) {
+__device__ __forceinline__ void p4_load(const QsaPage4Params& p, uint8_t* smem, int32_t kvh, const P4Group& pg) {
   using L = P4Layout<D>;
   constexpr int kChunks = D / 8;              // 16-byte chunks of a row: 32 (D 256) or 16 (D 128)
   constexpr int kRowsPerCopy = 32 / kChunks;  // token rows one warp-wide copy covers: 1 or 2
@@ -341,21 +205,27 @@ __device__ __forceinline__ void p4_load(const QsaPage4Params& p, uint8_t* smem, 
   const int64_t vpage = p.io.v_page_stride * 2, vslot = p.io.v_slot_stride * 2;
   const uint32_t ring_full = p4::smem_addr(smem + L::kRingFull), ring_empty = p4::smem_addr(smem + L::kRingEmpty);
   const uint32_t kv_full = p4::smem_addr(smem + L::kKvFull), kv_empty = p4::smem_addr(smem + L::kKvEmpty);
-  for (int t = 0;; ++t) {
+  const int tiles = (pg.count + kP4Blocks - 1) / kP4Blocks;
+  uint32_t corrupt = 0u;
+  for (int t = 0; t < tiles; ++t) {
     const int e = t % kP4Ring, s = t % kP4Stages;
     p4::mbar_wait(ring_full + 8u * uint32_t(e), uint32_t(t / kP4Ring) & 1u);
-    const int nb = reinterpret_cast<const volatile int32_t*>(smem + L::kNblk)[e];
-    if (nb == 0) return;  // the last descriptor (the consumers stop there too)
+    const int nb = pg.count - kP4Blocks * t < kP4Blocks ? pg.count - kP4Blocks * t : kP4Blocks;
     const uint32_t* tokw = reinterpret_cast<const uint32_t*>(smem + L::kTokw) + e * kP4Tokens;
-    const int32_t* blk_page = reinterpret_cast<const int32_t*>(smem + L::kBlkPage) + e * kP4Blocks;
-    const int32_t* blk_base = reinterpret_cast<const int32_t*>(smem + L::kBlkBase) + e * kP4Blocks;
+    const int2* blk_pb = reinterpret_cast<const int2*>(smem + L::kBlkPb) + e * kP4Blocks;
     p4::mbar_wait(kv_empty + 8u * uint32_t(s), (uint32_t(t / kP4Stages) & 1u) ^ 1u);
     const uint32_t kst = p4::smem_addr(smem + L::kK + s * L::kStageBytes) + uint32_t(c * 16);
     const uint32_t vst = p4::smem_addr(smem + L::kV + s * L::kStageBytes) + uint32_t(c * 16);
 #pragma unroll 4
     for (int b = 0; b < nb; ++b) {
-      const uint4 w = *reinterpret_cast<const uint4*>(tokw + 4 * b);  // the merge publishes used blocks only
-      const int64_t page = blk_page[b], base = blk_base[b];
+      uint4 w = *reinterpret_cast<const uint4*>(tokw + 4 * b);
+      const int2 pbe = blk_pb[b];
+      const int64_t page = pbe.x, base = pbe.y;
+      // DESIGN §2 on the plan too: a block outside the cache is never read, and flags the group.
+      if (page < 0 || page >= p.num_pages || base < 0 || base % 4 != 0 || base >= p.page_size) {
+        corrupt = 1u;
+        w = make_uint4(0u, 0u, 0u, 0u);
+      }
       const char* kb = kbase + page * kpage + base * kslot;
       const char* vb = vbase + page * vpage + base * vslot;
 #pragma unroll
@@ -369,9 +239,12 @@ __device__ __forceinline__ void p4_load(const QsaPage4Params& p, uint8_t* smem, 
         }
       }
     }
+    if (corrupt != 0u && lane == 0) *reinterpret_cast<volatile uint32_t*>(smem + L::kCorrupt) = 1u;
     p4::mbar_arrive(ring_empty + 8u * uint32_t(e));   // done with the descriptor
     p4::cp_async_arrive(kv_full + 8u * uint32_t(s));  // the stage is full once this lane's copies land
   }
+  // The consumers read the flag after this barrier (named barrier 2: consumers + this warp).
+  asm volatile("bar.arrive 2, %0;\n" ::"n"(kP4ConsumerThreads + 32) : "memory");
 }
 
 template <typename T, int D>
@@ -386,6 +259,8 @@ __global__ void __launch_bounds__(kP4Threads, 1) qsa_page4_kernel(const QsaPage4
   const int32_t rows = min(p.rows_per_cta, p.num_rows - row0);
   const int G = p.group;
   const int pairs = rows * G;
+  const P4Group pg = p4_group(p, grp, rows);
+  const int tiles = (pg.count + kP4Blocks - 1) / kP4Blocks;
 
   // V rows of tokens no row uses are never loaded; they must hold finite values (P = 0 there), so
   // every V stage starts zeroed. Later they hold other tokens' V: finite, or flagged (see above).
@@ -402,19 +277,20 @@ __global__ void __launch_bounds__(kP4Threads, 1) qsa_page4_kernel(const QsaPage4
       p4::mbar_init(kv_empty + 8u * uint32_t(s), uint32_t(kP4ConsumerThreads));
     }
     for (int e = 0; e < kP4Ring; ++e) {
-      p4::mbar_init(ring_full + 8u * uint32_t(e), 32);                               // the merge warp
+      p4::mbar_init(ring_full + 8u * uint32_t(e), 32);                               // the reader warp's lanes
       p4::mbar_init(ring_empty + 8u * uint32_t(e), uint32_t(kP4ConsumerThreads + 32));  // consumers + load warp
     }
+    *reinterpret_cast<uint32_t*>(smem + L::kCorrupt) = 0u;
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
 
-  if (warp == kP4MergeWarp) {
-    p4_merge<D>(p, smem, row0, rows);
+  if (warp == kP4ReadWarp) {
+    p4_read<D>(p, smem, pg);
     return;
   }
   if (warp == kP4LoadWarp) {
-    p4_load<D>(p, smem, kvh);
+    p4_load<D>(p, smem, kvh, pg);
     return;
   }
 
@@ -451,11 +327,9 @@ __global__ void __launch_bounds__(kP4Threads, 1) qsa_page4_kernel(const QsaPage4
   float m0 = kNegInf, m1 = kNegInf, l0 = 0.f, l1 = 0.f;  // rows lane / 4 and lane / 4 + 8 of the warp
   bool nan0 = false, nan1 = false;
 
-  for (int t = 0;; ++t) {
+  for (int t = 0; t < tiles; ++t) {
     const int s = t % kP4Stages, e = t % kP4Ring;
     p4::mbar_wait(ring_full + 8u * uint32_t(e), uint32_t(t / kP4Ring) & 1u);
-    const int nb = reinterpret_cast<const volatile int32_t*>(smem + L::kNblk)[e];
-    if (nb == 0) break;
     p4::mbar_wait(kv_full + 8u * uint32_t(s), uint32_t(t / kP4Stages) & 1u);
     const uint32_t* tokw = reinterpret_cast<const uint32_t*>(smem + L::kTokw) + e * kP4Tokens;
     // need bit c: chunk c (tokens 16 c .. 16 c + 15) holds a token one of the warp's rows uses.
@@ -550,6 +424,8 @@ __global__ void __launch_bounds__(kP4Threads, 1) qsa_page4_kernel(const QsaPage4
     p4::mbar_arrive(kv_empty + 8u * uint32_t(s));
     p4::mbar_arrive(ring_empty + 8u * uint32_t(e));
   }
+  asm volatile("bar.sync 2, %0;\n" ::"n"(kP4ConsumerThreads + 32) : "memory");  // the load warp's flag
+  const bool corrupt = *reinterpret_cast<const volatile uint32_t*>(smem + L::kCorrupt) != 0u;
   if (!active) return;
 
   // ---- epilogue: out = O / l (0 for a pair without a member, NaN when flagged), lse = ln(sum exp) ----
@@ -557,7 +433,7 @@ __global__ void __launch_bounds__(kP4Threads, 1) qsa_page4_kernel(const QsaPage4
   l0 += __shfl_xor_sync(~0u, l0, 2);
   l1 += __shfl_xor_sync(~0u, l1, 1);
   l1 += __shfl_xor_sync(~0u, l1, 2);
-  const uint32_t bad_rows = *reinterpret_cast<const volatile uint32_t*>(smem + L::kBadRows);
+  const uint32_t bad_rows = corrupt ? ~0u : pg.bad;
   const float inv0 = m0 == kNegInf ? 0.f : 1.f / l0, inv1 = m1 == kNegInf ? 0.f : 1.f / l1;
   // A value that is not finite in T (NaN, Inf, or out of T's range once rounded) may come from a
   // non-finite V of a token another row selected (0 * NaN): the pair is flagged for the fix-up.

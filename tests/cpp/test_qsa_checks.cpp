@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "qsa/qsa_group_layout.h"
 #include "qsa/qsa_layout.h"
 #include "qsa/qsa_page4.h"
 #include "qsa_test_util.h"
@@ -278,7 +279,7 @@ TEST(QsaChecks, Page4RouteArguments) {
   Status st = qsa::qsa_sparse_prefill_page4(pr.p, nullptr);
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
   EXPECT_NE(st.message().find("selkv::qsa_sparse_prefill (page-4): metadata:"), std::string::npos) << st.message();
-  const size_t need = qsa_metadata_size(pr.R, pr.K);
+  const size_t need = size_t(qsa::group_plan_words(pr.R, pr.K)) * 4;  // the group plan
   std::vector<int32_t> md(need / 4 + 4);
   pr.p.metadata = md.data();
   pr.p.metadata_bytes = need;

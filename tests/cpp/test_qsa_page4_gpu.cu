@@ -21,6 +21,8 @@
 #include "attn_check_util.h"
 #include "gpu_test_util.h"
 #include "qsa/qsa_kernel_params.h"
+#include "qsa/qsa_group_layout.h"
+#include "qsa/qsa_group_plan.h"
 #include "qsa/qsa_layout.h"
 #include "qsa/qsa_page4.h"
 #include "qsa_gpu_util.h"
@@ -36,24 +38,30 @@ using namespace qsa_gpu_test;
 using qsa_test::Problem;
 using test::DevBuf;
 
-// The GPU plan of dp's selection in `form` (the call's rows).
-std::unique_ptr<DevBuf> gpu_plan(const DeviceProblem& dp, QsaSelectionForm form, size_t* bytes) {
+// Rows one page-4 CTA groups for rows_per_cta (0: the default of the call's Hq / Hkv).
+int group_rows(const QsaSparsePrefillParams& p, int rows_per_cta) {
+  return rows_per_cta != 0 ? rows_per_cta : qsa::qsa_page4_max_rows(p.num_q_heads / p.num_kv_heads);
+}
+
+// The GPU group plan of dp's selection in `form` for the page-4 route's grouping.
+std::unique_ptr<DevBuf> gpu_plan(const DeviceProblem& dp, QsaSelectionForm form, size_t* bytes, int rows_per_cta = 0) {
   QsaSparsePrefillParams p = dp.p;
   p.form = form;
-  *bytes = qsa_metadata_size(p.num_rows, p.max_blocks);
+  *bytes = size_t(qsa::group_plan_words(p.num_rows, p.max_blocks)) * 4;
   auto md = std::make_unique<DevBuf>(*bytes);
-  const Status st = qsa_plan(p, md->ptr, *bytes, nullptr);
+  const Status st = qsa::qsa_group_plan(p, group_rows(p, rows_per_cta), md->ptr, *bytes, nullptr);
   EXPECT_TRUE(st.ok()) << st.to_string();
   return md;
 }
 
-// The page-4 route on dp in `form`, over `md` (null: a fresh GPU plan of the same form).
+// The page-4 route on dp in `form`, over `md` (null: a fresh GPU group plan of the same form and
+// grouping).
 Result run_page4(DeviceProblem& dp, const Problem& pr, QsaSelectionForm form, const std::string& what,
                  int rows_per_cta = 0, const DevBuf* md = nullptr) {
   size_t bytes = 0;
   std::unique_ptr<DevBuf> own;
   if (md == nullptr) {
-    own = gpu_plan(dp, form, &bytes);
+    own = gpu_plan(dp, form, &bytes, rows_per_cta);
     md = own.get();
   }
   return run_gpu_with(dp, pr, form, what, [&](QsaSparsePrefillParams p) {
@@ -212,9 +220,10 @@ TEST(QsaPage4Gpu, MergeWindowsAndPartialBlocks) {
     }
 }
 
-// Rows the page-4 kernel cannot serve go through the fix-up pass and stay exact: irregular
-// expanded rows (counts = -1), plan entries outside the cache or the page, counts out of range, and
-// a plan whose header names another call (every row).
+// Rows the page-4 kernel cannot serve go through the fix-up pass and stay exact: rows the group
+// plan marks bad (irregular expanded groups), a group entry out of place or with a count out of
+// range (every row of the group), a block outside the cache or the page (every row of the group),
+// and a plan whose header names another call (every row).
 TEST(QsaPage4Gpu, FlaggedRowsAreRecomputedExactly) {
   SELKV_REQUIRE_GPU();
   std::mt19937_64 rng(test::test_seed() + 31);
@@ -243,33 +252,37 @@ TEST(QsaPage4Gpu, FlaggedRowsAreRecomputedExactly) {
   const Result ref = run_oracle(pr);
   size_t bytes = 0;
   std::unique_ptr<DevBuf> md = gpu_plan(dp, QsaSelectionForm::kExpanded, &bytes);
-  std::vector<int32_t> plan = test::down<int32_t>(*md, bytes / 4);
-  ASSERT_EQ(plan[size_t(qsa::counts_offset() + 1)], qsa::kIrregular);
-  ASSERT_EQ(plan[size_t(qsa::counts_offset() + 2)], qsa::kIrregular);
-  expect_close(pr, run_page4(dp, pr, QsaSelectionForm::kExpanded, "irregular rows", 0, md.get()), ref,
-               "irregular rows");
+  const std::vector<int32_t> plan = test::down<int32_t>(*md, bytes / 4);
+  const int rows = group_rows(dp.p, 0);  // 10 for G 3: rows 1 and 2 are in group 0
+  ASSERT_EQ(plan[size_t(qsa::group_table_offset() + 2)] & 6, 6) << "rows 1 and 2 bad";
+  expect_close(pr, run_page4(dp, pr, QsaSelectionForm::kExpanded, "bad rows", 0, md.get()), ref, "bad rows");
 
-  // Corrupted entries and counts in rows with entries.
-  std::vector<int64_t> with;
-  for (int64_t r = 3; r < pr.R && with.size() < 4; ++r)
-    if (plan[size_t(qsa::counts_offset() + r)] > 0) with.push_back(r);
-  ASSERT_EQ(with.size(), 4u);
-  const int32_t C = int32_t(qsa::capacity(pr.K));
+  // Corrupted group entries and blocks, in groups 1-3 (groups with blocks).
+  const int64_t groups = (pr.R + rows - 1) / rows;
+  ASSERT_GE(groups, 4);
+  for (int64_t g = 1; g < 4; ++g) ASSERT_GT(plan[size_t(qsa::group_table_offset() + 4 * g + 1)], 0) << g;
   std::vector<int32_t> bad = plan;
-  bad[size_t(qsa::entry_offset(pr.R, pr.K, with[0], 0))] = int32_t(pr.pages) + 7;  // page past the cache
-  bad[size_t(qsa::entry_offset(pr.R, pr.K, with[1], 0)) + 1] = qsa::pack_word(pr.P, 15);  // slot past the page
-  bad[size_t(qsa::counts_offset() + with[2])] = C + 5;
-  bad[size_t(qsa::counts_offset() + with[3])] = -7;
+  const int64_t first2 = plan[size_t(qsa::group_table_offset() + 8)], first3 = plan[size_t(qsa::group_table_offset() + 12)];
+  bad[size_t(qsa::group_table_offset() + 4 + 1)] = rows * int32_t(pr.K + 1) + 5;  // group 1: count past its room
+  bad[size_t(qsa::group_blocks_offset(pr.R) + 2 * first2)] = int32_t(pr.pages) + 7;  // group 2: a page past the cache
+  bad[size_t(qsa::group_blocks_offset(pr.R) + 2 * first3 + 1)] = pr.P;             // group 3: a slot past the page
   md->upload(bad);
-  expect_close(pr, run_page4(dp, pr, QsaSelectionForm::kExpanded, "corrupted entries", 0, md.get()), ref,
-               "corrupted entries");
-
-  // A plan of another row count: every row is recomputed by the fix-up.
+  expect_close(pr, run_page4(dp, pr, QsaSelectionForm::kExpanded, "corrupted plan", 0, md.get()), ref,
+               "corrupted plan");
   bad = plan;
-  bad[1] = int32_t(pr.R) + 1;
+  bad[size_t(qsa::group_table_offset() + 4)] += 1;  // group 1's first block out of place
   md->upload(bad);
-  expect_close(pr, run_page4(dp, pr, QsaSelectionForm::kExpanded, "foreign header", 0, md.get()), ref,
-               "foreign header");
+  expect_close(pr, run_page4(dp, pr, QsaSelectionForm::kExpanded, "misplaced group", 0, md.get()), ref,
+               "misplaced group");
+
+  // A plan of another row count, or of another grouping: every row is recomputed by the fix-up.
+  for (int word : {1, 3}) {
+    bad = plan;
+    bad[size_t(word)] += 1;
+    md->upload(bad);
+    expect_close(pr, run_page4(dp, pr, QsaSelectionForm::kExpanded, "foreign header", 0, md.get()), ref,
+                 "foreign header " + std::to_string(word));
+  }
 }
 
 // NaN in the V of a token only one row selected: that row's heads are NaN, the other rows of its
@@ -340,7 +353,7 @@ TEST(QsaPage4Gpu, GraphReplayEqualsEagerBitwise) {
   poison_unused(pr);
   DeviceProblem dp(pr);
   const Result eager = run_page4(dp, pr, QsaSelectionForm::kCompact, "eager");
-  const size_t md_bytes = qsa_metadata_size(pr.R, pr.K);
+  const size_t md_bytes = size_t(qsa::group_plan_words(pr.R, pr.K)) * 4;
   DevBuf md(md_bytes);
   QsaSparsePrefillParams p = dp.p;
   p.form = QsaSelectionForm::kCompact;
@@ -352,7 +365,7 @@ TEST(QsaPage4Gpu, GraphReplayEqualsEagerBitwise) {
   CUDA_OK(cudaMemset(dp.lse->ptr, 0, dp.lse->bytes));
   cudaGraph_t graph;
   CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  const Status ps = qsa_plan(p, md.ptr, md_bytes, s);
+  const Status ps = qsa::qsa_group_plan(p, group_rows(p, 0), md.ptr, md_bytes, s);
   const Status as = qsa::qsa_sparse_prefill_page4(p, s);
   CUDA_OK(cudaStreamEndCapture(s, &graph));
   ASSERT_TRUE(ps.ok()) << ps.to_string();
