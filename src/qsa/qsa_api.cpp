@@ -1,13 +1,16 @@
 // C8 GPU entry points (include/selkv/qsa.h): the argument checks (shared with the oracle,
 // qsa_checks.cpp), the routing between the kernels, and the launches.
 //
-// Routing. The page-4 kernel (SM90, reads the plan of qsa_plan) is for large batches: rows >=
-// kQsaPage4MinRows, a plan passed in p.metadata, neither p.force_simple nor SELKV_QSA_PAGE4=0.
-// Until it is measured on the GPU (kPage4Built) every call runs the exact simple kernel, which
-// walks the selection itself and needs no plan; qsa::qsa_sparse_prefill_page4 runs the page-4
-// route directly. That route is the page-4 kernel, then a fix-up pass of the simple kernel over
-// the (row, kv head)s the page-4 kernel flags (non-finite out): rows the plan marks irregular
-// (counts = -1), a plan that does not match the call, and a non-finite V of another row's token.
+// Routing. The page-4 kernel (SM90) is for large batches: rows >= kQsaPage4MinRows, a plan passed
+// in p.metadata, neither p.force_simple nor SELKV_QSA_PAGE4=0. Until it is measured faster than
+// the anchor on the GPU (kPage4Built) every call runs the exact simple kernel, which walks the
+// selection itself and needs no plan; qsa::qsa_sparse_prefill_page4 runs the page-4 route
+// directly over a group plan (qsa::qsa_group_plan, src/qsa/qsa_group_layout.h) in p.metadata.
+// (The public qsa_plan still writes the per-row plan of src/qsa/qsa_layout.h: before the route
+// is enabled it has to write the group plan, which needs the call's Hq / Hkv.) That route is the
+// page-4 kernel, then a fix-up pass of the simple kernel over the (row, kv head)s the page-4
+// kernel flags (non-finite out): rows the group plan marks bad, a plan that does not match the
+// call, and a non-finite V of another row's token.
 #include <cstdlib>
 #include <cstring>
 
@@ -16,10 +19,10 @@
 #include "common/cuda_check.h"
 #include "common/sm_scale.h"
 #include "qsa/qsa_checks.h"
-#include "qsa/qsa_kernel_params.h"
-#include "qsa/qsa_page4.h"
 #include "qsa/qsa_group_layout.h"
 #include "qsa/qsa_group_plan.h"
+#include "qsa/qsa_kernel_params.h"
+#include "qsa/qsa_page4.h"
 #include "qsa/qsa_plan.h"
 #include "qsa/qsa_simple.h"
 #include "selkv/qsa.h"

@@ -124,7 +124,9 @@ __global__ void __launch_bounds__(kGpThreads, 2) qsa_group_plan_kernel(const Qsa
       }
     }
     __syncthreads();
-    return sm.exc_count <= kGpExcCap;
+    const bool fits = sm.exc_count <= kGpExcCap;
+    __syncthreads();  // every thread has read the count before a retry resets it
+    return fits;
   };
 
   // Emits the blocks of the window just scanned, rows in `bad` excluded.

@@ -22,8 +22,8 @@ extern template cudaError_t launch_qsa_page4<__nv_bfloat16, 256>(const QsaPage4P
 extern template cudaError_t launch_qsa_page4<__nv_bfloat16, 128>(const QsaPage4Params&, cudaStream_t);
 
 // The page-4 route of qsa_sparse_prefill, whatever qsa_route says (the tests and benchmarks call
-// it directly): the argument checks, then the page-4 kernel over p.metadata (required: the plan of
-// qsa_plan for the same selection and row count) and the simple kernel's fix-up pass over the
+// it directly): the argument checks, then the page-4 kernel over p.metadata (required: the group
+// plan of qsa::qsa_group_plan for the same selection and grouping) and the simple kernel's fix-up pass over the
 // (row, kv head)s the page-4 kernel flags. rows_per_cta: query rows one CTA groups, 0 for the
 // default qsa_page4_max_rows(Hq / Hkv), else in [1, qsa_page4_max_rows(Hq / Hkv)]. SM90 only.
 Status qsa_sparse_prefill_page4(const QsaSparsePrefillParams& p, cudaStream_t stream, int rows_per_cta = 0);
