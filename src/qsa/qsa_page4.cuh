@@ -402,12 +402,16 @@ __global__ void __launch_bounds__(kP4Threads, 1) qsa_page4_kernel(const QsaPage4
       }
       l0 = l0 * a0 + sum0;
       l1 = l1 * a1 + sum1;
+      // Once the rows' maxima settle, a tile rarely raises them: a = 1 exactly for every row of
+      // the warp, and the D / 2 multiplications by 1 are skipped (same bits).
+      if (__any_sync(~0u, a0 != 1.f || a1 != 1.f)) {
 #pragma unroll
-      for (int i = 0; i < D / 8; ++i) {
-        o[i][0] *= a0;
-        o[i][1] *= a0;
-        o[i][2] *= a1;
-        o[i][3] *= a1;
+        for (int i = 0; i < D / 8; ++i) {
+          o[i][0] *= a0;
+          o[i][1] *= a0;
+          o[i][2] *= a1;
+          o[i][3] *= a1;
+        }
       }
 #pragma unroll
       for (int kc = 0; kc < kP4Chunks; ++kc) {
