@@ -41,6 +41,7 @@ struct GroupPlanSmem {
   int32_t warp_sums[kGpThreads / 32];
   int32_t exc_count;
   uint32_t bad;
+  unsigned long long next_block;  // the smallest selected block past the window being scanned
   int32_t count;  // blocks emitted so far
 };
 
@@ -95,12 +96,16 @@ __global__ void __launch_bounds__(kGpThreads, 2) qsa_group_plan_kernel(const Qsa
   const int32_t groups_per_row = int32_t(K) + 1;  // expanded: K + 1 column groups; compact: <= K blocks + tail
 
   // Scans window [w0, w0 + nb) of request q's blocks: sets the bits of the rows of q (and, when
-  // `emit`, lists partial blocks; rows already bad are skipped then). Returns false when the list
-  // overflowed. Uniform across the CTA.
-  auto scan = [&](int32_t q, int64_t w0, int32_t nb, bool emit) -> bool {
+  // `emit`, lists partial blocks; rows already bad are skipped then), and finds the next selected
+  // block past the window (*next; empty stretches of the request are never scanned). Returns
+  // false when the list overflowed. Uniform across the CTA.
+  auto scan = [&](int32_t q, int64_t w0, int32_t nb, bool emit, int64_t* next) -> bool {
     const int words = (nb + 31) / 32;
     for (int i = tid; i < kGpMaxRows * words; i += kGpThreads) sm.bits[i / words][i % words] = 0u;
-    if (tid == 0) sm.exc_count = 0;
+    if (tid == 0) {
+      sm.exc_count = 0;
+      sm.next_block = ~0ull;
+    }
     __syncthreads();
     const uint32_t skip = emit ? sm.bad : 0u;
     for (int32_t idx = tid; idx < rows * groups_per_row; idx += kGpThreads) {
@@ -114,6 +119,7 @@ __global__ void __launch_bounds__(kGpThreads, 2) qsa_group_plan_kernel(const Qsa
       bool irregular;
       gp_item(s, rs, gi, &b, &mask, &irregular);
       if (irregular) atomicOr(&sm.bad, 1u << j);
+      if (mask != 0 && b >= w0 + nb) atomicMin(&sm.next_block, static_cast<unsigned long long>(b));
       if (mask == 0 || b < w0 || b >= w0 + nb) continue;
       const uint32_t off = uint32_t(b - w0), bit = 1u << (off & 31u);
       const uint32_t old = atomicOr(&sm.bits[j][off >> 5], bit);
@@ -125,7 +131,8 @@ __global__ void __launch_bounds__(kGpThreads, 2) qsa_group_plan_kernel(const Qsa
     }
     __syncthreads();
     const bool fits = sm.exc_count <= kGpExcCap;
-    __syncthreads();  // every thread has read the count before a retry resets it
+    *next = sm.next_block == ~0ull ? INT64_MAX : static_cast<int64_t>(sm.next_block);
+    __syncthreads();  // every thread has read the count and the next block before a rescan resets them
     return fits;
   };
 
@@ -197,18 +204,19 @@ __global__ void __launch_bounds__(kGpThreads, 2) qsa_group_plan_kernel(const Qsa
                              ? int64_t(s.seq_lens[q]) : int64_t(s.block_table_width) * s.page_size;
     const int64_t nblocks = live > 0 ? (live + 3) / 4 : 0;
     constexpr int32_t kWin = 32 * kGpWinWords;
-    if (nblocks > kWin)  // bad rows first, over every window
-      for (int64_t w0 = 0; w0 < nblocks; w0 += kWin)
-        scan(q, w0, int32_t(nblocks - w0 < kWin ? nblocks - w0 : kWin), false);
+    int64_t next;
+    if (nblocks > kWin)  // bad rows first, over every window that holds a selected block
+      for (int64_t w0 = 0; w0 < nblocks; w0 = next)
+        scan(q, w0, int32_t(nblocks - w0 < kWin ? nblocks - w0 : kWin), false, &next);
     int32_t win = kWin;
     for (int64_t w0 = 0; w0 < nblocks;) {
       const int32_t nb = int32_t(nblocks - w0 < win ? nblocks - w0 : win);
-      if (!scan(q, w0, nb, true)) {  // the partial-block list overflowed: half the window
+      if (!scan(q, w0, nb, true, &next)) {  // the partial-block list overflowed: half the window
         win = nb / 2 > 32 ? nb / 2 : 32;
         continue;
       }
       emit_window(q, w0, nb);
-      w0 += nb;
+      w0 = next;
       win = kWin;
     }
   }
