@@ -343,7 +343,8 @@ SELKV_BENCH_REGISTER(register_qsa) {
     for (int32_t blocks : {128, 16}) cases.push_back({4096, 6, 1, ctx, true, false, blocks});  // simple, same
   for (int32_t ctx : {8192, 131072})
     for (int32_t ov : {90, 95, 99}) cases.push_back({4096, 6, 1, ctx, true, true, 512, ov});
-  for (int32_t rpc : {1, 2, 5})
+  // rows/cta 8 and 9: 512 / 456 groups instead of the default 10 rows' 410 (3.1 waves on 132 SMs).
+  for (int32_t rpc : {1, 2, 5, 8, 9})
     for (int32_t ov : {0, 90}) cases.push_back({4096, 6, 1, 8192, true, true, 512, ov, rpc});
   for (int64_t rows : {int64_t(4096), int64_t(16384)}) cases.push_back({rows, 16, 2, 8192, false, true});
   for (const Case& k : cases) {
