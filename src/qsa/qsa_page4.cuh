@@ -38,8 +38,13 @@ namespace selkv::qsa {
 
 inline constexpr int kP4ConsumerWarps = kQsaPage4Pairs / 16;
 inline constexpr int kP4ConsumerThreads = kP4ConsumerWarps * 32;
-inline constexpr int kP4ReadWarp = kP4ConsumerWarps, kP4LoadWarp = kP4ConsumerWarps + 1;
-inline constexpr int kP4Threads = kP4ConsumerThreads + 64;  // + the reader and load warps
+// Load warps: one warp's address math and copy issue bound the page-4 pipeline (ncu, no-compute
+// build: the load warp never waited on a barrier while the consumers starved; docs/perf-log.md:
+// page-4 load warps), so kP4LoadWarps warps split each tile's blocks.
+inline constexpr int kP4LoadWarps = 2;
+inline constexpr int kP4ReadWarp = kP4ConsumerWarps, kP4LoadWarp = kP4ConsumerWarps + 1;  // the first load warp
+inline constexpr int kP4LoadThreads = 32 * kP4LoadWarps;
+inline constexpr int kP4Threads = kP4ConsumerThreads + 32 + kP4LoadThreads;  // + the reader and load warps
 // 8 blocks (32 tokens) a tile: the K / V stages hold 128 tokens in all (D 256: that fills the shared
 // memory), so 4 stages (docs/perf-log.md: page-4 tile size).
 inline constexpr int kP4Blocks = 8;                          // blocks of one tile
@@ -193,7 +198,8 @@ __device__ __forceinline__ void p4_read(const QsaPage4Params& p, uint8_t* smem, 
 // once (shared-memory broadcasts) and its four rows issue back to back, so consecutive blocks'
 // copies overlap (no per-token shuffles on the critical path).
 template <int D>
-__device__ __forceinline__ void p4_load(const QsaPage4Params& p, uint8_t* smem, int32_t kvh, const P4Group& pg) {
+__device__ __forceinline__ void p4_load(const QsaPage4Params& p, uint8_t* smem, int32_t kvh, const P4Group& pg,
+                                        int load_warp) {
   using L = P4Layout<D>;
   constexpr int kChunks = D / 8;              // 16-byte chunks of a row: 32 (D 256) or 16 (D 128)
   constexpr int kRowsPerCopy = 32 / kChunks;  // token rows one warp-wide copy covers: 1 or 2
@@ -217,7 +223,7 @@ __device__ __forceinline__ void p4_load(const QsaPage4Params& p, uint8_t* smem, 
     const uint32_t kst = p4::smem_addr(smem + L::kK + s * L::kStageBytes) + uint32_t(c * 16);
     const uint32_t vst = p4::smem_addr(smem + L::kV + s * L::kStageBytes) + uint32_t(c * 16);
 #pragma unroll 4
-    for (int b = 0; b < nb; ++b) {
+    for (int b = load_warp; b < nb; b += kP4LoadWarps) {  // this warp's blocks of the tile
       uint4 w = *reinterpret_cast<const uint4*>(tokw + 4 * b);
       const int2 pbe = blk_pb[b];
       const int64_t page = pbe.x, base = pbe.y;
@@ -243,8 +249,8 @@ __device__ __forceinline__ void p4_load(const QsaPage4Params& p, uint8_t* smem, 
     p4::mbar_arrive(ring_empty + 8u * uint32_t(e));   // done with the descriptor
     p4::cp_async_arrive(kv_full + 8u * uint32_t(s));  // the stage is full once this lane's copies land
   }
-  // The consumers read the flag after this barrier (named barrier 2: consumers + this warp).
-  asm volatile("bar.arrive 2, %0;\n" ::"n"(kP4ConsumerThreads + 32) : "memory");
+  // The consumers read the flag after this barrier (named barrier 2: consumers + the load warps).
+  asm volatile("bar.arrive 2, %0;\n" ::"n"(kP4ConsumerThreads + kP4LoadThreads) : "memory");
 }
 
 template <typename T, int D>
@@ -273,12 +279,12 @@ __global__ void __launch_bounds__(kP4Threads, 1) qsa_page4_kernel(const QsaPage4
   const uint32_t ring_full = p4::smem_addr(smem + L::kRingFull), ring_empty = p4::smem_addr(smem + L::kRingEmpty);
   if (threadIdx.x == 0) {
     for (int s = 0; s < kP4Stages; ++s) {
-      p4::mbar_init(kv_full + 8u * uint32_t(s), 32);  // the load warp's lanes, once their copies land
+      p4::mbar_init(kv_full + 8u * uint32_t(s), kP4LoadThreads);  // the load warps' lanes, once their copies land
       p4::mbar_init(kv_empty + 8u * uint32_t(s), uint32_t(kP4ConsumerThreads));
     }
     for (int e = 0; e < kP4Ring; ++e) {
       p4::mbar_init(ring_full + 8u * uint32_t(e), 32);                               // the reader warp's lanes
-      p4::mbar_init(ring_empty + 8u * uint32_t(e), uint32_t(kP4ConsumerThreads + 32));  // consumers + load warp
+      p4::mbar_init(ring_empty + 8u * uint32_t(e), uint32_t(kP4ConsumerThreads + kP4LoadThreads));  // consumers + load warps
     }
     *reinterpret_cast<uint32_t*>(smem + L::kCorrupt) = 0u;
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -289,8 +295,8 @@ __global__ void __launch_bounds__(kP4Threads, 1) qsa_page4_kernel(const QsaPage4
     p4_read<D>(p, smem, pg);
     return;
   }
-  if (warp == kP4LoadWarp) {
-    p4_load<D>(p, smem, kvh, pg);
+  if (warp >= kP4LoadWarp) {
+    p4_load<D>(p, smem, kvh, pg, warp - kP4LoadWarp);
     return;
   }
 
@@ -428,7 +434,7 @@ __global__ void __launch_bounds__(kP4Threads, 1) qsa_page4_kernel(const QsaPage4
     p4::mbar_arrive(kv_empty + 8u * uint32_t(s));
     p4::mbar_arrive(ring_empty + 8u * uint32_t(e));
   }
-  asm volatile("bar.sync 2, %0;\n" ::"n"(kP4ConsumerThreads + 32) : "memory");  // the load warp's flag
+  asm volatile("bar.sync 2, %0;\n" ::"n"(kP4ConsumerThreads + kP4LoadThreads) : "memory");  // the load warp's flag
   const bool corrupt = *reinterpret_cast<const volatile uint32_t*>(smem + L::kCorrupt) != 0u;
   if (!active) return;
 
