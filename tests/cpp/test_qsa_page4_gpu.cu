@@ -229,7 +229,7 @@ TEST(QsaPage4Gpu, FlaggedRowsAreRecomputedExactly) {
   std::mt19937_64 rng(test::test_seed() + 31);
   SCOPED_TRACE("SELKV_TEST_SEED=" + std::to_string(test::test_seed()));
   Config c;
-  c.R = 40;
+  c.R = 100;  // 5 groups of 21 rows (G 3): groups 1-3 below exist and hold blocks
   c.G = 3;
   c.Hkv = 2;
   Problem pr = make_problem(c, rng);
@@ -253,7 +253,7 @@ TEST(QsaPage4Gpu, FlaggedRowsAreRecomputedExactly) {
   size_t bytes = 0;
   std::unique_ptr<DevBuf> md = gpu_plan(dp, QsaSelectionForm::kExpanded, &bytes);
   const std::vector<int32_t> plan = test::down<int32_t>(*md, bytes / 4);
-  const int rows = group_rows(dp.p, 0);  // 10 for G 3: rows 1 and 2 are in group 0
+  const int rows = group_rows(dp.p, 0);  // 21 for G 3: rows 1 and 2 are in group 0
   ASSERT_EQ(plan[size_t(qsa::group_table_offset() + 2)] & 6, 6) << "rows 1 and 2 bad";
   expect_close(pr, run_page4(dp, pr, QsaSelectionForm::kExpanded, "bad rows", 0, md.get()), ref, "bad rows");
 
