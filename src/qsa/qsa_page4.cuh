@@ -40,8 +40,8 @@ inline constexpr int kP4ConsumerWarps = kQsaPage4Pairs / 16;
 inline constexpr int kP4ConsumerThreads = kP4ConsumerWarps * 32;
 // Load warps: one warp's address math and copy issue bound the page-4 pipeline (ncu, no-compute
 // build: the load warp never waited on a barrier while the consumers starved), so kP4LoadWarps
-// warps split each tile's blocks. 3: 0.76x the time of 1 at 8K (2: 0.78x; 4 leaves the consumers
-// under 228 registers and loses; docs/perf-log.md: page-4 load warps).
+// warps split each tile's blocks. 4 would leave the consumers too few registers (docs/perf-log.md:
+// page-4 load warps).
 inline constexpr int kP4LoadWarps = 3;
 inline constexpr int kP4ReadWarp = kP4ConsumerWarps, kP4LoadWarp = kP4ConsumerWarps + 1;  // the first load warp
 inline constexpr int kP4LoadThreads = 32 * kP4LoadWarps;
