@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "selkv/decode.h"  // DecodePartials
 #include "selkv/status.h"
 
 namespace selkv::bench {
@@ -157,6 +158,16 @@ void device_fill_random_bf16(void* ptr, size_t count, uint64_t seed, cudaStream_
 inline int32_t env_min_blocks() {
   const char* env = std::getenv("SELKV_BENCH_MIN_BLOCKS");
   return env != nullptr && *env ? int32_t(std::atoi(env)) : 0;
+}
+
+// Partial format of every decode case: SELKV_BENCH_PARTIALS = fp32 | fp16, else the library's
+// choice (not in the case label, so bench_ab variants of it line up).
+inline DecodePartials env_partials() {
+  const char* env = std::getenv("SELKV_BENCH_PARTIALS");
+  if (env == nullptr) return DecodePartials::kAuto;
+  if (std::strcmp(env, "fp32") == 0) return DecodePartials::kFp32;
+  if (std::strcmp(env, "fp16") == 0) return DecodePartials::kFp16;
+  return DecodePartials::kAuto;
 }
 
 inline std::string human_count(int64_t n) {

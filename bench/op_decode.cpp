@@ -33,17 +33,6 @@
 namespace selkv::bench {
 namespace {
 
-// Partial format of every decode case: SELKV_BENCH_PARTIALS = fp32 | fp16, else the library's
-// choice (not in the case label, so bench_ab variants of it line up).
-DecodePartials default_partials() {
-  const char* env = std::getenv("SELKV_BENCH_PARTIALS");
-  if (env == nullptr) return DecodePartials::kAuto;
-  const std::string v(env);
-  if (v == "fp32") return DecodePartials::kFp32;
-  if (v == "fp16") return DecodePartials::kFp16;
-  return DecodePartials::kAuto;
-}
-
 // Which decode runs: C5 native, or C6's packed decode over a buffer packed once at set-up (cold
 // after the flush), or packed again before each call after the flush, untimed (seed 000's method
 // and the runtime pattern: the pack runs in the overlap window just before the attention, so its
@@ -69,7 +58,7 @@ struct DecodeSpec {
   bool varlen = true;      // KV length per batch row uniform in [s_kv/2, s_kv]
   int check_rows = 4;      // query rows compared with the fp64 oracle
   int32_t min_blocks = env_min_blocks();  // DecodeShape::min_blocks_per_part (0 = library default)
-  DecodePartials partials = default_partials();
+  DecodePartials partials = env_partials();  // SELKV_BENCH_PARTIALS
   uint64_t seed = 1;
   AnchorInfo anchor;
 

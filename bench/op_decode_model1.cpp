@@ -251,6 +251,7 @@ class Model1DecodeWorkload final : public Workload, public Anchored {
     md_buf_ = DeviceBuffer(decode_metadata_size(B, S));
     DecodeShape shape{B, S, H, s_.K, nullptr, 0};
     shape.min_blocks_per_part = env_min_blocks();  // SELKV_BENCH_MIN_BLOCKS, as the other decode cases
+    shape.partials = env_partials();               // SELKV_BENCH_PARTIALS
     shape.extra_topk = params_.extra_topk;
     shape.extra_topk_length = params_.extra_topk_length;
     throw_if_error(make_decode_metadata(shape, md_buf_.get(), md_buf_.bytes(), &md_, st));
