@@ -99,9 +99,9 @@ SELKV_DEC_HD constexpr int64_t md_ints(int32_t rows, int32_t batch) { return md_
 // A top-k length as the plan keeps it: clamped to [0, K].
 SELKV_DEC_HD int32_t clamp_topk_length(int32_t len, int32_t topk) { return len < 0 ? 0 : (len > topk ? topk : len); }
 
-// The header [0, 8) as written by the scheduler.
 // How a plan cut its parts (header word 5; the kernels read the part entries, never this word).
 enum class DecodeCut : int32_t { kBalanced = 0, kRowStarts = 1, kRowPieces = 2 };
+// The header [0, 8) as written by the scheduler.
 SELKV_DEC_HD void md_write_header(int32_t* md, int32_t total, int32_t np, int32_t rows, int32_t min_blocks,
                                   DecodeCut cut, int32_t split_rows, int32_t topk) {
   md[0] = total, md[1] = np, md[2] = rows, md[3] = kMdMagic;
@@ -164,8 +164,8 @@ SELKV_DEC_HD int32_t row_containing(const int32_t* prefix, int32_t rows, int32_t
 // Dynamic top-k, row-piece cut: every row cut into pieces of `unit` blocks (its last piece
 // shorter), one part per piece, taken when all the pieces fit the grid (the sum over rows of
 // row_pieces <= num_sm_parts). Its longest part is at most the balanced cut's and no part
-// straddles a row boundary: a straddling part loads a second Q tile and runs a second epilogue, a
-// third of a short part's time (docs/perf-log.md: dynamic row pieces).
+// straddles a row boundary: a straddling part loads a second Q tile and runs a second epilogue
+// (docs/perf-log.md session 17: row-piece cut).
 SELKV_DEC_HD int32_t row_pieces(int32_t blocks, int32_t unit) { return (blocks + unit - 1) / unit; }
 
 // Dynamic top-k, row-start cut: the balanced boundary of part q moved to the nearer start of the
