@@ -79,6 +79,31 @@ void for_each_group(const QsaSparsePrefillParams& p, int64_t r, Fn&& fn) {
   fn(tok, n);
 }
 
+// A selection group's valid tokens (both plans' unit): their logical block, physical page and
+// 4-aligned slot base, and token mask (0: no valid token); irregular when they are not distinct
+// tokens of one block.
+struct GroupTokens {
+  int64_t block = -1;
+  int32_t page = 0, slot_base = 0;
+  int mask = 0;
+  bool irregular = false;
+};
+GroupTokens group_tokens(const QsaSparsePrefillParams& p, const RowCtx& c, const int64_t* tok, int n) {
+  GroupTokens g;
+  for (int i = 0; i < n; ++i) {
+    int32_t page, slot;
+    if (!resolve(p, c, tok[i], &page, &slot)) continue;
+    const int64_t b = tok[i] / 4;  // valid tokens are >= 0
+    const int bit = 1 << int(tok[i] % 4);
+    if (g.mask != 0 && (b != g.block || (g.mask & bit) != 0)) g.irregular = true;  // two blocks, or a repeat
+    g.block = b;
+    g.page = page;
+    g.slot_base = slot & ~3;
+    g.mask |= bit;
+  }
+  return g;
+}
+
 float load(const void* base, int64_t idx, QsaDtype d) {
   const uint16_t h = static_cast<const uint16_t*>(base)[idx];
   return d == QsaDtype::kBf16 ? codec::bf16_to_float(h) : codec::f16_to_float(h);
@@ -178,22 +203,10 @@ Status qsa_plan(const QsaSparsePrefillParams& p, void* metadata, size_t metadata
     const int64_t tail_block = floor_div4(int64_t(p.positions[r]) + 1);
     bool irregular = false;
     for_each_group(p, r, [&](const int64_t* tok, int n) {
-      Virt v{0, 0, 0, false};
-      int64_t block = -1;
-      for (int i = 0; i < n; ++i) {
-        int32_t page, slot;
-        if (!resolve(p, c, tok[i], &page, &slot)) continue;
-        const int64_t b = tok[i] / 4;  // valid tokens are >= 0
-        const int bit = 1 << (tok[i] % 4);
-        if (v.mask != 0 && (b != block || (v.mask & bit) != 0)) irregular = true;  // two blocks, or a repeat
-        block = b;
-        v.page = page;
-        v.slot_base = slot & ~3;
-        v.mask |= bit;
-      }
-      if (v.mask == 0) return;  // no valid token: dropped
-      v.tail = block == tail_block;
-      ents.push_back(v);
+      const GroupTokens g = group_tokens(p, c, tok, n);
+      irregular = irregular || g.irregular;
+      if (g.mask == 0) return;  // no valid token: dropped
+      ents.push_back(Virt{g.page, g.slot_base, g.mask, g.block == tail_block});
     });
     if (irregular) {
       md[qsa::counts_offset() + r] = qsa::kIrregular;
@@ -232,19 +245,10 @@ std::vector<int32_t> qsa_group_plan(const QsaSparsePrefillParams& p, int rows_pe
       const int64_t r = row0 + j;
       const RowCtx c = row_ctx(p, r);
       for_each_group(p, r, [&](const int64_t* tok, int n) {
-        int mask = 0;
-        int64_t block = -1;
-        for (int i = 0; i < n; ++i) {
-          int32_t page, slot;
-          if (!resolve(p, c, tok[i], &page, &slot)) continue;
-          const int64_t b = tok[i] / 4;
-          const int bit = 1 << int(tok[i] % 4);
-          if (mask != 0 && (b != block || (mask & bit) != 0)) bad |= 1u << j;  // two blocks, or a repeat
-          block = b;
-          mask |= bit;
-        }
-        if (mask == 0) return;
-        if (!sel[size_t(j)].emplace(block, mask).second) bad |= 1u << j;  // the block a second time
+        const GroupTokens g = group_tokens(p, c, tok, n);
+        if (g.irregular) bad |= 1u << j;
+        if (g.mask == 0) return;
+        if (!sel[size_t(j)].emplace(g.block, g.mask).second) bad |= 1u << j;  // the block a second time
       });
     }
     // Valid requests in order of first appearance among the group's rows (whatever those rows
