@@ -327,8 +327,9 @@ std::vector<int32_t> make_plan(Problem& pr) {
   return md;
 }
 
-TEST(OracleQsaPlan, SortedByPhysicalAddressPartialLastInvalidDropped) {
-  Problem pr;
+// The hand example of both plans' tests: 4 rows over 2 requests with a -1 table entry, a
+// partially live block, a causal partial block and a bad request.
+void plan_example(Problem& pr) {
   pr.R = 4;
   pr.num_req = 2;
   pr.width = 4;
@@ -338,10 +339,15 @@ TEST(OracleQsaPlan, SortedByPhysicalAddressPartialLastInvalidDropped) {
   pr.table = {3, 1, 5, -1,  // request 0
               2, 0, 4, 1};
   pr.lens = {60, 30};
-  pr.select(0, 0, 42, {9, 1, 5, 0, 13});  // pages: 9->(5? no: 36/16=2 -> 5, slot 4), 1->(3, 4), 5->(1, 4), 0->(3, 0), 13->(1, 4... )
+  pr.select(0, 0, 42, {9, 1, 5, 0, 13});  // blocks 9 (page 5, slot 4), 1 (3, 4), 5 (1, 4), 0 (3, 0), 13 (table -1)
   pr.select(1, 0, 50, {12, 14});          // logical page 3 = -1: both dropped; tail 48..50 (page -1) dropped
   pr.select(2, 1, 29, {7, 6});            // request 1, len 30: tail 28, 29; block 7 = 28..31 partially live
   pr.select(3, 5, 9, {0, 1});             // bad request: empty
+}
+
+TEST(OracleQsaPlan, SortedByPhysicalAddressPartialLastInvalidDropped) {
+  Problem pr;
+  plan_example(pr);
   for (auto form : {QsaSelectionForm::kExpanded, QsaSelectionForm::kCompact}) {
     pr.p.form = form;
     const auto md = make_plan(pr);
@@ -463,24 +469,13 @@ std::vector<GroupBlock> group_blocks(const std::vector<int32_t>& gp, int64_t R, 
   return out;
 }
 
-// The example of SortedByPhysicalAddressPartialLastInvalidDropped: row 0's blocks in ascending
+// plan_example: row 0's blocks in ascending
 // logical order (0, 1, 5, 9, then its causal partial block 10 with 3 tokens), row 1 with nothing
 // valid, row 2 bad (block 7 selected, and its causal partial block is block 7 again), row 3 of a
 // bad request (nothing valid, not bad).
 TEST(OracleQsaGroupPlan, LogicalOrderPartialLastBadRows) {
   Problem pr;
-  pr.R = 4;
-  pr.num_req = 2;
-  pr.width = 4;
-  pr.pages = 6;
-  pr.K = 6;
-  pr.build();
-  pr.table = {3, 1, 5, -1, 2, 0, 4, 1};
-  pr.lens = {60, 30};
-  pr.select(0, 0, 42, {9, 1, 5, 0, 13});
-  pr.select(1, 0, 50, {12, 14});
-  pr.select(2, 1, 29, {7, 6});
-  pr.select(3, 5, 9, {0, 1});
+  plan_example(pr);
   for (auto form : {QsaSelectionForm::kExpanded, QsaSelectionForm::kCompact}) {
     pr.p.form = form;
     const auto gp4 = ref::qsa_group_plan(pr.p, 4);
