@@ -7,6 +7,7 @@
 
 #include "decode/combine.h"
 #include "decode/partial_scale.h"
+#include "sm90/device_ops.cuh"  // bf16x2_bits
 
 namespace selkv::decode {
 namespace {
@@ -211,11 +212,8 @@ decode_combine_kernel(const DecodeKernelParams p) {
     }
   }
   const auto [lse, f] = merged_row(p, h, max_lse, sum_w);
-  __nv_bfloat162 lo = __floats2bfloat162_rn(acc.x * f, acc.y * f);
-  __nv_bfloat162 hi = __floats2bfloat162_rn(acc.z * f, acc.w * f);
-  uint2 packed;
-  packed.x = *reinterpret_cast<uint32_t*>(&lo);
-  packed.y = *reinterpret_cast<uint32_t*>(&hi);
+  const uint2 packed =
+      make_uint2(selkv::sm90::bf16x2_bits(acc.x * f, acc.y * f), selkv::sm90::bf16x2_bits(acc.z * f, acc.w * f));
   const auto [b, s] = row_coord(sr.row, p.batch);
   uint16_t* out = p.out + b * p.out_batch_stride + s * p.out_seq_stride + h * p.out_head_stride + d;
   *reinterpret_cast<uint2*>(out) = packed;
@@ -318,10 +316,7 @@ __global__ void __launch_bounds__(kFatThreads, 4) decode_combine_fat_kernel(cons
   const auto [lse, f] = merged_row(p, h, max_lse, sum_w);
   uint32_t packed[kFatDims / 2];
 #pragma unroll
-  for (int e = 0; e < kFatDims / 2; ++e) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(acc[2 * e] * f, acc[2 * e + 1] * f);
-    packed[e] = *reinterpret_cast<uint32_t*>(&v);
-  }
+  for (int e = 0; e < kFatDims / 2; ++e) packed[e] = selkv::sm90::bf16x2_bits(acc[2 * e] * f, acc[2 * e + 1] * f);
   const auto [b, s] = row_coord(sr.row, p.batch);
   uint16_t* out = p.out + b * p.out_batch_stride + s * p.out_seq_stride + h * p.out_head_stride + d;
 #pragma unroll
