@@ -1,14 +1,12 @@
 // C8 GPU entry points (include/selkv/qsa.h): the argument checks (shared with the oracle,
 // qsa_checks.cpp), the routing between the kernels, and the launches.
 //
-// Routing. The page-4 kernel (SM90) is for large batches: rows >= kQsaPage4MinRows, a plan passed
-// in p.metadata, neither p.force_simple nor SELKV_QSA_PAGE4=0. Until it is measured faster than
-// the anchor on the GPU (kPage4Built) every call runs the exact simple kernel, which walks the
-// selection itself and needs no plan; qsa::qsa_sparse_prefill_page4 runs the page-4 route
-// directly over a group plan (qsa::qsa_group_plan, src/qsa/qsa_group_layout.h) in p.metadata.
-// (The public qsa_plan still writes the per-row plan of src/qsa/qsa_layout.h: before the route
-// is enabled it has to write the group plan, which needs the call's Hq / Hkv.) That route is the
-// page-4 kernel, then a fix-up pass of the simple kernel over the (row, kv head)s the page-4
+// Routing. The page-4 kernel (SM90) takes large batches: rows >= kQsaPage4MinRows, a plan passed
+// in p.metadata, neither p.force_simple nor SELKV_QSA_PAGE4=0; every other call runs the exact
+// simple kernel, which walks the selection itself and needs no plan. The plan is the group plan
+// (qsa_plan = qsa::qsa_group_plan for the route's grouping, src/qsa/qsa_group_layout.h); at R 4096
+// the page-4 route beat the simple kernel on every measured shape (docs/perf-log.md session 17).
+// That route is the page-4 kernel, then a fix-up pass of the simple kernel over the (row, kv head)s the page-4
 // kernel flags (non-finite out): rows the group plan marks bad, a plan that does not match the
 // call, and a non-finite V of another row's token.
 #include <cstdlib>
@@ -23,14 +21,12 @@
 #include "qsa/qsa_group_plan.h"
 #include "qsa/qsa_kernel_params.h"
 #include "qsa/qsa_page4.h"
-#include "qsa/qsa_plan.h"
 #include "qsa/qsa_simple.h"
 #include "selkv/qsa.h"
 
 namespace selkv {
 namespace {
 
-constexpr bool kPage4Built = false;  // the SM90 page-4 kernel: not yet measured on the GPU
 
 qsa::QsaSelectionParams selection_params(const QsaSparsePrefillParams& p) {
   qsa::QsaSelectionParams s{};
@@ -66,7 +62,7 @@ bool qsa_page4_wanted(const QsaSparsePrefillParams& p) {
 }
 
 QsaKernel qsa_route(const QsaSparsePrefillParams& p) {
-  return kPage4Built && qsa_page4_wanted(p) ? QsaKernel::kPage4 : QsaKernel::kSimple;
+  return qsa_page4_wanted(p) ? QsaKernel::kPage4 : QsaKernel::kSimple;
 }
 
 namespace qsa {
@@ -170,7 +166,11 @@ Status qsa_plan(const QsaSparsePrefillParams& p, void* metadata, size_t metadata
   SELKV_RETURN_IF_ERROR(
       qsa::check_params(kOp, p, qsa::Use::kPlan, /*device=*/true, &work, metadata, metadata_bytes));
   if (work == qsa::Work::kNone) return Status::Ok();
-  SELKV_CUDA_RETURN(qsa::launch_qsa_plan(selection_params(p), static_cast<int32_t*>(metadata), stream), kOp);
+  // The group plan of the page-4 route's grouping (qsa_page4_max_rows of this call's Hq / Hkv).
+  const int rows_per_group = qsa::qsa_page4_max_rows(int(p.num_q_heads / p.num_kv_heads));
+  SELKV_CUDA_RETURN(qsa::launch_qsa_group_plan(selection_params(p), rows_per_group, static_cast<int32_t*>(metadata),
+                                               stream),
+                    kOp);
   return Status::Ok();
 }
 

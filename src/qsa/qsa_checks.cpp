@@ -8,7 +8,7 @@
 #include "common/check.h"
 #include "common/overlap.h"
 #include "common/sm_scale.h"
-#include "qsa/qsa_layout.h"
+#include "qsa/qsa_group_layout.h"
 
 namespace selkv {
 namespace {
@@ -21,7 +21,7 @@ int64_t elem_bytes(QsaDtype) { return 2; }
 
 size_t qsa_metadata_size(int64_t num_rows, int64_t max_blocks) {
   if (num_rows <= 0 || num_rows >= (int64_t(1) << 31) || max_blocks < 1 || max_blocks > kQsaMaxBlocks) return 0;
-  return size_t(qsa::total_words(num_rows, max_blocks)) * sizeof(int32_t);
+  return size_t(qsa::group_plan_words(num_rows, max_blocks)) * sizeof(int32_t);
 }
 
 namespace qsa {

@@ -1,4 +1,4 @@
-// Oracle of C8 QSA sparse prefill and of its virtual page-4 plan (selkv/qsa.h, src/qsa/qsa_layout.h)
+// Oracle of C8 QSA sparse prefill and of its page-4 group plan (selkv/qsa.h, src/qsa/qsa_group_layout.h)
 // on the GPU op's Params with host pointers. Plain loops, fp64 softmax; every entry is resolved
 // through the one validity rule of selkv/qsa.h before anything is read.
 #include <algorithm>
@@ -13,7 +13,7 @@
 #include "formats/codec.h"
 #include "qsa/qsa_checks.h"
 #include "qsa/qsa_group_layout.h"
-#include "qsa/qsa_layout.h"
+#include "qsa/qsa_kernel_params.h"  // qsa_page4_max_rows: the public plan's grouping
 #include "reference/oracle.h"
 #include "reference/parallel.h"
 
@@ -185,45 +185,9 @@ Status qsa_plan(const QsaSparsePrefillParams& p, void* metadata, size_t metadata
   SELKV_RETURN_IF_ERROR(qsa::check_params("selkv::qsa_plan", p, qsa::Use::kPlan, /*device=*/false, &work,
                                           metadata, metadata_bytes));
   if (work == qsa::Work::kNone) return Status::Ok();
-  const int64_t R = p.num_rows, K = p.max_blocks;
-  int32_t* md = static_cast<int32_t*>(metadata);
-  std::memset(md, 0, qsa_metadata_size(R, K));
-  md[0] = qsa::kMagic;
-  md[1] = int32_t(R);
-  md[2] = int32_t(K);
-  md[3] = int32_t(qsa::capacity(K));
-  struct Virt {
-    int32_t page, slot_base, mask;
-    bool tail;
-  };
-  std::vector<Virt> ents;
-  for (int64_t r = 0; r < R; ++r) {
-    ents.clear();
-    const RowCtx c = row_ctx(p, r);
-    const int64_t tail_block = floor_div4(int64_t(p.positions[r]) + 1);
-    bool irregular = false;
-    for_each_group(p, r, [&](const int64_t* tok, int n) {
-      const GroupTokens g = group_tokens(p, c, tok, n);
-      irregular = irregular || g.irregular;
-      if (g.mask == 0) return;  // no valid token: dropped
-      ents.push_back(Virt{g.page, g.slot_base, g.mask, g.block == tail_block});
-    });
-    if (irregular) {
-      md[qsa::counts_offset() + r] = qsa::kIrregular;
-      continue;
-    }
-    std::stable_sort(ents.begin(), ents.end(), [](const Virt& a, const Virt& b) {
-      if (a.tail != b.tail) return !a.tail;
-      if (a.tail) return false;  // tail entries keep the selection order
-      return a.page != b.page ? a.page < b.page : a.slot_base < b.slot_base;
-    });
-    md[qsa::counts_offset() + r] = int32_t(ents.size());
-    for (size_t i = 0; i < ents.size(); ++i) {
-      int32_t* e = md + qsa::entry_offset(R, K, r, int64_t(i));
-      e[0] = ents[i].page;
-      e[1] = qsa::pack_word(ents[i].slot_base, ents[i].mask);
-    }
-  }
+  const std::vector<int32_t> w =
+      qsa_group_plan(p, qsa::qsa_page4_max_rows(int(p.num_q_heads / p.num_kv_heads)));
+  std::memcpy(metadata, w.data(), w.size() * sizeof(int32_t));
   return Status::Ok();
 }
 
