@@ -124,8 +124,9 @@ class QsaWorkload final : public Workload {
     sel_d_ = upload(sel_);
     out_ = DeviceBuffer(size_t(s.rows) * s.q_heads * s.dim * 2);
     lse_ = DeviceBuffer(size_t(s.rows) * s.q_heads * 4);
-    // page4: the group plan, rebuilt inside every timed call; else the row plan, built once here.
-    md_bytes_ = s.page4 ? size_t(qsa::group_plan_words(s.rows, kQsaMaxBlocks)) * 4 : qsa_metadata_size(s.rows, kQsaMaxBlocks);
+    // page4: the group plan, rebuilt inside every timed call; else the public plan (the same group
+    // plan), built once here and passed along (the simple kernel does not read it).
+    md_bytes_ = qsa_metadata_size(s.rows, kQsaMaxBlocks);
     md_ = DeviceBuffer(md_bytes_);
     const QsaSparsePrefillParams p = params(q_.get(), kv_.get(), table_d_.as<int32_t>(), lens_d_.as<int32_t>(),
                                             req_d_.as<int32_t>(), pos_d_.as<int32_t>(), sel_d_.as<int32_t>(),
@@ -368,6 +369,7 @@ SELKV_BENCH_REGISTER(register_qsa) {
       s.blocks = k.blocks;
       s.overlap = k.overlap;
       s.rows_per_cta = k.rows_per_cta;
+      s.force_simple = !k.page4;  // the other cases time the simple kernel, whatever the route
       s.seed = seed ^ 0x95a;
       return std::make_unique<QsaWorkload>(s);
     };

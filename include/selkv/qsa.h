@@ -36,12 +36,15 @@
 // struct with v_cache = k_cache + P * Hkv * D and page stride 2 * P * Hkv * D: nothing is copied.
 // P is any multiple of 4 (16, 64, 784, ...), so a 4-token block never straddles a page.
 //
-// Virtual page-4 plan (qsa_plan). The page-4 kernel reads each selected block as one 4-slot
-// "virtual page" of its physical page. qsa_plan turns the selection into per-row tables of
-// (physical page, 4-aligned slot, 4-bit mask of the valid tokens), locality-sorted by physical
-// address with the causal partial block last and invalid blocks dropped; the layout is in
-// src/qsa/qsa_layout.h. Rows whose expanded selection is not made of 4-token blocks cannot be
-// tabled and are flagged (the simple kernel serves them). A plan holds no K/V data.
+// Page-4 plan (qsa_plan). The page-4 kernel reads each selected 4-token block (4 consecutive slots
+// of one physical page) once for all the rows of a group of consecutive rows that select it.
+// qsa_plan lists, for every group of qsa_page4_max_rows(Hq / Hkv) rows (10 at Hq / Hkv = 6), the
+// group's distinct valid blocks (physical page, 4-aligned slot; the rows' requests in order of
+// first appearance, ascending logical block within one, so each row's causal partial block comes
+// after its complete blocks) and for each token a word of the rows that use it; invalid tokens are
+// dropped. The layout is in src/qsa/qsa_group_layout.h. A row whose expanded selection is not made
+// of 4-token blocks, or that selects a block twice, is marked bad (the simple kernel computes it
+// after the page-4 kernel). A plan holds no K/V data.
 //
 // GPU requirements (checked by the GPU entry points, not by the oracle): q, k_cache, v_cache and
 // out 16-byte aligned, with every stride other than D's a multiple of 16 bytes (8 elements);
@@ -147,18 +150,21 @@ inline constexpr int64_t kQsaPage4MinRows = 4096;
 // p.force_simple, and the environment variable SELKV_QSA_PAGE4 is not "0". Host only, reads no
 // device memory.
 bool qsa_page4_wanted(const QsaSparsePrefillParams& p);
-// The kernel qsa_sparse_prefill runs for p (valid p): kPage4 when qsa_page4_wanted(p) and the
-// page-4 route is enabled (it is not until measured on a GPU), else kSimple. Today always kSimple.
+// The kernel qsa_sparse_prefill runs for p (valid p): kPage4 when qsa_page4_wanted(p) (on SM90;
+// other GPUs take the simple kernel), else kSimple.
 QsaKernel qsa_route(const QsaSparsePrefillParams& p);
 
 // Bytes of the page-4 plan of num_rows rows selecting up to max_blocks blocks (0 for invalid
-// sizes or zero rows). Layout: src/qsa/qsa_layout.h.
+// sizes or zero rows): 4 * (round_up(8 + 4 R + 2 R (K + 1), 4) + 4 R (K + 1)). Layout:
+// src/qsa/qsa_group_layout.h.
 size_t qsa_metadata_size(int64_t num_rows, int64_t max_blocks);
 
 // Builds the plan of p's selection into `metadata` (device memory, qsa_metadata_size bytes,
-// 16-byte aligned). Reads the selection, req_ids, positions, seq_lens and block_table; never the
-// caches, q or out. One CTA per row on `stream`: no host sync, graph capturable; the buffer is
-// byte-identical to the CPU reference selkv::ref::qsa_plan's (entries past a row's count are 0).
+// 16-byte aligned) for p's Hq / Hkv (the grouping depends on it). Reads the selection, req_ids,
+// positions, seq_lens and block_table; never the caches, q or out. One CTA per row group on
+// `stream`: no host sync, graph capturable. Every specified word (header, group table, each
+// group's blocks) equals the CPU reference selkv::ref::qsa_plan's; the room past a group's block
+// count is left as it was.
 Status qsa_plan(const QsaSparsePrefillParams& p, void* metadata, size_t metadata_bytes, cudaStream_t stream);
 
 }  // namespace selkv

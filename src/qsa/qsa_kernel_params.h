@@ -57,7 +57,7 @@ struct QsaSimpleParams {
 // The SM90 page-4 kernel (qsa_page4.cuh): one CTA per group of rows_per_cta consecutive rows and
 // kv head, reading the plan of qsa_plan.
 struct QsaPage4Params {
-  const int32_t* md;       // the plan (src/qsa/qsa_layout.h)
+  const int32_t* md;       // the group plan (src/qsa/qsa_group_layout.h)
   int32_t num_rows;        // R
   int32_t max_blocks;      // K
   int32_t num_kv_heads;

@@ -182,9 +182,9 @@ struct QsaEntry {
 // p must have passed the oracle's checks and r < p.num_rows.
 std::vector<QsaEntry> qsa_row_entries(const QsaSparsePrefillParams& p, int64_t r);
 
-// CPU reference of selkv::qsa_plan: the virtual page-4 plan of p's selection into `metadata`
-// (host, qsa_metadata_size(num_rows, max_blocks) bytes), in the layout of src/qsa/qsa_layout.h.
-// Every byte of that size is written (unused entries 0). Reads only the plan's inputs.
+// CPU reference of selkv::qsa_plan: the page-4 group plan of p's selection (qsa_group_plan below,
+// groups of qsa_page4_max_rows(Hq / Hkv) rows) into `metadata` (host, qsa_metadata_size(num_rows,
+// max_blocks) bytes; every byte of that size written, unused blocks 0). Reads only the plan's inputs.
 Status qsa_plan(const QsaSparsePrefillParams& p, void* metadata, size_t metadata_bytes);
 
 // CPU reference of the page-4 group plan (layout src/qsa/qsa_group_layout.h) for groups of

@@ -1,5 +1,5 @@
-// C8 QSA oracle (ref::qsa_sparse_prefill) and page-4 plan reference (ref::qsa_plan) against
-// hand-computed cases. Most cases use K = 0 (every score 0, a uniform softmax), so out is the plain
+// C8 QSA oracle (ref::qsa_sparse_prefill) and the page-4 group plan reference (ref::qsa_group_plan,
+// ref::qsa_plan) against hand-computed cases. Most cases use K = 0 (every score 0, a uniform softmax), so out is the plain
 // mean of the V rows the row may use and lse = log(count): which tokens are used shows directly.
 #include <gtest/gtest.h>
 
@@ -8,11 +8,12 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <set>
 #include <tuple>
 #include <vector>
 
 #include "qsa/qsa_group_layout.h"
-#include "qsa/qsa_layout.h"
+#include "qsa/qsa_kernel_params.h"
 #include "qsa_test_util.h"
 #include "reference/oracle.h"
 
@@ -304,30 +305,9 @@ TEST(OracleQsa, FullWidthSelection2051) {
   expect_attention(pr, 1, used);
 }
 
-// ---- the page-4 plan --------------------------------------------------------------------------
+// ---- page-4 group plan (src/qsa/qsa_group_layout.h) ---------------------------------------------
 
-struct Entry {
-  int32_t page, base, mask;
-  bool operator==(const Entry&) const = default;
-};
-std::vector<Entry> plan_row(const std::vector<int32_t>& md, int64_t R, int64_t K, int64_t r, int32_t* count) {
-  *count = md[size_t(qsa::counts_offset() + r)];
-  std::vector<Entry> v;
-  for (int32_t c = 0; c < *count; ++c) {
-    const int32_t* e = md.data() + qsa::entry_offset(R, K, r, c);
-    v.push_back({e[0], qsa::word_slot_base(e[1]), qsa::word_mask(e[1])});
-  }
-  return v;
-}
-
-std::vector<int32_t> make_plan(Problem& pr) {
-  std::vector<int32_t> md(qsa_metadata_size(pr.R, pr.K) / 4, 0x55555555);
-  const Status st = ref::qsa_plan(pr.p, md.data(), md.size() * 4);
-  EXPECT_TRUE(st.ok()) << st.to_string();
-  return md;
-}
-
-// The hand example of both plans' tests: 4 rows over 2 requests with a -1 table entry, a
+// The hand example of the group plan's tests: 4 rows over 2 requests with a -1 table entry, a
 // partially live block, a causal partial block and a bad request.
 void plan_example(Problem& pr) {
   pr.R = 4;
@@ -345,109 +325,6 @@ void plan_example(Problem& pr) {
   pr.select(3, 5, 9, {0, 1});             // bad request: empty
 }
 
-TEST(OracleQsaPlan, SortedByPhysicalAddressPartialLastInvalidDropped) {
-  Problem pr;
-  plan_example(pr);
-  for (auto form : {QsaSelectionForm::kExpanded, QsaSelectionForm::kCompact}) {
-    pr.p.form = form;
-    const auto md = make_plan(pr);
-    EXPECT_EQ(md[0], qsa::kMagic);
-    EXPECT_EQ(md[1], 4);
-    EXPECT_EQ(md[2], pr.K);
-    EXPECT_EQ(md[3], pr.K + 1);
-    int32_t n;
-    // Row 0: blocks 9 (t 36: page 5 slot 4), 1 (page 3 slot 4), 5 (t 20: page 1 slot 4), 0 (page 3 slot 0),
-    // 13 (t 52: page -1: dropped); tail 40..42 (page 5, slot 8, 3 tokens) last.
-    EXPECT_EQ(plan_row(md, 4, pr.K, 0, &n),
-              (std::vector<Entry>{{1, 4, 15}, {3, 0, 15}, {3, 4, 15}, {5, 4, 15}, {5, 8, 7}}));
-    EXPECT_EQ(plan_row(md, 4, pr.K, 1, &n), std::vector<Entry>{});
-    EXPECT_EQ(n, 0);
-    // Row 2: request 1 (table 2, 0, 4, 1), len 30: block 6 = 24..27 (page 0, slot 8), tail 28, 29 (page 0, slot 12)
-    // last; block 7 = 28..31 -> 28, 29 live (page 0, slot 12, mask 3) sorted before it.
-    EXPECT_EQ(plan_row(md, 4, pr.K, 2, &n), (std::vector<Entry>{{0, 8, 15}, {0, 12, 3}, {0, 12, 3}}));
-    EXPECT_EQ(plan_row(md, 4, pr.K, 3, &n), std::vector<Entry>{});
-  }
-}
-
-TEST(OracleQsaPlan, IrregularExpandedRowsAreFlagged) {
-  Problem pr;
-  pr.R = 3;
-  pr.build();
-  pr.lens[0] = 64;
-  pr.p.form = QsaSelectionForm::kExpanded;
-  int32_t* s = pr.sel.data();
-  s[0] = 4, s[1] = 5, s[2] = 9;             // row 0: one group spans blocks 1 and 2
-  s[19 + 0] = 4, s[19 + 1] = 4;             // row 1: a repeated token in one group
-  s[38 + 0] = 6, s[38 + 1] = -1, s[38 + 2] = 4;  // row 2: holes and any order within a block are fine
-  s[38 + 4] = 0;
-  pr.pos[2] = 30;  // tail block 7: not selected
-  const auto md = make_plan(pr);
-  int32_t n;
-  plan_row(md, 3, pr.K, 0, &n);
-  EXPECT_EQ(n, qsa::kIrregular);
-  plan_row(md, 3, pr.K, 1, &n);
-  EXPECT_EQ(n, qsa::kIrregular);
-  EXPECT_EQ(plan_row(md, 3, pr.K, 2, &n), (std::vector<Entry>{{0, 0, 1}, {0, 4, 5}}));
-}
-
-TEST(OracleQsaPlan, PlanCoversExactlyTheOracleEntries) {
-  // Random selections (duplicates, out-of-range ids, stale positions, bad requests): for every row
-  // the plan's tokens are the multiset of the oracle's valid entries, sorted, the tail block last.
-  std::mt19937_64 rng(11);
-  Problem pr;
-  pr.R = 64;
-  pr.num_req = 3;
-  pr.width = 6;
-  pr.pages = 9;
-  pr.P = 16;
-  pr.K = 24;
-  pr.form = QsaSelectionForm::kCompact;
-  pr.build();
-  std::uniform_int_distribution<int> u(0, 1 << 20);
-  for (auto& t : pr.table) t = u(rng) % 11 - 1;  // some -1 and some >= pages
-  pr.lens = {70, 96, 5};
-  for (int64_t r = 0; r < pr.R; ++r) {
-    const int rq = u(rng) % 4;  // 3 is a bad request
-    const int32_t position = u(rng) % 110 - 3;
-    std::vector<int32_t> blocks;
-    const int nb = u(rng) % (pr.K + 1);
-    for (int i = 0; i < nb; ++i) blocks.push_back(u(rng) % 30 - 2);
-    pr.select(r, rq, position, blocks);
-    if (u(rng) % 5 == 0) pr.counts[size_t(r)] = pr.K + 7;  // clamped to K
-  }
-  for (auto form : {QsaSelectionForm::kCompact, QsaSelectionForm::kExpanded}) {
-    pr.p.form = form;
-    const auto md = make_plan(pr);
-    for (int64_t r = 0; r < pr.R; ++r) {
-      int32_t n;
-      const auto row = plan_row(md, pr.R, pr.K, r, &n);
-      ASSERT_GE(n, 0) << r;
-      std::vector<std::pair<int, int>> got, want;
-      for (const Entry& e : row) {
-        ASSERT_NE(e.mask, 0);
-        for (int i = 0; i < 4; ++i)
-          if (e.mask >> i & 1) got.push_back({e.page, e.base + i});
-      }
-      for (auto e : ref::qsa_row_entries(pr.p, r)) want.push_back({e.page, e.slot});
-      std::sort(got.begin(), got.end());
-      std::sort(want.begin(), want.end());
-      ASSERT_EQ(got, want) << "row " << r;
-      // Non-tail entries ascending by (page, base); the tail block's entries (its physical place) last.
-      const int64_t tail_tok = 4 * ((int64_t(pr.pos[size_t(r)]) + 1 + 4000) / 4 - 1000);
-      const int rq = pr.req[size_t(r)];
-      std::pair<int, int> tail_key{-7, -7};
-      if (rq < pr.num_req && tail_tok >= 0 && tail_tok / pr.P < pr.width)
-        tail_key = {pr.table[size_t(rq * pr.width + tail_tok / pr.P)], int(tail_tok % pr.P)};
-      size_t end = row.size();
-      while (end > 0 && std::make_pair(row[end - 1].page, row[end - 1].base) == tail_key) --end;
-      for (size_t i = 0; i + 1 < end; ++i)
-        ASSERT_LE(std::make_pair(row[i].page, row[i].base), std::make_pair(row[i + 1].page, row[i + 1].base))
-            << "row " << r << " entry " << i;
-    }
-  }
-}
-
-// ---- page-4 group plan (src/qsa/qsa_group_layout.h) ----
 
 struct GroupBlock {
   int32_t page, base;
@@ -469,9 +346,103 @@ std::vector<GroupBlock> group_blocks(const std::vector<int32_t>& gp, int64_t R, 
   return out;
 }
 
-// plan_example: row 0's blocks in ascending
-// logical order (0, 1, 5, 9, then its causal partial block 10 with 3 tokens), row 1 with nothing
-// valid, row 2 bad (block 7 selected, and its causal partial block is block 7 again), row 3 of a
+// ---- the public plan (qsa_plan) ----------------------------------------------------------------
+
+// A row whose expanded selection is not made of 4-token blocks: one of its 4-column groups holds
+// valid tokens of two blocks, or a valid token twice (compact selections are blocks by construction).
+bool irregular_row(const Problem& pr, int64_t r) {
+  if (pr.p.form != QsaSelectionForm::kExpanded) return false;
+  std::set<int64_t> valid;
+  for (const auto& e : ref::qsa_row_entries(pr.p, r)) valid.insert(e.token);
+  const int64_t cols = qsa_expanded_cols(pr.K);
+  for (int64_t c0 = 0; c0 < cols; c0 += 4) {
+    std::vector<int64_t> toks;
+    for (int64_t c = c0; c < std::min<int64_t>(c0 + 4, cols); ++c) {
+      const int64_t t = pr.sel[size_t(r * cols + c)];
+      if (valid.count(t)) toks.push_back(t);
+    }
+    for (size_t i = 1; i < toks.size(); ++i)
+      if (toks[i] / 4 != toks[0] / 4) return true;
+    std::sort(toks.begin(), toks.end());
+    if (std::adjacent_find(toks.begin(), toks.end()) != toks.end()) return true;
+  }
+  return false;
+}
+
+std::vector<int32_t> make_plan(Problem& pr) {
+  std::vector<int32_t> md(qsa_metadata_size(pr.R, pr.K) / 4, 0x55555555);
+  const Status st = ref::qsa_plan(pr.p, md.data(), md.size() * 4);
+  EXPECT_TRUE(st.ok()) << st.to_string();
+  return md;
+}
+
+// The public plan is the group plan of the page-4 route's grouping (qsa_page4_max_rows of Hq /
+// Hkv), every word of qsa_metadata_size written.
+TEST(OracleQsaPlan, IsTheGroupPlanOfTheRouteGrouping) {
+  std::mt19937_64 rng(5);
+  std::uniform_int_distribution<int> u(0, 1 << 20);
+  for (auto [hq, hkv] : {std::pair{6, 1}, std::pair{16, 2}, std::pair{8, 8}, std::pair{4, 4}}) {
+    Problem pr;
+    pr.R = 70;
+    pr.Hq = hq;
+    pr.Hkv = hkv;
+    pr.num_req = 2;
+    pr.width = 6;
+    pr.pages = 9;
+    pr.K = 12;
+    pr.build();
+    pr.lens = {90, 40};
+    for (int64_t r = 0; r < pr.R; ++r) {
+      std::vector<int32_t> blocks;
+      for (int i = u(rng) % (pr.K + 1); i > 0; --i) blocks.push_back(u(rng) % 24);
+      pr.select(r, u(rng) % 3, u(rng) % 100, blocks);
+    }
+    for (auto form : {QsaSelectionForm::kExpanded, QsaSelectionForm::kCompact}) {
+      pr.p.form = form;
+      const auto md = make_plan(pr);
+      const auto gp = ref::qsa_group_plan(pr.p, qsa::qsa_page4_max_rows(hq / hkv));
+      ASSERT_EQ(md.size(), gp.size());
+      EXPECT_EQ(md, gp) << "Hq " << hq << " Hkv " << hkv;
+      EXPECT_EQ(md[3], qsa::qsa_page4_max_rows(hq / hkv));
+    }
+  }
+}
+
+// Rows whose expanded selection is not made of 4-token blocks are bad rows of the plan (no token
+// bits; the fix-up pass computes them); holes and any order within a block are fine.
+TEST(OracleQsaPlan, IrregularExpandedRowsAreBad) {
+  Problem pr;
+  pr.R = 3;
+  pr.build();
+  pr.lens[0] = 64;
+  pr.p.form = QsaSelectionForm::kExpanded;
+  int32_t* s = pr.sel.data();
+  const int64_t cols = qsa_expanded_cols(pr.K);
+  s[0] = 4, s[1] = 5, s[2] = 9;                                   // row 0: one group spans blocks 1 and 2
+  s[cols + 0] = 4, s[cols + 1] = 4;                               // row 1: a repeated token in one group
+  s[2 * cols + 0] = 6, s[2 * cols + 1] = -1, s[2 * cols + 2] = 4;  // row 2: block 1, tokens 6 and 4
+  s[2 * cols + 4] = 0;                                            // and block 0, token 0
+  pr.pos[2] = 30;  // causal partial block 7: not selected
+  const auto md = make_plan(pr);
+  EXPECT_TRUE(irregular_row(pr, 0));
+  EXPECT_TRUE(irregular_row(pr, 1));
+  EXPECT_FALSE(irregular_row(pr, 2));
+  int32_t bad;
+  const auto b = group_blocks(md, 3, pr.K, 0, &bad);
+  EXPECT_EQ(bad, 3);  // rows 0 and 1
+  ASSERT_EQ(b.size(), 2u);  // row 2's blocks 0 and 1, ascending logical order
+  EXPECT_EQ(b[0].base, 0);
+  EXPECT_EQ(b[1].base, 4);
+  for (int t = 0; t < 4; ++t) {
+    EXPECT_EQ(b[0].w[t], t == 0 ? 4u : 0u) << t;
+    EXPECT_EQ(b[1].w[t], t == 0 || t == 2 ? 4u : 0u) << t;
+  }
+}
+
+// ---- the group plan itself ----
+
+// plan_example: row 0's blocks in ascending logical order (0, 1, 5, 9, then its causal partial block
+// 10 with 3 tokens), row 1 with nothing valid, row 2 bad (block 7 selected, and its causal partial block is block 7 again), row 3 of a
 // bad request (nothing valid, not bad).
 TEST(OracleQsaGroupPlan, LogicalOrderPartialLastBadRows) {
   Problem pr;
@@ -504,7 +475,7 @@ TEST(OracleQsaGroupPlan, LogicalOrderPartialLastBadRows) {
 }
 
 // Random selections (duplicates, out-of-range ids, stale positions, bad requests, clamped
-// counts), every group size: a row is bad exactly when the row plan calls it irregular or its
+// counts), every group size: a row is bad exactly when its expanded selection is irregular or its
 // entries repeat a token (a block selected twice); every other row's tokens in the group plan are
 // exactly the oracle's entries; no token bit belongs to a row outside the group or a bad row.
 TEST(OracleQsaGroupPlan, CoversExactlyTheOracleEntries) {
@@ -537,7 +508,6 @@ TEST(OracleQsaGroupPlan, CoversExactlyTheOracleEntries) {
   int64_t bad_rows = 0, good_rows = 0;
   for (auto form : {QsaSelectionForm::kCompact, QsaSelectionForm::kExpanded}) {
     pr.p.form = form;
-    const auto md = make_plan(pr);
     for (int rpg : {1, 5, 7, 32}) {
       const auto gp = ref::qsa_group_plan(pr.p, rpg);
       const int64_t groups = (pr.R + rpg - 1) / rpg;
@@ -570,10 +540,8 @@ TEST(OracleQsaGroupPlan, CoversExactlyTheOracleEntries) {
           std::sort(got.begin(), got.end());
           std::sort(want.begin(), want.end());
           std::sort(tokens.begin(), tokens.end());
-          int32_t n;
-          plan_row(md, pr.R, pr.K, r, &n);
           const bool repeats = std::adjacent_find(tokens.begin(), tokens.end()) != tokens.end();
-          const bool expect_bad = n == qsa::kIrregular || repeats;
+          const bool expect_bad = irregular_row(pr, r) || repeats;
           ASSERT_EQ((bad >> j & 1) != 0, expect_bad) << "row " << r << " rpg " << rpg;
           if (expect_bad) {
             ASSERT_TRUE(got.empty()) << "row " << r;

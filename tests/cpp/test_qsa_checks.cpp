@@ -11,7 +11,6 @@
 #include <vector>
 
 #include "qsa/qsa_group_layout.h"
-#include "qsa/qsa_layout.h"
 #include "qsa/qsa_page4.h"
 #include "qsa_test_util.h"
 #include "reference/oracle.h"
@@ -70,8 +69,7 @@ TEST(QsaChecks, ValidProblemPasses) {
 }
 
 // The route is decided on the host from the Params and the environment alone: 4096 rows with a
-// plan ask for page-4, 4095 rows, no plan, force_simple or SELKV_QSA_PAGE4=0 do not; until the
-// page-4 kernel is built every call runs the simple kernel.
+// plan ask for (and take) page-4, 4095 rows, no plan, force_simple or SELKV_QSA_PAGE4=0 do not.
 TEST(QsaChecks, RouteRule) {
   const char* saved = std::getenv("SELKV_QSA_PAGE4");
   const std::string saved_value = saved ? saved : "";
@@ -95,7 +93,9 @@ TEST(QsaChecks, RouteRule) {
   EXPECT_FALSE(qsa_page4_wanted(p));
   setenv("SELKV_QSA_PAGE4", "1", 1);
   EXPECT_TRUE(qsa_page4_wanted(p));
-  EXPECT_EQ(qsa_route(p), QsaKernel::kSimple);  // the page-4 kernel is not built yet
+  EXPECT_EQ(qsa_route(p), QsaKernel::kPage4);
+  p.num_rows = kQsaPage4MinRows - 1;
+  EXPECT_EQ(qsa_route(p), QsaKernel::kSimple);
   if (saved) setenv("SELKV_QSA_PAGE4", saved_value.c_str(), 1);
   else unsetenv("SELKV_QSA_PAGE4");
 }
@@ -233,8 +233,12 @@ TEST(QsaChecks, MetadataRules) {
   EXPECT_EQ(qsa_metadata_size(5, 0), 0u);
   EXPECT_EQ(qsa_metadata_size(5, 513), 0u);
   EXPECT_EQ(qsa_metadata_size(-1, 4), 0u);
-  EXPECT_EQ(qsa_metadata_size(5, 512), size_t(8 + 8 + 5 * 513 * 2) * 4);
-  EXPECT_EQ(qsa_metadata_size(4096, 512), size_t(8 + 4096 + 4096 * 513 * 2) * 4);
+  // The group plan: header, 4 words a row (group table), then 2 (page, base) and 4 (token words)
+  // per block of room, K + 1 blocks a row; the token words 16-byte aligned.
+  auto words = [](size_t R, size_t K) { return (8 + 4 * R + 2 * R * (K + 1) + 3) / 4 * 4 + 4 * R * (K + 1); };
+  EXPECT_EQ(qsa_metadata_size(5, 512), words(5, 512) * 4);
+  EXPECT_EQ(qsa_metadata_size(5, 512), size_t(15420) * 4);
+  EXPECT_EQ(qsa_metadata_size(4096, 512), words(4096, 512) * 4);
   Problem pr = valid();
   const size_t need = qsa_metadata_size(pr.R, pr.K);
   std::vector<int32_t> md(need / 4 + 64);

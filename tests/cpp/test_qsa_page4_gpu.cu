@@ -23,7 +23,6 @@
 #include "qsa/qsa_kernel_params.h"
 #include "qsa/qsa_group_layout.h"
 #include "qsa/qsa_group_plan.h"
-#include "qsa/qsa_layout.h"
 #include "qsa/qsa_page4.h"
 #include "qsa_gpu_util.h"
 #include "qsa_test_util.h"
