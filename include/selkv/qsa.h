@@ -162,9 +162,8 @@ size_t qsa_metadata_size(int64_t num_rows, int64_t max_blocks);
 // Builds the plan of p's selection into `metadata` (device memory, qsa_metadata_size bytes,
 // 16-byte aligned) for p's Hq / Hkv (the grouping depends on it). Reads the selection, req_ids,
 // positions, seq_lens and block_table; never the caches, q or out. One CTA per row group on
-// `stream`: no host sync, graph capturable. Every specified word (header, group table, each
-// group's blocks) equals the CPU reference selkv::ref::qsa_plan's; the room past a group's block
-// count is left as it was.
+// `stream`: no host sync, graph capturable; the buffer is byte-identical to the CPU reference
+// selkv::ref::qsa_plan's (every word written, unused ones 0).
 Status qsa_plan(const QsaSparsePrefillParams& p, void* metadata, size_t metadata_bytes, cudaStream_t stream);
 
 }  // namespace selkv

@@ -1,6 +1,5 @@
-// Layout of the C8 page-4 group plan (to come: built per call by the page-4 route from the
-// selection, read by the page-4 kernel in place of its in-kernel merge; docs/perf-log.md session
-// 16). For groups of `rows_per_group` consecutive rows it lists, per group, the distinct 4-token
+// Layout of the C8 page-4 plan, the group plan (selkv::qsa_plan, the page-4 kernel streams it;
+// docs/perf-log.md sessions 16-17). For groups of `rows_per_group` consecutive rows it lists, per group, the distinct 4-token
 // blocks its rows select and which row uses which token, so the attention CTA only streams it.
 // Header-only, host and device. CPU reference: selkv::ref::qsa_group_plan.
 //
@@ -16,7 +15,8 @@
 // within a request ascending logical block (so the causal partial block of each row comes after
 // its complete blocks). A row is bad (mask bit set, no token bits; the fix-up pass computes it)
 // when an expanded group of its selection is not distinct tokens of one block, or it selects a
-// block twice. Blocks past a group's count are unspecified (the CPU reference writes 0).
+// block twice. Every other word (blocks past a group's count, the table past the last group, the
+// padding) is 0, on the GPU as in the CPU reference.
 #pragma once
 
 #include <cstdint>

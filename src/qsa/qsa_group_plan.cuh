@@ -227,6 +227,17 @@ __global__ void __launch_bounds__(kGpThreads, 2) qsa_group_plan_kernel(const Qsa
     ge[2] = int32_t(sm.bad);
     ge[3] = 0;
   }
+  // Every other word zero (the group's room past its blocks; CTA 0 also the group table past the
+  // last group and the padding before the token words): the plan is the same bytes whatever the
+  // buffer held, the CPU reference's.
+  for (int64_t k = sm.count + tid; k < int64_t(rows) * C; k += kGpThreads) {
+    out_pb[k] = make_int2(0, 0);
+    out_tw[k] = make_uint4(0u, 0u, 0u, 0u);
+  }
+  if (g == 0) {
+    for (int64_t i = group_table_offset() + 4 * groups + tid; i < group_blocks_offset(R); i += kGpThreads) gp[i] = 0;
+    for (int64_t i = group_blocks_offset(R) + 2 * R * C + tid; i < group_tokw_offset(R, K); i += kGpThreads) gp[i] = 0;
+  }
 }
 
 }  // namespace selkv::qsa
