@@ -16,10 +16,10 @@ Query head ``h`` reads KV head ``h // (Hq // Hkv)``. A row / head with no valid 
 ``out = 0`` and ``lse = -inf``. The semantics are those of ``include/selkv/qsa.h``.
 
 Wraps the out-variant operator ``torch.ops.selkv.qsa_sparse_prefill`` (CPU: the fp64 reference;
-Meta: checks only; CUDA: the C++ API on the current stream, today the exact simple kernel for
-every batch; the SM90 page-4 kernel for large batches is built but not routed to yet).
+Meta: checks only; CUDA: the C++ API on the current stream: the SM90 page-4 kernel for batches of
+at least 4096 rows that pass a plan, the exact simple kernel otherwise).
 
-Plan / run (as FlashInfer's): the page-4 kernel reads a "virtual page-4" plan of the selection,
+Plan / run (as FlashInfer's): the page-4 kernel reads a plan of the selection (its row groups' blocks),
 made by :func:`qsa_plan` (``torch.ops.selkv.qsa_plan``: CUDA the C++ ``selkv::qsa_plan`` kernel,
 CPU the byte-identical reference ``selkv::ref::qsa_plan``, Meta checks only) into a uint8 buffer
 of :func:`qsa_metadata_size` bytes, and passed to :func:`qsa_sparse_prefill` as ``metadata=``.
@@ -75,9 +75,8 @@ def qsa_sparse_prefill(
             ``block_table``, ``seq_lens``, ``req_ids``, ``positions`` and selection (uint8,
             ``qsa_metadata_size(R, K)`` bytes or more, on q's device; a smaller one is an error
             naming ``metadata``). ``None`` (default): no plan, the exact simple kernel. With a plan,
-            a CUDA call of ``R >= 4096`` rows may take the SM90 page-4 kernel once that route is
-            enabled (today it is not: every call runs the simple kernel, and the plan is only
-            checked). The page-4 kernel attends to the plan's selection, not the call's: re-plan
+            a CUDA call of ``R >= 4096`` rows on SM90 takes the page-4 kernel (``force_simple=True``
+            or ``SELKV_QSA_PAGE4=0`` keep the simple kernel). The page-4 kernel attends to the plan's selection, not the call's: re-plan
             whenever the selection, ``seq_lens`` or the block table change. CPU and Meta check the
             plan's size and ignore its contents.
 
@@ -101,8 +100,9 @@ def qsa_sparse_prefill(
 def qsa_metadata_size(num_rows: int, max_blocks: int) -> int:
     """Bytes of the page-4 plan of ``num_rows`` rows selecting up to ``max_blocks`` (K) blocks.
 
-    ``selkv::qsa_metadata_size``: ``4 * (8 + round_up(num_rows, 4) + 2 * num_rows * (K + 1))``
-    (layout in ``src/qsa/qsa_layout.h``); 0 for ``num_rows <= 0`` or K outside ``[1, 512]``.
+    ``selkv::qsa_metadata_size``: ``4 * (round_up(8 + 4 R + 2 R (K + 1), 4) + 4 R (K + 1))`` for
+    ``R = num_rows`` (layout in ``src/qsa/qsa_group_layout.h``); 0 for ``num_rows <= 0`` or K
+    outside ``[1, 512]``.
     """
     return int(_ops.qsa_metadata_size(int(num_rows), int(max_blocks)))
 
@@ -125,11 +125,14 @@ def qsa_plan(
 ) -> torch.Tensor:
     """The page-4 plan of a selection, for ``qsa_sparse_prefill(..., metadata=plan)`` (C8).
 
-    Turns each row's selection into its table of virtual 4-token pages (physical page, 4-aligned
-    slot, mask of the valid tokens), locality-sorted, the causal partial block last, invalid
-    blocks dropped; rows whose expanded selection is not made of 4-token blocks are flagged for
-    the simple kernel (layout: ``src/qsa/qsa_layout.h``). Reads the selection, ``req_ids``,
-    ``positions``, ``seq_lens`` and ``block_table`` only, never q or the caches.
+    For every group of consecutive rows that one page-4 CTA serves (``min(64 // (Hq / Hkv), 32)``
+    rows: 10 at Hq / Hkv = 6), lists the group's distinct selected 4-token blocks (physical page,
+    4-aligned slot; the rows' requests in order of first appearance, ascending logical block
+    within one, so each row's causal partial block after its complete blocks) and, per token, the
+    rows that use it; invalid tokens are dropped, and a row whose expanded selection is not made of
+    4-token blocks, or that selects a block twice, is marked for the simple kernel (layout:
+    ``src/qsa/qsa_group_layout.h``). Reads the selection, ``req_ids``, ``positions``,
+    ``seq_lens`` and ``block_table`` only, never q or the caches.
 
     Plan / run, as FlashInfer's: make the plan outside the CUDA graph (once per selection: every
     layer and call that uses the same selection, ``seq_lens`` and block table can share it), then
@@ -143,7 +146,7 @@ def qsa_plan(
         selection: expanded form, int32 ``[R, 4K + 3]``.
         block_ids, block_counts: compact form, int32 ``[R, K]`` and ``[R]``.
         num_q_heads, num_kv_heads, head_dim: q's and the caches' sizes (``Hq``, ``Hkv``, ``D``);
-            the plan does not depend on them, the C++ argument rules check them.
+            the grouping follows ``Hq / Hkv``, the C++ argument rules check all three.
         num_pages, page_size: the caches' ``[num_pages, P, ...]`` sizes (the validity rule and
             the physical slots depend on them).
         metadata: optional uint8 output of ``qsa_metadata_size(R, K)`` bytes or more (16-byte

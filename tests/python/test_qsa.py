@@ -10,9 +10,9 @@ selkv.qsa_plan / selkv.qsa_metadata_size.
 - errors name the op and the argument; opcheck on the CPU op;
 - CUDA (skips without a GPU): the CUDA op against the CPU op and the model, every form and layout
   giving the same bits, GQA groups, force_simple, the out variant, CUDA-graph replay, errors.
-- plan (CPU): the size formula, the CPU op's bytes against an independent model of the layout of
-  src/qsa/qsa_layout.h (header words, counts, sorted entries, irregular rows, zeros past the
-  counts), deterministic whatever the buffer held, expanded == compact, out with a plan == out
+- plan (CPU): the size formula, the CPU op's bytes against an independent model of the group plan
+  of src/qsa/qsa_group_layout.h (header, group table, blocks in request / logical order, row
+  membership words, bad rows, zeros elsewhere), deterministic whatever the buffer held, expanded == compact, out with a plan == out
   without, wrong size / dtype / rank / device errors naming metadata, Meta, opcheck;
   (CUDA, skips without a GPU): the GPU plan == the CPU plan byte for byte, out with the plan ==
   out without (also at R = 4096, where the page-4 route is wanted), plan + attention under a graph.
@@ -378,15 +378,20 @@ def test_opcheck(selkv, gen):
                           (*base, None, pb["ids"], pb["counts"], pb["scale"], True, out, None))
 
 
-# ---- page-4 plan: independent model of src/qsa/qsa_layout.h ------------------------------------
-MAGIC = 0x51534134  # 'Q' 'S' 'A' '4'
-IRREGULAR = -1
+# ---- page-4 plan: independent model of src/qsa/qsa_group_layout.h ------------------------------
+GROUP_MAGIC = 0x47534134
 
 
 def plan_size_model(R, K):
     if R <= 0 or R >= 2**31 or K < 1 or K > 512:
         return 0
-    return 4 * (8 + (R + 3) // 4 * 4 + R * (K + 1) * 2)
+    C = K + 1
+    return 4 * ((8 + 4 * R + 2 * R * C + 3) // 4 * 4 + 4 * R * C)
+
+
+def rows_per_group(Hq, Hkv):
+    """The page-4 route's grouping: 64 (row, head) pairs a CTA, at most 32 rows."""
+    return min(64 // (Hq // Hkv), 32)
 
 
 def row_groups(pb, r, form):
@@ -402,39 +407,65 @@ def row_groups(pb, r, form):
     return [sel[c : c + 4] for c in range(0, len(sel), 4)]
 
 
-def plan_model(pb, form, num_pages, P):
+def row_blocks(pb, r, form, num_pages, P):
+    """{logical block: token mask} of the row's valid tokens, or None for a bad row (a group with
+    valid tokens of two blocks or a token twice, or a block in two groups)."""
+    req = int(pb["req_ids"][r])
+    blocks = {}
+    for grp in row_groups(pb, r, form):
+        mask, block = 0, None
+        for t in grp:
+            if valid_slot(t, req, pb["seq_lens"], pb["table"], num_pages, P) is None:
+                continue
+            bit = 1 << (t % 4)
+            if mask and (t // 4 != block or mask & bit):
+                return None
+            block, mask = t // 4, mask | bit
+        if mask:
+            if block in blocks:
+                return None
+            blocks[block] = mask
+    return blocks
+
+
+def plan_model(pb, form, num_pages, P, Hq, Hkv):
     """int32 words of the plan of pb's selection (form 'expanded' or 'compact')."""
     R = pb["req_ids"].shape[0]
     K = pb["ids"].shape[1] if form == "compact" else (pb["selection"].shape[1] - 3) // 4
-    C = K + 1
-    ent0 = 8 + (R + 3) // 4 * 4
+    C, rpg = K + 1, rows_per_group(Hq, Hkv)
+    groups = (R + rpg - 1) // rpg
+    blocks_at = 8 + 4 * R
+    words_at = (blocks_at + 2 * R * C + 3) // 4 * 4
     w = [0] * (plan_size_model(R, K) // 4)
-    w[:4] = [MAGIC, R, K, C]
-    for r in range(R):
-        req = int(pb["req_ids"][r])
-        tail_block = (int(pb["positions"][r]) + 1) // 4
-        ents, irregular = [], False
-        for grp in row_groups(pb, r, form):
-            mask, block, page, base = 0, None, 0, 0
-            for t in grp:
-                e = valid_slot(t, req, pb["seq_lens"], pb["table"], num_pages, P)
-                if e is None:
+    w[:8] = [GROUP_MAGIC, R, K, rpg, groups, 0, 0, 0]
+    num_req = pb["table"].shape[0]
+    for g in range(groups):
+        rows = list(range(g * rpg, min(R, (g + 1) * rpg)))
+        per_row = [row_blocks(pb, r, form, num_pages, P) for r in rows]
+        bad = sum(1 << j for j, b in enumerate(per_row) if b is None)
+        reqs = []
+        for r in rows:  # valid requests in order of first appearance among the group's rows
+            q = int(pb["req_ids"][r])
+            if 0 <= q < num_req and q not in reqs:
+                reqs.append(q)
+        first, n = g * rpg * C, 0
+        for q in reqs:
+            union = {}
+            for j, r in enumerate(rows):
+                if per_row[j] is None or int(pb["req_ids"][r]) != q:
                     continue
-                bit = 1 << (t % 4)
-                if mask and (t // 4 != block or mask & bit):
-                    irregular = True  # two blocks in one group, or a repeated token
-                block, page, base, mask = t // 4, e[0], e[1] // 4 * 4, mask | bit
-            if mask:
-                ents.append((page, base, mask, block == tail_block))
-        if irregular:
-            w[8 + r] = IRREGULAR
-            continue
-        body = sorted((e for e in ents if not e[3]), key=lambda e: (e[0], e[1]))  # stable
-        ents = body + [e for e in ents if e[3]]
-        w[8 + r] = len(ents)
-        for c, (page, base, mask, _) in enumerate(ents):
-            o = ent0 + (r * C + c) * 2
-            w[o], w[o + 1] = page, (base // 4) * 16 + mask
+                for b, mask in per_row[j].items():
+                    tw = union.setdefault(b, [0, 0, 0, 0])
+                    for i in range(4):
+                        if mask >> i & 1:
+                            tw[i] |= 1 << j
+            for b in sorted(union):
+                t = 4 * b
+                k = first + n
+                w[blocks_at + 2 * k], w[blocks_at + 2 * k + 1] = int(pb["table"][q, t // P]), t % P
+                w[words_at + 4 * k : words_at + 4 * k + 4] = [x - (1 << 32) if x >= 1 << 31 else x for x in union[b]]
+                n += 1
+        w[8 + 4 * g : 8 + 4 * g + 4] = [first, n, bad - (1 << 32) if bad >= 1 << 31 else bad, 0]
     return torch.tensor(w, dtype=torch.int32)
 
 
@@ -454,7 +485,7 @@ def test_plan_size(selkv):
         want = plan_size_model(R, K)
         assert selkv.qsa_metadata_size(R, K) == want, (R, K)
         assert torch.ops.selkv.qsa_metadata_size(R, K) == want, (R, K)
-    assert selkv.qsa_metadata_size(5, 512) == (8 + 8 + 5 * 513 * 2) * 4  # tests/cpp/test_qsa_checks.cpp
+    assert selkv.qsa_metadata_size(5, 512) == 15420 * 4  # tests/cpp/test_qsa_checks.cpp
 
 
 @pytest.mark.parametrize("P", [16, 784])
@@ -465,12 +496,11 @@ def test_cpu_plan_matches_model(selkv, gen, P, form):
     md = make_plan(selkv, pb, form)
     assert md.dtype == torch.uint8 and md.shape == (selkv.qsa_metadata_size(R, K),)
     words = md.view(torch.int32)
-    assert words[:8].tolist() == [MAGIC, R, K, K + 1, 0, 0, 0, 0]
-    want = plan_model(pb, form, pb["kv"].shape[0], P)
+    rpg = rows_per_group(8, 2)
+    assert words[:8].tolist() == [GROUP_MAGIC, R, K, rpg, (R + rpg - 1) // rpg, 0, 0, 0]
+    want = plan_model(pb, form, pb["kv"].shape[0], P, 8, 2)
     assert torch.equal(words, want)
-    counts = words[8 : 8 + R]
-    assert (counts[[1, 2]] == 0).all()  # bad request ids: no valid entry
-    assert (counts > 0).any() and not (counts == IRREGULAR).any()
+    assert (words[8 + 1 :: 4][: (R + rpg - 1) // rpg] > 0).any()  # some group holds blocks
     # deterministic, and every byte written whatever the buffer held
     junk = torch.full_like(md, 0xAB)
     assert make_plan(selkv, pb, form, metadata=junk) is junk
@@ -489,8 +519,8 @@ def test_cpu_plan_forms_agree(selkv, gen):
 
 
 def test_cpu_plan_irregular_rows(selkv):
-    """Expanded groups that are not one block's distinct tokens flag the row (count -1, no entries);
-    the other rows keep their tables."""
+    """Expanded groups that are not one block's distinct tokens make the row bad (its bit in the
+    group's bad mask, no token bits); the other rows keep their blocks."""
     P, K = 16, 2
     sel = torch.full((4, 4 * K + 3), -1, dtype=torch.int32)
     sel[0, :4] = torch.tensor([8, 9, 10, 11])   # block 2: regular
@@ -504,12 +534,15 @@ def test_cpu_plan_irregular_rows(selkv):
               q=torch.empty((4, 2, 128)), kv=torch.empty((3, 2, P, 1, 128)))
     md = make_plan(selkv, pb, "expanded")
     words = md.view(torch.int32)
-    assert torch.equal(words, plan_model(pb, "expanded", 3, P))
-    assert words[8:12].tolist() == [2, IRREGULAR, IRREGULAR, 0]
-    e0 = 8 + 4
-    # row 0: block 2 (tail block of position 9) after block 0; both on page 1 (table[0, 0])
-    assert words[e0 : e0 + 4].tolist() == [1, (0 // 4) * 16 + 0b0011, 1, (8 // 4) * 16 + 0b1111]
-    assert (words[e0 + 4 :] == 0).all()
+    assert torch.equal(words, plan_model(pb, "expanded", 3, P, 2, 1))
+    R, K = 4, 2
+    assert words[8:12].tolist() == [0, 2, 0b0110, 0]  # group 0 (all 4 rows): 2 blocks, rows 1 and 2 bad
+    blocks_at = 8 + 4 * R
+    words_at = (blocks_at + 2 * R * (K + 1) + 3) // 4 * 4
+    # row 0's blocks 0 and 2 (its causal partial block, position 9, after block 0), page 1 (table[0, 0])
+    assert words[blocks_at : blocks_at + 4].tolist() == [1, 0, 1, 8]
+    assert words[words_at : words_at + 8].tolist() == [1, 1, 0, 0, 1, 1, 1, 1]
+    assert (words[words_at + 8 :] == 0).all()
 
 
 @pytest.mark.parametrize("form", ["expanded", "compact"])
@@ -738,7 +771,7 @@ def test_cuda_plan_irregular_rows(selkv, cuda_device):
     cpu_md = selkv.qsa_plan(*args, selection=sel, **kw)
     md = selkv.qsa_plan(*(a.to(cuda_device) for a in args), selection=sel.to(cuda_device), **kw)
     assert torch.equal(md.cpu(), cpu_md)
-    assert md.view(torch.int32)[8:11].tolist() == [2, IRREGULAR, IRREGULAR]
+    assert md.view(torch.int32)[8:12].tolist() == [0, 2, 0b110, 0]  # rows 1 and 2 bad
 
 
 def _large_problem(device, R=4096, K=64, Hq=8, Hkv=1, D=128, P=64, num_req=4, dtype=torch.bfloat16):
@@ -773,9 +806,8 @@ def _large_problem(device, R=4096, K=64, Hq=8, Hkv=1, D=128, P=64, num_req=4, dt
 
 
 def test_cuda_large_batch_with_plan(selkv, cuda_device):
-    """R = 4096 rows with a plan: the call qsa_page4_wanted accepts. Today it still runs the simple
-    kernel (same bits as without the plan); once the page-4 route is enabled it must stay within
-    the CUDA-vs-oracle tolerances of the simple kernel (force_simple)."""
+    """R = 4096 rows with a plan: the page-4 route (on SM90), within the CUDA-vs-oracle tolerances of
+    the simple kernel (force_simple)."""
     c = _large_problem(cuda_device)
     for form in ("expanded", "compact"):
         md = make_plan(selkv, c, form)

@@ -8,12 +8,13 @@
 // block_counts [R]. out [R, Hq, D] of q's dtype, optional fp32 lse [R, Hq], optional uint8
 // metadata (the page-4 plan of qsa_plan; None = no plan). CPU runs the oracle on the same Params,
 // Meta the C++ checks on stand-in pointers, CUDA the C++ API on the current stream (qsa_route
-// picks the kernel; today the exact simple kernel, plan or not).
+// picks the kernel: page-4 for R >= 4096 with a plan on SM90, else the exact simple kernel).
 // qsa_plan writes the page-4 plan of the same selection / request / block-table tensors into a
 // uint8 metadata tensor of qsa_metadata_size(R, K) bytes (or more): CUDA the C++ qsa_plan on the
 // current stream, CPU selkv::ref::qsa_plan (byte-identical), Meta the C++ checks. The plan reads
 // no q or cache data; it takes their sizes as ints (num_q_heads, num_kv_heads, head_dim for the
-// C++ shape rules, num_pages and page_size for the validity rule and the physical addresses).
+// C++ shape rules and the grouping, num_pages and page_size for the validity rule and the
+// physical addresses).
 #include <ATen/core/Tensor.h>
 #include <torch/library.h>
 
