@@ -1,7 +1,8 @@
 // C8 QSA sparse prefill (selkv::qsa_sparse_prefill): R query rows, each selecting 512 random
 // 4-token blocks of its request's context plus its causal partial block (vLLM's expanded
-// [R, 2051] selection), fp16, page 16. The row plan (qsa_plan) is built once, outside the timed
-// call; "page4" cases build their group plan (qsa::qsa_group_plan) inside every timed call.
+// [R, 2051] selection), fp16, page 16. The other cases time the simple kernel (force_simple; the
+// plan, qsa_plan, is built once outside the timed call); "page4" cases build their group plan
+// (qsa::qsa_group_plan) inside every timed call.
 // "page4" cases time the page-4 route (qsa::qsa_sparse_prefill_page4: the SM90 page-4 kernel and
 // the fix-up pass) whatever qsa_route picks; "overlap N%" cases give each row N% of the previous
 // row's blocks (neighbouring query tokens select mostly the same blocks), the rest random.

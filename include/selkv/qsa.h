@@ -1,8 +1,8 @@
 // selkv/qsa.h — C8: QSA sparse prefill over selected 4-token blocks of a paged fp16 / bf16 KV
-// cache, through "virtual page-4" tables (DESIGN §3 C8, seed 002). Status: the contract, the
-// argument checks, the CPU oracle, the page-4 plan (CPU reference and GPU kernel), the exact
-// simple CUDA kernel and the SM90 page-4 kernel exist; the page-4 kernel has not run on a GPU yet,
-// so qsa_route does not pick it (every call runs the simple kernel).
+// cache, reading each selected block once per group of rows (DESIGN §3 C8, seed 002). Status: the
+// contract, the argument checks, the CPU oracle, the page-4 plan (CPU reference and GPU kernel),
+// the exact simple CUDA kernel and the SM90 page-4 kernel exist; qsa_route picks the page-4 kernel
+// for R >= 4096 rows with a plan on SM90, the simple kernel otherwise.
 //
 // Rows. Row r (r < num_rows) is one query token of request req = req_ids[r] at causal position
 // p = positions[r]. q [R, Hq, D], out [R, Hq, D], lse [R, Hq] (optional, fp32, natural log).
