@@ -79,12 +79,10 @@ void for_each_group(const QsaSparsePrefillParams& p, int64_t r, Fn&& fn) {
   fn(tok, n);
 }
 
-// A selection group's valid tokens (both plans' unit): their logical block, physical page and
-// 4-aligned slot base, and token mask (0: no valid token); irregular when they are not distinct
-// tokens of one block.
+// A selection group's valid tokens: their logical block and token mask (0: no valid token);
+// irregular when they are not distinct tokens of one block.
 struct GroupTokens {
   int64_t block = -1;
-  int32_t page = 0, slot_base = 0;
   int mask = 0;
   bool irregular = false;
 };
@@ -97,8 +95,6 @@ GroupTokens group_tokens(const QsaSparsePrefillParams& p, const RowCtx& c, const
     const int bit = 1 << int(tok[i] % 4);
     if (g.mask != 0 && (b != g.block || (g.mask & bit) != 0)) g.irregular = true;  // two blocks, or a repeat
     g.block = b;
-    g.page = page;
-    g.slot_base = slot & ~3;
     g.mask |= bit;
   }
   return g;

@@ -442,8 +442,8 @@ TEST(OracleQsaPlan, IrregularExpandedRowsAreBad) {
 // ---- the group plan itself ----
 
 // plan_example: row 0's blocks in ascending logical order (0, 1, 5, 9, then its causal partial block
-// 10 with 3 tokens), row 1 with nothing valid, row 2 bad (block 7 selected, and its causal partial block is block 7 again), row 3 of a
-// bad request (nothing valid, not bad).
+// 10 with 3 tokens), row 1 with nothing valid, row 2 bad (block 7 selected, and its causal partial
+// block is block 7 again), row 3 of a bad request (nothing valid, not bad).
 TEST(OracleQsaGroupPlan, LogicalOrderPartialLastBadRows) {
   Problem pr;
   plan_example(pr);
