@@ -206,10 +206,15 @@ __device__ __forceinline__ void p4_load(const QsaPage4Params& p, uint8_t* smem, 
   constexpr int kRowsPerCopy = 32 / kChunks;  // token rows one warp-wide copy covers: 1 or 2
   const int lane = int(threadIdx.x) % 32;
   const int c = lane % kChunks, sub = lane / kChunks;
-  const char* kbase = static_cast<const char*>(p.io.k) + int64_t(kvh) * p.io.k_head_stride * 2 + c * 16;
-  const char* vbase = static_cast<const char*>(p.io.v) + int64_t(kvh) * p.io.v_head_stride * 2 + c * 16;
   const int64_t kpage = p.io.k_page_stride * 2, kslot = p.io.k_slot_stride * 2;
   const int64_t vpage = p.io.v_page_stride * 2, vslot = p.io.v_slot_stride * 2;
+  // This lane's chunk of its first row (row `sub` of a block), and the later rows' offsets: one
+  // 64-bit address per block and cache, then an add per row.
+  const char* kbase = static_cast<const char*>(p.io.k) + int64_t(kvh) * p.io.k_head_stride * 2 + c * 16 + sub * kslot;
+  const char* vbase = static_cast<const char*>(p.io.v) + int64_t(kvh) * p.io.v_head_stride * 2 + c * 16 + sub * vslot;
+  int64_t krow[4 / kRowsPerCopy], vrow[4 / kRowsPerCopy];
+#pragma unroll
+  for (int j = 0; j < 4 / kRowsPerCopy; ++j) krow[j] = j * kRowsPerCopy * kslot, vrow[j] = j * kRowsPerCopy * vslot;
   const uint32_t ring_full = p4::smem_addr(smem + L::kRingFull), ring_empty = p4::smem_addr(smem + L::kRingEmpty);
   const uint32_t kv_full = p4::smem_addr(smem + L::kKvFull), kv_empty = p4::smem_addr(smem + L::kKvEmpty);
   const int tiles = (pg.count + kP4Blocks - 1) / kP4Blocks;
@@ -233,16 +238,19 @@ __device__ __forceinline__ void p4_load(const QsaPage4Params& p, uint8_t* smem, 
         corrupt = 1u;
         w = make_uint4(0u, 0u, 0u, 0u);
       }
-      const char* kb = kbase + page * kpage + base * kslot;
-      const char* vb = vbase + page * vpage + base * vslot;
+      uint64_t kb = reinterpret_cast<uint64_t>(kbase + page * kpage + base * kslot);
+      uint64_t vb = reinterpret_cast<uint64_t>(vbase + page * vpage + base * vslot);
+      // Opaque to the optimizer: otherwise it re-forms a 64-bit (base + i) * stride product per row.
+      asm("" : "+l"(kb), "+l"(vb));
+      const uint32_t row0 = uint32_t((4 * b + sub) * L::kRow);
 #pragma unroll
-      for (int i0 = 0; i0 < 4; i0 += kRowsPerCopy) {
-        const int i = i0 + sub;
+      for (int j = 0; j < 4 / kRowsPerCopy; ++j) {
+        const int i = j * kRowsPerCopy + sub;
         const uint32_t used = i == 0 ? w.x : i == 1 ? w.y : i == 2 ? w.z : w.w;
         if (used != 0u) {
-          const uint32_t row = uint32_t((4 * b + i) * L::kRow);
-          selkv::sm90::cp_async_16(kst + row, kb + i * kslot, true);
-          selkv::sm90::cp_async_16(vst + row, vb + i * vslot, true);
+          const uint32_t row = row0 + uint32_t(j * kRowsPerCopy * L::kRow);
+          selkv::sm90::cp_async_16(kst + row, reinterpret_cast<const void*>(kb + uint64_t(krow[j])), true);
+          selkv::sm90::cp_async_16(vst + row, reinterpret_cast<const void*>(vb + uint64_t(vrow[j])), true);
         }
       }
     }
