@@ -95,6 +95,35 @@ __device__ __forceinline__ float warp_max(float x) {
 // Tokens whose K (pass 1) or V (pass 2) loads are issued together.
 inline constexpr int kSimpleUnroll = 4;
 
+// The warp sums of P (a power of two <= 32) values at once: at each butterfly step a lane keeps
+// half of its values and adds its partner's share of them, so P - 1 + (5 - log2 P) shuffles
+// instead of 5 P. Returns the sum of value (lane >> (5 - log2 P)); values never mix.
+template <int P>
+__device__ __forceinline__ float warp_sums_scatter(float (&v)[P], int lane) {
+  static_assert(P >= 1 && P <= 32 && (P & (P - 1)) == 0, "P: a power of two up to 32");
+  constexpr int kLog = P >= 32 ? 5 : P >= 16 ? 4 : P >= 8 ? 3 : P >= 4 ? 2 : P >= 2 ? 1 : 0;
+#pragma unroll
+  for (int k = 0; k < kLog; ++k) {  // step P >> (k + 1) over lane offset 16 >> k
+    const int step = P >> (k + 1), o = 16 >> k;
+    const bool upper = (lane & o) != 0;
+#pragma unroll
+    for (int i = 0; i < P / 2; ++i) {
+      if (i < step) {
+        const float send = upper ? v[i] : v[i + step];
+        const float keep = upper ? v[i + step] : v[i];
+        v[i] = keep + __shfl_xor_sync(0xFFFFFFFFu, send, o);
+      }
+    }
+  }
+  float x = v[0];
+#pragma unroll
+  for (int k = kLog; k < 5; ++k) x += __shfl_xor_sync(0xFFFFFFFFu, x, 16 >> k);
+  return x;
+}
+
+// The smallest power of two >= n (n >= 1).
+constexpr int pow2_ceil(int n) { return n <= 1 ? 1 : 2 * pow2_ceil((n + 1) / 2); }
+
 // kFixup: the fix-up pass after the page-4 kernel (qsa_api.cpp), a separate instantiation so the
 // plain kernel carries none of it: the page-4 kernel leaves a NaN in element 0 of the heads it did
 // not serve exactly, and a CTA without one has nothing to do. Its min-blocks hint 1 keeps ptxas
@@ -144,6 +173,10 @@ __global__ void __launch_bounds__(kSimpleThreads, kFixup ? 1 : 0) qsa_simple_ker
   }
   uint32_t nan_heads = 0;  // bit h: a NaN score reached head h (DESIGN §2: the head's out and lse are NaN)
 
+  // Score pairs (token, head) of one round, padded to a power of two for warp_sums_scatter.
+  constexpr int kPairs = pow2_ceil(kSimpleUnroll * G) < 32 ? pow2_ceil(kSimpleUnroll * G) : 32;
+  static_assert(kSimpleUnroll * G <= 32, "one round's score pairs fit the warp");
+  __shared__ float sm_s[kSimpleWarps][kPairs];
   const char* kbase = static_cast<const char*>(p.io.k) + (int64_t(kvh) * p.io.k_head_stride + int64_t(lane) * E) * 2;
   const char* vbase = static_cast<const char*>(p.io.v) + (int64_t(kvh) * p.io.v_head_stride + int64_t(lane) * E) * 2;
 
@@ -170,9 +203,14 @@ __global__ void __launch_bounds__(kSimpleThreads, kFixup ? 1 : 0) qsa_simple_ker
         const int64_t off = __shfl_sync(0xFFFFFFFFu, koff, j[u] < 0 ? 0 : j[u]);
         if (j[u] >= 0) kx[u] = load_words<W>(kbase + off);
       }
+      // This lane's partial dot products of the (token, head) pairs, summed over the warp together
+      // (warp_sums_scatter), then handed to each token's lane through shared memory.
+      float d[kPairs];
+#pragma unroll
+      for (int i = 0; i < kPairs; ++i) d[i] = 0.f;
 #pragma unroll
       for (int u = 0; u < kSimpleUnroll; ++u) {
-        if (j[u] < 0) break;
+        if (j[u] < 0) continue;  // (not break: a fully unrolled loop keeps d in registers)
         float kf[E];
 #pragma unroll
         for (int i = 0; i < W; ++i) {
@@ -181,14 +219,19 @@ __global__ void __launch_bounds__(kSimpleThreads, kFixup ? 1 : 0) qsa_simple_ker
           kf[2 * i + 1] = f.y;
         }
 #pragma unroll
-        for (int h = 0; h < G; ++h) {
-          float d = 0.f;
+        for (int h = 0; h < G; ++h)
 #pragma unroll
-          for (int e = 0; e < E; ++e) d = fmaf(q[h][e], kf[e], d);
-          const float s = warp_sum(d) * p.io.scale_log2;
-          if (lane == j[u]) s_mine[h] = s;
-        }
+          for (int e = 0; e < E; ++e) d[u * G + h] = fmaf(q[h][e], kf[e], d[u * G + h]);
       }
+      const float sum = warp_sums_scatter<kPairs>(d, lane);
+      __syncwarp();  // the previous round's reads of sm_s are done
+      if ((lane & (32 / kPairs - 1)) == 0) sm_s[warp][lane / (32 / kPairs)] = sum * p.io.scale_log2;
+      __syncwarp();
+#pragma unroll
+      for (int u = 0; u < kSimpleUnroll; ++u)
+        if (lane == j[u])
+#pragma unroll
+          for (int h = 0; h < G; ++h) s_mine[h] = sm_s[warp][u * G + h];
     }
 
     // One online-softmax step for the chunk.
