@@ -122,7 +122,7 @@ __device__ __forceinline__ float warp_sums_scatter(float (&v)[P], int lane) {
 }
 
 // The smallest power of two >= n (n >= 1).
-constexpr int pow2_ceil(int n) { return n <= 1 ? 1 : 2 * pow2_ceil((n + 1) / 2); }
+__host__ __device__ constexpr int pow2_ceil(int n) { return n <= 1 ? 1 : 2 * pow2_ceil((n + 1) / 2); }
 
 // kFixup: the fix-up pass after the page-4 kernel (qsa_api.cpp), a separate instantiation so the
 // plain kernel carries none of it: the page-4 kernel leaves a NaN in element 0 of the heads it did
