@@ -1,6 +1,6 @@
 // C8 SM90 page-4 kernel (selkv/qsa.h; group plan layout src/qsa/qsa_group_layout.h). One CTA serves a group
 // of rows_per_cta consecutive query rows and one kv head: the (row, head) pairs of the group are
-// the M dimension of the tensor-core tiles (16 pairs per consumer warp), and every selected 4-token
+// the M dimension (64) of the warpgroup MMA tiles, and every selected 4-token
 // block is loaded once for all rows of the group that selected it.
 //
 // Warp roles. The rows' selections were merged before the launch: the group plan (qsa_plan,
@@ -9,9 +9,10 @@
 // kP4Ring tile descriptors (cp.async, published when the copies land), so it runs ahead of the
 // loads. A load warp copies the K and V rows of the tile's tokens that some row uses into a stage
 // with cp.async (16 bytes per lane: the copies of one token issue in one instruction), never a
-// token no row uses. The 4 consumer warps compute S = Q K^T with mma.sync m16n8k16 (fp32
-// accumulation), replace the scores of tokens a row did not select with -inf (a select, so garbage
-// K never leaks), run the fp32 online softmax and accumulate P V.
+// token no row uses. The consumer warpgroup computes S = Q K^T with wgmma (Q and K from shared
+// memory, fp32 accumulation), replaces the scores of tokens a row did not select with -inf (a
+// select, so garbage K never leaks), runs the fp32 online softmax and accumulates P V (wgmma, P
+// from registers).
 //
 // What it does not serve exactly, it flags: a row the plan marks bad, every row of a group whose
 // plan entry or header does not match the call or that holds a block outside [0, num_pages) x
@@ -32,6 +33,7 @@
 #include "qsa/qsa_group_layout.h"
 #include "qsa/qsa_page4.h"
 #include "qsa/qsa_simple.cuh"  // Elem<T>
+#include "qsa/qsa_wgmma.cuh"
 #include "sm90/device_ops.cuh"  // exp2_ftz, cp.async copies and groups
 
 namespace selkv::qsa {
@@ -53,18 +55,19 @@ inline constexpr int kP4Tokens = 4 * kP4Blocks;
 inline constexpr int kP4Stages = 128 / kP4Tokens;           // K / V stages
 inline constexpr int kP4Ring = 2 * kP4Stages;               // tile descriptors the reader may run ahead
 inline constexpr int kP4Chunks = kP4Tokens / 16;            // 16-token MMA chunks of a tile
-static_assert(kP4Tokens == 16 || kP4Tokens == 32 || kP4Tokens == 64, "page-4 tile size");
+static_assert(kP4Tokens == 32, "page-4 tile: S is one m64n32k16 accumulator");
 
-// Shared memory of one CTA. Rows of Q, K and V are D elements padded by 16 bytes, so the 8 rows
-// an ldmatrix reads fall in distinct banks. A tile descriptor (ring entry): the tile's tokens'
+// Shared memory of one CTA. Q and every K and V tile are 128-byte-swizzled panel tiles (qsa_wgmma.cuh),
+// the layout wgmma reads, 1024-byte aligned. A tile descriptor (ring entry): the tile's tokens'
 // row-membership words and each block's page and slot base, as the group plan holds them.
 template <int D>
 struct P4Layout {
-  static constexpr int kRow = D * 2 + 16;
-  static constexpr int kQ = 0;
-  static constexpr int kK = kQ + kQsaPage4Pairs * kRow;  // stage s: kK + s * kStageBytes
-  static constexpr int kV = kK + kP4Tokens * kRow;
-  static constexpr int kStageBytes = 2 * kP4Tokens * kRow;
+  static constexpr int kQ = 0;                                   // [64 pairs x D]
+  static constexpr int kTileBytes = kP4Tokens * D * 2;           // one K or V tile [kP4Tokens x D]
+  static constexpr int kPanelBytes = kP4Tokens * 128;            // 64 columns of a K or V tile
+  static constexpr int kK = kQ + kQsaPage4Pairs * D * 2;         // stage s: kK + s * kStageBytes
+  static constexpr int kV = kK + kTileBytes;
+  static constexpr int kStageBytes = 2 * kTileBytes;
   static constexpr int kTokw = kK + kP4Stages * kStageBytes;    // [ring][tokens] u32 row-membership words
   static constexpr int kBlkPb = kTokw + kP4Ring * kP4Tokens * 4;  // [ring][blocks] int2 page, slot base
   static constexpr int kCorrupt = kBlkPb + kP4Ring * kP4Blocks * 8;  // u32: a block outside the cache was listed
@@ -73,6 +76,7 @@ struct P4Layout {
   static constexpr int kKvFull = kBars, kKvEmpty = kKvFull + 8 * kP4Stages;
   static constexpr int kRingFull = kKvEmpty + 8 * kP4Stages, kRingEmpty = kRingFull + 8 * kP4Ring;
   static constexpr int kBytes = kRingEmpty + 8 * kP4Ring;
+  static_assert(kK % 1024 == 0 && kTileBytes % 1024 == 0, "swizzled tiles start 1024-byte aligned");
 };
 
 // The group's entry of the plan, checked against the call: a plan of another call, or an entry
@@ -135,36 +139,6 @@ __device__ __forceinline__ void cp_async_arrive(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
 
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-// d += a b, m16n8k16, fp32 accumulators.
-template <typename T>
-__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  if constexpr (std::is_same_v<T, __half>) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-}
-
 }  // namespace p4
 
 // The reader warp: tile t's descriptor is the group's blocks [8 t, 8 t + 8) of the plan. Lanes
@@ -213,8 +187,16 @@ __device__ __forceinline__ void p4_load(const QsaPage4Params& p, uint8_t* smem, 
   const char* kbase = static_cast<const char*>(p.io.k) + int64_t(kvh) * p.io.k_head_stride * 2 + c * 16 + sub * kslot;
   const char* vbase = static_cast<const char*>(p.io.v) + int64_t(kvh) * p.io.v_head_stride * 2 + c * 16 + sub * vslot;
   int64_t krow[4 / kRowsPerCopy], vrow[4 / kRowsPerCopy];
+  // Where this lane's chunk of row i = j * kRowsPerCopy + sub of a block lands in the swizzled tile,
+  // past the block's first row: token 4 b + i has swizzle phase 4 (b % 2) + i.
+  uint32_t dst[2][4 / kRowsPerCopy];
 #pragma unroll
-  for (int j = 0; j < 4 / kRowsPerCopy; ++j) krow[j] = j * kRowsPerCopy * kslot, vrow[j] = j * kRowsPerCopy * vslot;
+  for (int j = 0; j < 4 / kRowsPerCopy; ++j) {
+    const int i = j * kRowsPerCopy + sub;
+    krow[j] = j * kRowsPerCopy * kslot, vrow[j] = j * kRowsPerCopy * vslot;
+#pragma unroll
+    for (int odd = 0; odd < 2; ++odd) dst[odd][j] = wg::sw128_offset(kP4Tokens, 4 * odd + i, c);
+  }
   const uint32_t ring_full = p4::smem_addr(smem + L::kRingFull), ring_empty = p4::smem_addr(smem + L::kRingEmpty);
   const uint32_t kv_full = p4::smem_addr(smem + L::kKvFull), kv_empty = p4::smem_addr(smem + L::kKvEmpty);
   const int tiles = (pg.count + kP4Blocks - 1) / kP4Blocks;
@@ -226,8 +208,8 @@ __device__ __forceinline__ void p4_load(const QsaPage4Params& p, uint8_t* smem, 
     const uint32_t* tokw = reinterpret_cast<const uint32_t*>(smem + L::kTokw) + e * kP4Tokens;
     const int2* blk_pb = reinterpret_cast<const int2*>(smem + L::kBlkPb) + e * kP4Blocks;
     p4::mbar_wait(kv_empty + 8u * uint32_t(s), (uint32_t(t / kP4Stages) & 1u) ^ 1u);
-    const uint32_t kst = p4::smem_addr(smem + L::kK + s * L::kStageBytes) + uint32_t(c * 16);
-    const uint32_t vst = p4::smem_addr(smem + L::kV + s * L::kStageBytes) + uint32_t(c * 16);
+    const uint32_t kst = p4::smem_addr(smem + L::kK + s * L::kStageBytes);
+    const uint32_t vst = kst + uint32_t(L::kTileBytes);
 #pragma unroll 4
     for (int b = load_warp; b < nb; b += kP4LoadWarps) {  // this warp's blocks of the tile
       uint4 w = *reinterpret_cast<const uint4*>(tokw + 4 * b);
@@ -242,13 +224,13 @@ __device__ __forceinline__ void p4_load(const QsaPage4Params& p, uint8_t* smem, 
       uint64_t vb = reinterpret_cast<uint64_t>(vbase + page * vpage + base * vslot);
       // Opaque to the optimizer: otherwise it re-forms a 64-bit (base + i) * stride product per row.
       asm("" : "+l"(kb), "+l"(vb));
-      const uint32_t row0 = uint32_t((4 * b + sub) * L::kRow);
+      const uint32_t pair_base = uint32_t((b / 2) * 8 * 128);  // blocks 2 k and 2 k + 1: rows 8 k .. 8 k + 7
 #pragma unroll
       for (int j = 0; j < 4 / kRowsPerCopy; ++j) {
         const int i = j * kRowsPerCopy + sub;
         const uint32_t used = i == 0 ? w.x : i == 1 ? w.y : i == 2 ? w.z : w.w;
         if (used != 0u) {
-          const uint32_t row = row0 + uint32_t(j * kRowsPerCopy * L::kRow);
+          const uint32_t row = pair_base + ((b & 1) != 0 ? dst[1][j] : dst[0][j]);
           selkv::sm90::cp_async_16(kst + row, reinterpret_cast<const void*>(kb + uint64_t(krow[j])), true);
           selkv::sm90::cp_async_16(vst + row, reinterpret_cast<const void*>(vb + uint64_t(vrow[j])), true);
         }
@@ -265,7 +247,7 @@ __device__ __forceinline__ void p4_load(const QsaPage4Params& p, uint8_t* smem, 
 template <typename T, int D>
 __global__ void __launch_bounds__(kP4Threads, 1) qsa_page4_kernel(const QsaPage4Params p) {
   using L = P4Layout<D>;
-  extern __shared__ __align__(128) uint8_t smem[];
+  extern __shared__ __align__(1024) uint8_t smem[];
   const float kNegInf = -__int_as_float(0x7F800000);
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   const int32_t grp = int32_t(blockIdx.x / unsigned(p.num_kv_heads));
@@ -278,11 +260,10 @@ __global__ void __launch_bounds__(kP4Threads, 1) qsa_page4_kernel(const QsaPage4
   const int tiles = (pg.count + kP4Blocks - 1) / kP4Blocks;
 
   // V rows of tokens no row uses are never loaded; they must hold finite values (P = 0 there), so
-  // every V stage starts zeroed. Later they hold other tokens' V: finite, or flagged (see above).
-  for (int i = int(threadIdx.x); i < kP4Stages * kP4Tokens * (D / 8); i += kP4Threads) {
-    const int s = i / (kP4Tokens * (D / 8)), rem = i % (kP4Tokens * (D / 8));
-    *reinterpret_cast<uint4*>(smem + L::kV + s * L::kStageBytes + (rem / (D / 8)) * L::kRow + (rem % (D / 8)) * 16) =
-        make_uint4(0, 0, 0, 0);
+  // every V tile starts zeroed. Later they hold other tokens' V: finite, or flagged (see above).
+  for (int i = int(threadIdx.x); i < kP4Stages * (L::kTileBytes / 16); i += kP4Threads) {
+    const int s = i / (L::kTileBytes / 16), rem = i % (L::kTileBytes / 16);
+    *reinterpret_cast<uint4*>(smem + L::kV + s * L::kStageBytes + rem * 16) = make_uint4(0, 0, 0, 0);
   }
   const uint32_t kv_full = p4::smem_addr(smem + L::kKvFull), kv_empty = p4::smem_addr(smem + L::kKvEmpty);
   const uint32_t ring_full = p4::smem_addr(smem + L::kRingFull), ring_empty = p4::smem_addr(smem + L::kRingEmpty);
@@ -309,7 +290,8 @@ __global__ void __launch_bounds__(kP4Threads, 1) qsa_page4_kernel(const QsaPage4
     return;
   }
 
-  // ---- consumers: warp w owns pairs [16 w, 16 w + 16), pair = row_in_group * G + head ----
+  // ---- consumers: one warpgroup; warp w holds pairs [16 w, 16 w + 16) of the MMA tiles' 64 rows,
+  // pair = row_in_group * G + head ----
   const int tid = int(threadIdx.x);
   for (int i = tid; i < kQsaPage4Pairs * (D / 8); i += kP4ConsumerThreads) {
     const int pr = i / (D / 8), c = i % (D / 8);
@@ -319,129 +301,161 @@ __global__ void __launch_bounds__(kP4Threads, 1) qsa_page4_kernel(const QsaPage4
       x = __ldg(reinterpret_cast<const uint4*>(static_cast<const T*>(p.io.q) + row * p.io.q_row_stride +
                                                head * p.io.q_head_stride + c * 8));
     }
-    *reinterpret_cast<uint4*>(smem + L::kQ + pr * L::kRow + c * 16) = x;
+    *reinterpret_cast<uint4*>(smem + L::kQ + wg::sw128_offset(kQsaPage4Pairs, pr, c)) = x;
   }
+  wg::fence_proxy_async();  // Q's and the V tiles' zeros (st.shared) before wgmma reads them
   asm volatile("bar.sync 1, %0;\n" ::"n"(kP4ConsumerThreads) : "memory");
 
   const bool active = warp * 16 < pairs;
   const int pair0 = warp * 16 + lane / 4, pair1 = pair0 + 8;
   const uint32_t bit0 = pair0 < pairs ? 1u << (pair0 / G) : 0u;
   const uint32_t bit1 = pair1 < pairs ? 1u << (pair1 / G) : 0u;
-  // Rows of the group this warp's pairs belong to: a 16-token chunk none of them uses is skipped.
-  const int first_row = (warp * 16) / G, last_row = (min(warp * 16 + 15, pairs - 1)) / G;
-  const uint32_t warp_rows = active ? ((2u << last_row) - 1u) & ~((1u << first_row) - 1u) : 0u;
-  const uint32_t q_addr = p4::smem_addr(smem + L::kQ + (warp * 16 + lane % 16) * L::kRow + (lane / 16) * 16);
-  // ldmatrix lane offsets: K (B of S, n = token): token (lane / 16) * 8 + lane % 8, d + ((lane / 8) % 2) * 8;
-  // V (B of P V, k = token, .trans): token ((lane / 8) % 2) * 8 + lane % 8, d + (lane / 16) * 8.
-  const int k_off = ((lane / 16) * 8 + lane % 8) * L::kRow + ((lane / 8) % 2) * 16;
-  const int v_off = (((lane / 8) % 2) * 8 + lane % 8) * L::kRow + (lane / 16) * 16;
+  const uint32_t q_smem = p4::smem_addr(smem + L::kQ);
 
-  float o[D / 8][4];
+  float o[D / 8][4];  // the m64nDk16 accumulator fragment: o[i] holds columns 8 i + 2 (lane % 4) + {0, 1}
 #pragma unroll
   for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
   float m0 = kNegInf, m1 = kNegInf, l0 = 0.f, l1 = 0.f;  // rows lane / 4 and lane / 4 + 8 of the warp
   bool nan0 = false, nan1 = false;
 
-  for (int t = 0; t < tiles; ++t) {
+  float sc[2 * kP4Chunks][4];          // S of one tile (the m64n32k16 accumulator fragment)
+  uint32_t pa[kP4Chunks][4], pb[kP4Chunks][4];  // P of alternate tiles (P V of one runs while the next is made)
+  float a0 = 1.f, a1 = 1.f;               // the rescale of O the last softmax asked for
+
+  // S = Q K^T of tile t (64 pairs x kP4Tokens tokens) once its stage landed, committed, not waited:
+  // D / 16 steps of 16 columns, 32 bytes into a panel each.
+  auto issue_s = [&](int t) {
     const int s = t % kP4Stages, e = t % kP4Ring;
     p4::mbar_wait(ring_full + 8u * uint32_t(e), uint32_t(t / kP4Ring) & 1u);
     p4::mbar_wait(kv_full + 8u * uint32_t(s), uint32_t(t / kP4Stages) & 1u);
-    const uint32_t* tokw = reinterpret_cast<const uint32_t*>(smem + L::kTokw) + e * kP4Tokens;
-    // need bit c: chunk c (tokens 16 c .. 16 c + 15) holds a token one of the warp's rows uses.
-    uint32_t need = 0;
+    wg::fence_proxy_async();  // the stage's cp.async rows before wgmma reads them
+    const uint32_t k_smem = p4::smem_addr(smem + L::kK + s * L::kStageBytes);
+    wg::fence();
 #pragma unroll
-    for (int h = 0; h < (kP4Tokens + 31) / 32; ++h) {
-      const uint32_t u = __ballot_sync(~0u, lane + 32 * h < kP4Tokens && (tokw[lane + 32 * h] & warp_rows) != 0u);
-      need |= ((u & 0xFFFFu) != 0u ? 1u : 0u) << (2 * h);
-      need |= ((u >> 16) != 0u ? 2u : 0u) << (2 * h);
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const uint32_t col = uint32_t((kk % 4) * 32);
+      const uint64_t da = wg::desc_sw128(q_smem + uint32_t((kk / 4) * kQsaPage4Pairs * 128) + col, 16, 1024);
+      const uint64_t db = wg::desc_sw128(k_smem + uint32_t((kk / 4) * L::kPanelBytes) + col, 16, 1024);
+      wg::ss_m64n32k16<T>(&sc[0][0], da, db, kk > 0);
     }
-    if (need != 0u) {
-      const uint32_t k_addr = p4::smem_addr(smem + L::kK + s * L::kStageBytes) + uint32_t(k_off);
-      const uint32_t v_addr = p4::smem_addr(smem + L::kV + s * L::kStageBytes) + uint32_t(v_off);
-      float sc[2 * kP4Chunks][4];
+    wg::commit();
+  };
+  // O += P V of tile t: per 16-token step, D / 64 MMAs of 64 columns (one V panel each); committed.
+  auto issue_pv = [&](int t, uint32_t (&pt)[kP4Chunks][4]) {
+    const uint32_t v_smem = p4::smem_addr(smem + L::kV + (t % kP4Stages) * L::kStageBytes);
+    wg::fence();
 #pragma unroll
-      for (int j = 0; j < 2 * kP4Chunks; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
-      // Not unrolled fully: the O accumulators hold D / 2 registers, little is left for loads in flight.
-#pragma unroll 2
-      for (int kk = 0; kk < D / 16; ++kk) {
-        uint32_t a[4];
-        p4::ldsm_x4(a, q_addr + uint32_t(kk * 32));
+    for (int kc = 0; kc < kP4Chunks; ++kc) {
 #pragma unroll
-        for (int n2 = 0; n2 < kP4Chunks; ++n2) {
-          if ((need & (1u << n2)) == 0u) continue;  // its scores are masked below
-          uint32_t b[4];
-          p4::ldsm_x4(b, k_addr + uint32_t(n2 * 16 * L::kRow + kk * 32));
-          p4::mma16816<T>(sc[2 * n2], a, b[0], b[1]);
-          p4::mma16816<T>(sc[2 * n2 + 1], a, b[2], b[3]);
-        }
-      }
-      // Membership: token 8 j + 2 (lane % 4) + e of the tile for the thread's two rows.
-      float mx0 = kNegInf, mx1 = kNegInf;
-#pragma unroll
-      for (int j = 0; j < 2 * kP4Chunks; ++j) {
-        const uint2 w = *reinterpret_cast<const uint2*>(tokw + 8 * j + 2 * (lane % 4));
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const uint32_t tw = e == 0 ? w.x : w.y;
-          const float x0 = sc[j][e] * p.io.scale_log2, x1 = sc[j][2 + e] * p.io.scale_log2;
-          const bool in0 = (tw & bit0) != 0u, in1 = (tw & bit1) != 0u;
-          nan0 = nan0 || (in0 && x0 != x0);
-          nan1 = nan1 || (in1 && x1 != x1);
-          sc[j][e] = in0 ? x0 : kNegInf;
-          sc[j][2 + e] = in1 ? x1 : kNegInf;
-          mx0 = fmaxf(mx0, sc[j][e]);
-          mx1 = fmaxf(mx1, sc[j][2 + e]);
-        }
-      }
-      mx0 = fmaxf(mx0, __shfl_xor_sync(~0u, mx0, 1));
-      mx0 = fmaxf(mx0, __shfl_xor_sync(~0u, mx0, 2));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(~0u, mx1, 1));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(~0u, mx1, 2));
-      const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
-      // A row still without a member keeps m = -inf, P = 0 (exp2(-inf - 0)) and O = 0.
-      const float a0 = n0 == kNegInf ? 1.f : selkv::sm90::exp2_ftz(m0 - n0);
-      const float a1 = n1 == kNegInf ? 1.f : selkv::sm90::exp2_ftz(m1 - n1);
-      const float b0 = n0 == kNegInf ? 0.f : n0, b1 = n1 == kNegInf ? 0.f : n1;
-      m0 = n0;
-      m1 = n1;
-      float sum0 = 0.f, sum1 = 0.f;
-      uint32_t pa[kP4Chunks][4];
-#pragma unroll
-      for (int j = 0; j < 2 * kP4Chunks; ++j) {
-        const float p00 = selkv::sm90::exp2_ftz(sc[j][0] - b0), p01 = selkv::sm90::exp2_ftz(sc[j][1] - b0);
-        const float p10 = selkv::sm90::exp2_ftz(sc[j][2] - b1), p11 = selkv::sm90::exp2_ftz(sc[j][3] - b1);
-        sum0 += p00 + p01;
-        sum1 += p10 + p11;
-        pa[j / 2][(j % 2) * 2 + 0] = Elem<T>::pack(p00, p01);
-        pa[j / 2][(j % 2) * 2 + 1] = Elem<T>::pack(p10, p11);
-      }
-      l0 = l0 * a0 + sum0;
-      l1 = l1 * a1 + sum1;
-      // Once the rows' maxima settle, a tile rarely raises them: a = 1 exactly for every row of
-      // the warp, and the D / 2 multiplications by 1 are skipped (same bits).
-      if (__any_sync(~0u, a0 != 1.f || a1 != 1.f)) {
-#pragma unroll
-        for (int i = 0; i < D / 8; ++i) {
-          o[i][0] *= a0;
-          o[i][1] *= a0;
-          o[i][2] *= a1;
-          o[i][3] *= a1;
-        }
-      }
-#pragma unroll
-      for (int kc = 0; kc < kP4Chunks; ++kc) {
-        if ((need & (1u << kc)) == 0u) continue;  // P = 0 there
-#pragma unroll
-        for (int n2 = 0; n2 < D / 16; ++n2) {
-          uint32_t b[4];
-          p4::ldsm_x4_trans(b, v_addr + uint32_t(kc * 16 * L::kRow + n2 * 32));
-          p4::mma16816<T>(o[2 * n2], pa[kc], b[0], b[1]);
-          p4::mma16816<T>(o[2 * n2 + 1], pa[kc], b[2], b[3]);
-        }
+      for (int n = 0; n < D / 64; ++n) {
+        const uint64_t db = wg::desc_sw128(v_smem + uint32_t(n * L::kPanelBytes + kc * 16 * 128), L::kPanelBytes, 1024);
+        wg::rs_m64n64k16_mn<T>(&o[8 * n][0], pt[kc], db);
       }
     }
-    p4::mbar_arrive(kv_empty + 8u * uint32_t(s));
-    p4::mbar_arrive(ring_empty + 8u * uint32_t(e));
+    wg::commit();
+  };
+  // The online softmax of tile t's scores (sc, landed) into P (out); a0 / a1: O's rescale.
+  auto softmax = [&](int t, uint32_t (&out)[kP4Chunks][4]) {
+    const uint32_t* tokw = reinterpret_cast<const uint32_t*>(smem + L::kTokw) + (t % kP4Ring) * kP4Tokens;
+    // Membership: token 8 j + 2 (lane % 4) + e of the tile for the thread's two rows. The scaled,
+    // masked scores go to x: sc stays as the wgmma wrote it (it is the next S's input).
+    float x[2 * kP4Chunks][4];
+    float mx0 = kNegInf, mx1 = kNegInf;
+#pragma unroll
+    for (int j = 0; j < 2 * kP4Chunks; ++j) {
+      const uint2 w = *reinterpret_cast<const uint2*>(tokw + 8 * j + 2 * (lane % 4));
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const uint32_t tw = e == 0 ? w.x : w.y;
+        const float x0 = sc[j][e] * p.io.scale_log2, x1 = sc[j][2 + e] * p.io.scale_log2;
+        const bool in0 = (tw & bit0) != 0u, in1 = (tw & bit1) != 0u;
+        nan0 = nan0 || (in0 && x0 != x0);
+        nan1 = nan1 || (in1 && x1 != x1);
+        x[j][e] = in0 ? x0 : kNegInf;
+        x[j][2 + e] = in1 ? x1 : kNegInf;
+        mx0 = fmaxf(mx0, x[j][e]);
+        mx1 = fmaxf(mx1, x[j][2 + e]);
+      }
+    }
+    mx0 = fmaxf(mx0, __shfl_xor_sync(~0u, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(~0u, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(~0u, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(~0u, mx1, 2));
+    const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
+    // A row still without a member keeps m = -inf, P = 0 (exp2(-inf - 0)) and O = 0.
+    a0 = n0 == kNegInf ? 1.f : selkv::sm90::exp2_ftz(m0 - n0);
+    a1 = n1 == kNegInf ? 1.f : selkv::sm90::exp2_ftz(m1 - n1);
+    const float b0 = n0 == kNegInf ? 0.f : n0, b1 = n1 == kNegInf ? 0.f : n1;
+    m0 = n0;
+    m1 = n1;
+    float sum0 = 0.f, sum1 = 0.f;
+#pragma unroll
+    for (int j = 0; j < 2 * kP4Chunks; ++j) {
+      const float p00 = selkv::sm90::exp2_ftz(x[j][0] - b0), p01 = selkv::sm90::exp2_ftz(x[j][1] - b0);
+      const float p10 = selkv::sm90::exp2_ftz(x[j][2] - b1), p11 = selkv::sm90::exp2_ftz(x[j][3] - b1);
+      sum0 += p00 + p01;
+      sum1 += p10 + p11;
+      out[j / 2][(j % 2) * 2 + 0] = Elem<T>::pack(p00, p01);
+      out[j / 2][(j % 2) * 2 + 1] = Elem<T>::pack(p10, p11);
+    }
+    l0 = l0 * a0 + sum0;
+    l1 = l1 * a1 + sum1;
+  };
+
+  // Software pipeline of one warpgroup: S of tile t + 1 and P V of tile t are in flight together,
+  // and the softmax of t + 1 runs under P V of t; O takes t + 1's rescale once P V of t retired.
+  if (tiles > 0) {
+    issue_s(0);
+    wg::wait<0>();
+    wg::fence_regs<8 * kP4Chunks>(&sc[0][0]);
+    softmax(0, pa);  // O = 0: nothing to rescale
+  }
+  // Retires P V of tile t (P in pt) and frees its stage and descriptor.
+  auto retire_pv = [&](int t, uint32_t (&pt)[kP4Chunks][4]) {
+    wg::wait<0>();
+    wg::fence_regs<D / 2>(&o[0][0]);
+    wg::fence_regs<4 * kP4Chunks>(&pt[0][0]);
+    p4::mbar_arrive(kv_empty + 8u * uint32_t(t % kP4Stages));
+    p4::mbar_arrive(ring_empty + 8u * uint32_t(t % kP4Ring));
+  };
+  // One step: S of t + 1 and P V of t (P in cur) in flight, the softmax of t + 1 into next under
+  // P V, then O's rescale. Every step commits the same two groups, so the compiler sees which one
+  // wait<1> retires; P alternates between two register sets (a copy would let the compiler give
+  // both one set, and then it serializes the wgmmas).
+  auto step = [&](int t, uint32_t (&cur)[kP4Chunks][4], uint32_t (&next)[kP4Chunks][4]) {
+    issue_s(t + 1);
+    issue_pv(t, cur);
+    wg::wait<1>();  // S of t + 1 (committed first) retired; P V of t may still run
+    wg::fence_regs<8 * kP4Chunks>(&sc[0][0]);
+    softmax(t + 1, next);
+    retire_pv(t, cur);
+    // Once the rows' maxima settle, a tile rarely raises them: a = 1 exactly for every row of
+    // the warp, and the D / 2 multiplications by 1 are skipped (same bits).
+    if (__any_sync(~0u, a0 != 1.f || a1 != 1.f)) {
+#pragma unroll
+      for (int i = 0; i < D / 8; ++i) {
+        o[i][0] *= a0;
+        o[i][1] *= a0;
+        o[i][2] *= a1;
+        o[i][3] *= a1;
+      }
+    }
+    // O and P are the next P V's inputs: defined here, not moved under the next S's wgmmas.
+    wg::fence_regs<D / 2>(&o[0][0]);
+    wg::fence_regs<4 * kP4Chunks>(&next[0][0]);
+  };
+  int t = 0;
+  for (; t + 2 < tiles; t += 2) {
+    step(t, pa, pb);
+    step(t + 1, pb, pa);
+  }
+  if (t + 1 < tiles) {  // two tiles left
+    step(t, pa, pb);
+    issue_pv(t + 1, pb);
+    retire_pv(t + 1, pb);
+  } else if (t < tiles) {  // one
+    issue_pv(t, pa);
+    retire_pv(t, pa);
   }
   asm volatile("bar.sync 2, %0;\n" ::"n"(kP4ConsumerThreads + kP4LoadThreads) : "memory");  // the load warp's flag
   const bool corrupt = *reinterpret_cast<const volatile uint32_t*>(smem + L::kCorrupt) != 0u;
