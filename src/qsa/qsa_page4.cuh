@@ -293,30 +293,33 @@ __global__ void __launch_bounds__(kP4Threads, 1) qsa_page4_kernel(const QsaPage4
   // ---- consumers: one warpgroup; warp w holds pairs [16 w, 16 w + 16) of the MMA tiles' 64 rows,
   // pair = row_in_group * G + head ----
   const int tid = int(threadIdx.x);
+  // Q with cp.async: every copy of the thread in flight at once (pairs past the group's: zeros).
   for (int i = tid; i < kQsaPage4Pairs * (D / 8); i += kP4ConsumerThreads) {
     const int pr = i / (D / 8), c = i % (D / 8);
-    uint4 x = make_uint4(0, 0, 0, 0);
+    const T* src = static_cast<const T*>(p.io.q);
     if (pr < pairs) {
       const int64_t row = row0 + pr / G, head = int64_t(kvh) * G + pr % G;
-      x = __ldg(reinterpret_cast<const uint4*>(static_cast<const T*>(p.io.q) + row * p.io.q_row_stride +
-                                               head * p.io.q_head_stride + c * 8));
+      src += row * p.io.q_row_stride + head * p.io.q_head_stride + c * 8;
     }
-    *reinterpret_cast<uint4*>(smem + L::kQ + wg::sw128_offset(kQsaPage4Pairs, pr, c)) = x;
+    selkv::sm90::cp_async_16(p4::smem_addr(smem + L::kQ + wg::sw128_offset(kQsaPage4Pairs, pr, c)), src, pr < pairs);
   }
-  wg::fence_proxy_async();  // Q's and the V tiles' zeros (st.shared) before wgmma reads them
+  selkv::sm90::cp_async_wait_all();
+  wg::fence_proxy_async();  // Q and the V tiles' zeros (generic proxy) before wgmma reads them
   asm volatile("bar.sync 1, %0;\n" ::"n"(kP4ConsumerThreads) : "memory");
 
   const bool active = warp * 16 < pairs;
   const int pair0 = warp * 16 + lane / 4, pair1 = pair0 + 8;
   const uint32_t bit0 = pair0 < pairs ? 1u << (pair0 / G) : 0u;
   const uint32_t bit1 = pair1 < pairs ? 1u << (pair1 / G) : 0u;
-  const uint32_t q_smem = p4::smem_addr(smem + L::kQ);
+  // Descriptors of Q and of stage 0's K and V tiles; the others are a 32-bit add away.
+  const wg::Desc q_desc = wg::desc_sw128(p4::smem_addr(smem + L::kQ), 16, 1024);
+  const wg::Desc k_desc = wg::desc_sw128(p4::smem_addr(smem + L::kK), 16, 1024);
+  const wg::Desc v_desc = wg::desc_sw128(p4::smem_addr(smem + L::kV), L::kPanelBytes, 1024);
 
   float o[D / 8][4];  // the m64nDk16 accumulator fragment: o[i] holds columns 8 i + 2 (lane % 4) + {0, 1}
 #pragma unroll
   for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
   float m0 = kNegInf, m1 = kNegInf, l0 = 0.f, l1 = 0.f;  // rows lane / 4 and lane / 4 + 8 of the warp
-  bool nan0 = false, nan1 = false;
 
   float sc[2 * kP4Chunks][4];          // S of one tile (the m64n32k16 accumulator fragment)
   uint32_t pa[kP4Chunks][4], pb[kP4Chunks][4];  // P of alternate tiles (P V of one runs while the next is made)
@@ -329,28 +332,25 @@ __global__ void __launch_bounds__(kP4Threads, 1) qsa_page4_kernel(const QsaPage4
     p4::mbar_wait(ring_full + 8u * uint32_t(e), uint32_t(t / kP4Ring) & 1u);
     p4::mbar_wait(kv_full + 8u * uint32_t(s), uint32_t(t / kP4Stages) & 1u);
     wg::fence_proxy_async();  // the stage's cp.async rows before wgmma reads them
-    const uint32_t k_smem = p4::smem_addr(smem + L::kK + s * L::kStageBytes);
+    const wg::Desc kd = wg::desc_advance(k_desc, uint32_t(s * L::kStageBytes));
     wg::fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const uint32_t col = uint32_t((kk % 4) * 32);
-      const uint64_t da = wg::desc_sw128(q_smem + uint32_t((kk / 4) * kQsaPage4Pairs * 128) + col, 16, 1024);
-      const uint64_t db = wg::desc_sw128(k_smem + uint32_t((kk / 4) * L::kPanelBytes) + col, 16, 1024);
-      wg::ss_m64n32k16<T>(&sc[0][0], da, db, kk > 0);
+      wg::ss_m64n32k16<T>(&sc[0][0], wg::desc_advance(q_desc, uint32_t((kk / 4) * kQsaPage4Pairs * 128) + col),
+                          wg::desc_advance(kd, uint32_t((kk / 4) * L::kPanelBytes) + col), kk > 0);
     }
     wg::commit();
   };
   // O += P V of tile t: per 16-token step, D / 64 MMAs of 64 columns (one V panel each); committed.
   auto issue_pv = [&](int t, uint32_t (&pt)[kP4Chunks][4]) {
-    const uint32_t v_smem = p4::smem_addr(smem + L::kV + (t % kP4Stages) * L::kStageBytes);
+    const wg::Desc vd = wg::desc_advance(v_desc, uint32_t((t % kP4Stages) * L::kStageBytes));
     wg::fence();
 #pragma unroll
     for (int kc = 0; kc < kP4Chunks; ++kc) {
 #pragma unroll
-      for (int n = 0; n < D / 64; ++n) {
-        const uint64_t db = wg::desc_sw128(v_smem + uint32_t(n * L::kPanelBytes + kc * 16 * 128), L::kPanelBytes, 1024);
-        wg::rs_m64n64k16_mn<T>(&o[8 * n][0], pt[kc], db);
-      }
+      for (int n = 0; n < D / 64; ++n)
+        wg::rs_m64n64k16_mn<T>(&o[8 * n][0], pt[kc], wg::desc_advance(vd, uint32_t(n * L::kPanelBytes + kc * 16 * 128)));
     }
     wg::commit();
   };
@@ -369,8 +369,6 @@ __global__ void __launch_bounds__(kP4Threads, 1) qsa_page4_kernel(const QsaPage4
         const uint32_t tw = e == 0 ? w.x : w.y;
         const float x0 = sc[j][e] * p.io.scale_log2, x1 = sc[j][2 + e] * p.io.scale_log2;
         const bool in0 = (tw & bit0) != 0u, in1 = (tw & bit1) != 0u;
-        nan0 = nan0 || (in0 && x0 != x0);
-        nan1 = nan1 || (in1 && x1 != x1);
         x[j][e] = in0 ? x0 : kNegInf;
         x[j][2 + e] = in1 ? x1 : kNegInf;
         mx0 = fmaxf(mx0, x[j][e]);
@@ -477,6 +475,8 @@ __global__ void __launch_bounds__(kP4Threads, 1) qsa_page4_kernel(const QsaPage4
     over0 = over0 || !(fabsf(o[i][0] * inv0) < kLimit) || !(fabsf(o[i][1] * inv0) < kLimit);
     over1 = over1 || !(fabsf(o[i][2] * inv1) < kLimit) || !(fabsf(o[i][3] * inv1) < kLimit);
   }
+  // A NaN score a row selected made its P, so its l, NaN (l stays NaN through every rescale).
+  const bool nan0 = l0 != l0, nan1 = l1 != l1;
   const uint32_t flag0 = __ballot_sync(~0u, nan0 || over0), flag1 = __ballot_sync(~0u, nan1 || over1);
   const float qnan = __int_as_float(0x7FC00000);
 #pragma unroll
