@@ -45,20 +45,64 @@ struct GroupPlanSmem {
   int32_t count;  // blocks emitted so far
 };
 
-// Selection group gi (4 columns) of a row: its valid tokens' logical block and mask (0: none), and
-// whether they fail to be distinct tokens of one block.
-__device__ __forceinline__ void gp_item(const QsaSelectionParams& s, const RowSel& rs, int32_t gi, int64_t* block,
-                                        int* mask, bool* irregular) {
+// Items (row, selection group) one thread resolves together: their loads are in flight at once
+// (one item at a time was a chain of dependent loads, docs/perf-log.md session 18).
+inline constexpr int kGpBatch = 4;
+
+// Selection group gi (4 columns) of a row, loads only: expanded, its 4 columns (-1 past the row's
+// columns); compact, the block id (word 0) of a counted block. Raw words, so nothing waits on a
+// load until every load of the batch is issued.
+__device__ __forceinline__ void gp_load(const QsaSelectionParams& s, const RowSel& rs, int32_t gi, bool use,
+                                        int32_t (&w)[4]) {
+  const int32_t c0 = 4 * gi;
+  if (!s.compact) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) w[i] = use && c0 + i < rs.cols ? __ldg(rs.sel + c0 + i) : -1;
+  } else {
+    w[0] = use && c0 < 4 * rs.count ? __ldg(rs.sel + gi) : -1;
+    w[1] = w[2] = w[3] = -1;
+  }
+}
+
+// The tokens of those words.
+__device__ __forceinline__ void gp_tokens(const QsaSelectionParams& s, const RowSel& rs, int32_t gi,
+                                          const int32_t (&w)[4], int64_t (&t)[4]) {
+  const int32_t c0 = 4 * gi;
+  if (!s.compact) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) t[i] = w[i];
+  } else if (c0 < 4 * rs.count) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) t[i] = 4 * int64_t(w[0]) + i;
+  } else {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) t[i] = c0 + i < rs.cols ? rs.tail_base + (c0 + i - 4 * rs.count) : -1;
+  }
+}
+
+// Those tokens' valid ones (the rule of resolve_token; the 4 block-table loads issue together): their
+// logical block and mask (0: none), and whether they fail to be distinct tokens of one block.
+__device__ __forceinline__ void gp_item(const QsaSelectionParams& s, const RowSel& rs, const int64_t (&t)[4],
+                                        int64_t* block, int* mask, bool* irregular) {
+  int32_t lp[4];
+  bool ok[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    ok[i] = t[i] >= 0 && t[i] < rs.len && rs.table != nullptr;
+    lp[i] = ok[i] ? int32_t(t[i]) / s.page_size : 0;  // t < len: an int32
+    ok[i] = ok[i] && lp[i] < s.block_table_width;
+  }
+  int32_t pg[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) pg[i] = ok[i] ? __ldg(rs.table + lp[i]) : -1;
   *mask = 0;
   *irregular = false;
   *block = -1;
-  const int32_t c0 = 4 * gi, cn = rs.cols - c0 < 4 ? rs.cols - c0 : 4;
-  for (int i = 0; i < cn; ++i) {
-    const int64_t t = column_token(s, rs, c0 + i);
-    int32_t pg, sl;
-    if (!resolve_token(s, rs, t, &pg, &sl)) continue;
-    const int64_t b = t / 4;  // valid tokens are >= 0
-    const int bit = 1 << int(t & 3);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if (!ok[i] || pg[i] < 0 || int64_t(pg[i]) >= s.num_pages) continue;
+    const int64_t b = t[i] / 4;  // valid tokens are >= 0
+    const int bit = 1 << int(t[i] & 3);
     if (*mask != 0 && (b != *block || (*mask & bit) != 0)) *irregular = true;
     *block = b;
     *mask |= bit;
@@ -108,25 +152,40 @@ __global__ void __launch_bounds__(kGpThreads, 2) qsa_group_plan_kernel(const Qsa
     }
     __syncthreads();
     const uint32_t skip = emit ? sm.bad : 0u;
-    for (int32_t idx = tid; idx < rows * groups_per_row; idx += kGpThreads) {
-      const int j = idx / groups_per_row;
-      const int32_t gi = idx - j * groups_per_row;
-      if (sm.req[j] != q || ((skip >> j) & 1u) != 0u) continue;
-      const RowSel& rs = sm.rs[j];
-      if (4 * gi >= rs.cols) continue;
-      int64_t b;
-      int mask;
-      bool irregular;
-      gp_item(s, rs, gi, &b, &mask, &irregular);
-      if (irregular) atomicOr(&sm.bad, 1u << j);
-      if (mask != 0 && b >= w0 + nb) atomicMin(&sm.next_block, static_cast<unsigned long long>(b));
-      if (mask == 0 || b < w0 || b >= w0 + nb) continue;
-      const uint32_t off = uint32_t(b - w0), bit = 1u << (off & 31u);
-      const uint32_t old = atomicOr(&sm.bits[j][off >> 5], bit);
-      if ((old & bit) != 0u) atomicOr(&sm.bad, 1u << j);  // the block a second time
-      if (emit && mask != 15) {
-        const int32_t i = atomicAdd(&sm.exc_count, 1);
-        if (i < kGpExcCap) sm.exc[i] = (off << 9) | (uint32_t(j) << 4) | uint32_t(mask);
+    const int32_t items = rows * groups_per_row;
+    for (int32_t base = tid; base < items; base += kGpThreads * kGpBatch) {
+      int32_t raw[kGpBatch][4];
+      int jr[kGpBatch], gr[kGpBatch];
+#pragma unroll
+      for (int u = 0; u < kGpBatch; ++u) {  // the batch's selection loads, all in flight
+        const int32_t idx = base + u * kGpThreads;
+        const int j = idx < items ? idx / groups_per_row : 0;
+        const int32_t gi = idx - j * groups_per_row;
+        const bool use = idx < items && sm.req[j] == q && ((skip >> j) & 1u) == 0u && 4 * gi < sm.rs[j].cols;
+        jr[u] = use ? j : -1;
+        gr[u] = gi;
+        gp_load(s, sm.rs[j], gi, use, raw[u]);
+      }
+#pragma unroll
+      for (int u = 0; u < kGpBatch; ++u) {
+        const int j = jr[u];
+        if (j < 0) continue;
+        int64_t tok[4];
+        gp_tokens(s, sm.rs[j], gr[u], raw[u], tok);
+        int64_t b;
+        int mask;
+        bool irregular;
+        gp_item(s, sm.rs[j], tok, &b, &mask, &irregular);
+        if (irregular) atomicOr(&sm.bad, 1u << j);
+        if (mask != 0 && b >= w0 + nb) atomicMin(&sm.next_block, static_cast<unsigned long long>(b));
+        if (mask == 0 || b < w0 || b >= w0 + nb) continue;
+        const uint32_t off = uint32_t(b - w0), bit = 1u << (off & 31u);
+        const uint32_t old = atomicOr(&sm.bits[j][off >> 5], bit);
+        if ((old & bit) != 0u) atomicOr(&sm.bad, 1u << j);  // the block a second time
+        if (emit && mask != 15) {
+          const int32_t i = atomicAdd(&sm.exc_count, 1);
+          if (i < kGpExcCap) sm.exc[i] = (off << 9) | (uint32_t(j) << 4) | uint32_t(mask);
+        }
       }
     }
     __syncthreads();
