@@ -165,7 +165,7 @@ SELKV_DEC_HD int32_t row_containing(const int32_t* prefix, int32_t rows, int32_t
 // shorter), one part per piece, taken when all the pieces fit the grid (the sum over rows of
 // row_pieces <= num_sm_parts). Its longest part is at most the balanced cut's and no part
 // straddles a row boundary: a straddling part loads a second Q tile and runs a second epilogue
-// (docs/perf-log.md session 17: row-piece cut).
+// (docs/perf-log.md: row-piece cut).
 SELKV_DEC_HD int32_t row_pieces(int32_t blocks, int32_t unit) { return (blocks + unit - 1) / unit; }
 
 // Dynamic top-k, row-start cut: the balanced boundary of part q moved to the nearer start of the

@@ -4,11 +4,10 @@
 // Routing. The page-4 kernel (SM90) takes large batches: rows >= kQsaPage4MinRows, a plan passed
 // in p.metadata, neither p.force_simple nor SELKV_QSA_PAGE4=0; every other call runs the exact
 // simple kernel, which walks the selection itself and needs no plan. The plan is the group plan
-// (qsa_plan = qsa::qsa_group_plan for the route's grouping, src/qsa/qsa_group_layout.h); at R 4096
-// the page-4 route beat the simple kernel on every measured shape (docs/perf-log.md session 17).
-// That route is the page-4 kernel, then a fix-up pass of the simple kernel over the (row, kv head)s the page-4
-// kernel flags (non-finite out): rows the group plan marks bad, a plan that does not match the
-// call, and a non-finite V of another row's token.
+// (qsa_plan = qsa::qsa_group_plan for the route's grouping, src/qsa/qsa_group_layout.h). That
+// route is the page-4 kernel, then a fix-up pass of the simple kernel over the (row, kv head)s the
+// page-4 kernel flags (non-finite out): rows the group plan marks bad, a plan that does not match
+// the call, and a non-finite V of another row's token.
 #include <cstdlib>
 #include <cstring>
 

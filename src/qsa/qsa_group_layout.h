@@ -1,6 +1,6 @@
-// Layout of the C8 page-4 plan, the group plan (selkv::qsa_plan, the page-4 kernel streams it;
-// docs/perf-log.md sessions 16-17). For groups of `rows_per_group` consecutive rows it lists, per group, the distinct 4-token
-// blocks its rows select and which row uses which token, so the attention CTA only streams it.
+// Layout of the C8 page-4 plan, the group plan (selkv::qsa_plan; the page-4 kernel streams it). For
+// groups of `rows_per_group` consecutive rows it lists, per group, the distinct 4-token blocks its
+// rows select and which row uses which token, so the attention CTA only streams it.
 // Header-only, host and device. CPU reference: selkv::ref::qsa_group_plan.
 //
 //   words [0, 8)            header: kGroupMagic, R, K, rows_per_group, num_groups, 0, 0, 0

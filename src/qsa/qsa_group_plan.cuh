@@ -1,8 +1,8 @@
 // C8 page-4 group plan kernel (layout src/qsa/qsa_group_layout.h; CPU reference
 // selkv::ref::qsa_group_plan): one CTA per group of rows_per_group consecutive rows lists the
 // group's distinct 4-token blocks and each block's row-membership words, so the page-4 attention
-// CTA streams a finished list instead of merging its rows' lists itself (docs/perf-log.md session
-// 16: an in-kernel merge is one warp's serial work on the attention's critical path).
+// CTA streams a finished list instead of merging its rows' lists itself (an in-kernel merge is one
+// warp's serial work on the attention's critical path; docs/perf-log.md: QSA group plan).
 //
 // Per request of the group (valid ids in order of first appearance), the request's logical blocks
 // are covered by windows of up to kGpWinWords x 32 blocks. In a window every thread takes
@@ -46,7 +46,7 @@ struct GroupPlanSmem {
 };
 
 // Items (row, selection group) one thread resolves together: their loads are in flight at once
-// (one item at a time was a chain of dependent loads, docs/perf-log.md session 18).
+// (one item at a time is a chain of dependent loads).
 inline constexpr int kGpBatch = 4;
 
 // Selection group gi (4 columns) of a row, loads only: expanded, its 4 columns (-1 past the row's
