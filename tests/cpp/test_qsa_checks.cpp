@@ -241,6 +241,10 @@ TEST(QsaChecks, MetadataRules) {
   EXPECT_EQ(qsa_metadata_size(4096, 512), words(4096, 512) * 4);
   Problem pr = valid();
   const size_t need = qsa_metadata_size(pr.R, pr.K);
+  // Slack after the selection and req_ids: a plan placed at either overlaps that input alone,
+  // whatever the heap put after it.
+  for (auto* v : {&pr.sel, &pr.req}) v->resize(v->size() + need / 4);
+  pr.repoint();
   std::vector<int32_t> md(need / 4 + 64);
   // Plan: too small, null, overlapping an input.
   Status st = ref::qsa_plan(pr.p, md.data(), need - 1);
