@@ -26,7 +26,6 @@
 namespace selkv {
 namespace {
 
-
 qsa::QsaSelectionParams selection_params(const QsaSparsePrefillParams& p) {
   qsa::QsaSelectionParams s{};
   s.num_rows = int32_t(p.num_rows);
@@ -109,11 +108,8 @@ cudaError_t launch_page4(const QsaPage4Params& k, bool bf16, int head_dim, cudaS
 Status run_page4(const char* kOp, const QsaSparsePrefillParams& p, int rows_per_cta, cudaStream_t stream) {
   const int group = p.num_q_heads / p.num_kv_heads;
   const int max_rows = qsa_page4_max_rows(group);
-  SELKV_CHECK_ARG(p.metadata != nullptr, "metadata", "the page-4 kernel needs the group plan of qsa_group_plan, got null");
-  const size_t need = size_t(group_plan_words(p.num_rows, p.max_blocks)) * 4;
-  if (p.metadata_bytes < need)
-    return Status(StatusCode::kWorkspaceTooSmall, detail::concat(kOp, ": metadata_bytes: the group plan needs ", need,
-                                                                 " bytes, got ", p.metadata_bytes));
+  // (check_params has checked metadata_bytes against qsa_metadata_size, the group plan's size.)
+  SELKV_CHECK_ARG(p.metadata != nullptr, "metadata", "the page-4 kernel needs the plan of qsa_plan, got null");
   SELKV_CHECK_ARG(rows_per_cta >= 0 && rows_per_cta <= max_rows, "rows_per_cta", "must be 0 (default) or in [1, ",
                   max_rows, "] for num_q_heads / num_kv_heads = ", group, ", got ", rows_per_cta);
   SELKV_RETURN_IF_ERROR(detail::require_sm90(kOp));
@@ -159,39 +155,37 @@ Status qsa_sparse_prefill(const QsaSparsePrefillParams& p, cudaStream_t stream) 
   return Status::Ok();
 }
 
-Status qsa_plan(const QsaSparsePrefillParams& p, void* metadata, size_t metadata_bytes, cudaStream_t stream) {
-  constexpr const char* kOp = "selkv::qsa_plan";
-  qsa::Work work;
-  SELKV_RETURN_IF_ERROR(
-      qsa::check_params(kOp, p, qsa::Use::kPlan, /*device=*/true, &work, metadata, metadata_bytes));
-  if (work == qsa::Work::kNone) return Status::Ok();
-  // The group plan of the page-4 route's grouping (qsa_page4_max_rows of this call's Hq / Hkv).
-  const int rows_per_group = qsa::qsa_page4_max_rows(int(p.num_q_heads / p.num_kv_heads));
-  SELKV_CUDA_RETURN(qsa::launch_qsa_group_plan(selection_params(p), rows_per_group, static_cast<int32_t*>(metadata),
-                                               stream),
-                    kOp);
-  return Status::Ok();
-}
-
 namespace qsa {
+namespace {
 
-Status qsa_group_plan(const QsaSparsePrefillParams& p, int rows_per_group, void* group_plan, size_t group_plan_bytes,
-                      cudaStream_t stream) {
-  constexpr const char* kOp = "selkv::qsa_group_plan";
-  SELKV_CHECK_ARG(rows_per_group >= 1 && rows_per_group <= 32, "rows_per_group", "must be in [1, 32], got ",
-                  rows_per_group);
-  const size_t need = size_t(group_plan_words(p.num_rows, p.max_blocks)) * 4;
-  if (group_plan_bytes < need)
-    return Status(StatusCode::kWorkspaceTooSmall,
-                  detail::concat(kOp, ": group_plan_bytes: needs ", need, " bytes, got ", group_plan_bytes));
+// The argument checks of qsa_plan (metadata_bytes against qsa_metadata_size, the group plan's
+// size), then the group plan kernel; rows_per_group 0: the page-4 route's grouping
+// (qsa_page4_max_rows of p's Hq / Hkv, known once the checks passed).
+Status plan_groups(const char* kOp, const QsaSparsePrefillParams& p, int rows_per_group, void* group_plan,
+                   size_t group_plan_bytes, cudaStream_t stream) {
   Work work;
   SELKV_RETURN_IF_ERROR(check_params(kOp, p, Use::kPlan, /*device=*/true, &work, group_plan, group_plan_bytes));
   if (work == Work::kNone) return Status::Ok();
+  if (rows_per_group == 0) rows_per_group = qsa_page4_max_rows(int(p.num_q_heads / p.num_kv_heads));
   SELKV_CUDA_RETURN(launch_qsa_group_plan(selection_params(p), rows_per_group, static_cast<int32_t*>(group_plan), stream),
                     kOp);
   return Status::Ok();
 }
 
+}  // namespace
+
+Status qsa_group_plan(const QsaSparsePrefillParams& p, int rows_per_group, void* group_plan, size_t group_plan_bytes,
+                      cudaStream_t stream) {
+  constexpr const char* kOp = "selkv::qsa_group_plan";
+  SELKV_CHECK_ARG(rows_per_group >= 1 && rows_per_group <= kGroupMaxRows, "rows_per_group", "must be in [1, ",
+                  kGroupMaxRows, "], got ", rows_per_group);
+  return plan_groups(kOp, p, rows_per_group, group_plan, group_plan_bytes, stream);
+}
+
 }  // namespace qsa
+
+Status qsa_plan(const QsaSparsePrefillParams& p, void* metadata, size_t metadata_bytes, cudaStream_t stream) {
+  return qsa::plan_groups("selkv::qsa_plan", p, 0, metadata, metadata_bytes, stream);
+}
 
 }  // namespace selkv

@@ -25,6 +25,7 @@ namespace selkv::qsa {
 
 inline constexpr int32_t kGroupMagic = 0x47534134;  // "4ASG" little endian
 inline constexpr int32_t kGroupHeaderWords = 8;
+inline constexpr int kGroupMaxRows = 32;  // rows of a group: one bit each in a token word
 
 inline constexpr int64_t group_capacity(int64_t max_blocks) { return max_blocks + 1; }  // blocks a row adds at most
 inline constexpr int64_t group_table_offset() { return kGroupHeaderWords; }

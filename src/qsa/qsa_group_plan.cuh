@@ -29,7 +29,7 @@ namespace selkv::qsa {
 inline constexpr int kGpThreads = 256;
 inline constexpr int kGpWinWords = 256;  // bitmap words a row has: windows of up to 8192 blocks
 inline constexpr int kGpExcCap = 1024;   // partial-block entries of one window
-inline constexpr int kGpMaxRows = 32;
+inline constexpr int kGpMaxRows = kGroupMaxRows;
 
 struct GroupPlanSmem {
   uint32_t bits[kGpMaxRows][kGpWinWords + 1];  // + 1: the rows' word w in distinct banks

@@ -12,15 +12,14 @@
 
 namespace selkv::qsa {
 
-// Writes the header, the group table and each group's blocks of the group plan for groups of
-// rows_per_group (1..32) rows into `group_plan` (group_plan_words(num_rows, max_blocks) int32
-// words, 16-byte aligned); blocks past a group's count are left as they were.
+// Writes the group plan for groups of rows_per_group (1..kGroupMaxRows) rows into `group_plan`
+// (group_plan_words(num_rows, max_blocks) int32 words, 16-byte aligned), every word (unused 0).
 cudaError_t launch_qsa_group_plan(const QsaSelectionParams& s, int32_t rows_per_group, int32_t* group_plan,
                                   cudaStream_t stream);
 
-// The argument checks of qsa_plan (p's selection inputs; group_plan 16-byte aligned device memory
-// of at least group_plan_words(num_rows, max_blocks) words), rows_per_group in [1, 32], then the
-// kernel. Internal until the page-4 route reads it (tests call it directly).
+// qsa_plan with a chosen grouping: its argument checks (group_plan 16-byte aligned device memory of
+// at least qsa_metadata_size bytes), rows_per_group in [1, kGroupMaxRows], then the kernel.
+// qsa_plan is this for the page-4 route's grouping; tests and benchmarks choose others.
 Status qsa_group_plan(const QsaSparsePrefillParams& p, int rows_per_group, void* group_plan, size_t group_plan_bytes,
                       cudaStream_t stream);
 

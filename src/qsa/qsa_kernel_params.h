@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "qsa/qsa_group_layout.h"  // kGroupMaxRows
+
 namespace selkv::qsa {
 
 // Where a row's selection comes from and how an entry resolves (selkv/qsa.h "Validity").
@@ -68,11 +70,11 @@ struct QsaPage4Params {
   QsaAttnIo io;
 };
 
-// (row, head) pairs of one page-4 CTA (16 per consumer warp) and rows it may group: one lane of
-// the merging warp per row, so at most 32.
+// (row, head) pairs of one page-4 CTA (the M of its warpgroup MMA tiles) and rows it may group:
+// as many as fill them, at most kGroupMaxRows (one bit each in the plan's token words).
 inline constexpr int kQsaPage4Pairs = 64;
 inline constexpr int qsa_page4_max_rows(int group) {
-  return group < 1 ? 0 : (kQsaPage4Pairs / group < 32 ? kQsaPage4Pairs / group : 32);
+  return group < 1 ? 0 : (kQsaPage4Pairs / group < kGroupMaxRows ? kQsaPage4Pairs / group : kGroupMaxRows);
 }
 
 }  // namespace selkv::qsa

@@ -190,7 +190,7 @@ Status qsa_plan(const QsaSparsePrefillParams& p, void* metadata, size_t metadata
 std::vector<int32_t> qsa_group_plan(const QsaSparsePrefillParams& p, int rows_per_group) {
   const int64_t R = p.num_rows, K = p.max_blocks, C = qsa::group_capacity(K);
   std::vector<int32_t> w(size_t(qsa::group_plan_words(R, K)), 0);
-  if (R <= 0 || rows_per_group < 1 || rows_per_group > 32) return w;
+  if (R <= 0 || rows_per_group < 1 || rows_per_group > qsa::kGroupMaxRows) return w;
   const int64_t groups = (R + rows_per_group - 1) / rows_per_group;
   const int32_t hdr[qsa::kGroupHeaderWords] = {qsa::kGroupMagic, int32_t(R), int32_t(K), rows_per_group,
                                                int32_t(groups), 0, 0, 0};
