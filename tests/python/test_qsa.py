@@ -120,6 +120,13 @@ def make_problem(gen, dtype, D, P, Hq=4, Hkv=2, R=9, num_req=3, pages=None, widt
         hi = max(1, (int(positions[r]) + 1) // 4 + 3)
         ids[r] = torch.randint(0, hi, (K,), generator=gen, dtype=torch.int32)
     ids[7, -1] = 10**6  # far out of range (past the count for most rows; still invalid otherwise)
+    # the last row is clean (a live position of request 1, K distinct causal blocks), so that every
+    # problem has a row with blocks whatever the draws above (duplicates make a row bad)
+    last = R - 1
+    req_ids[last] = 1
+    positions[last] = int(seq_lens[1]) - 1
+    counts[last] = K
+    ids[last] = torch.randperm((int(positions[last]) + 1) // 4, generator=gen, dtype=torch.int32)[:K]
 
     rows_tokens = [row_tokens_compact(ids[r], counts[r], int(positions[r])) for r in range(R)]
     cols = 4 * K + 3
