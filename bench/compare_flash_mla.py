@@ -41,16 +41,15 @@ import csv
 import dataclasses
 import importlib
 import math
-import os
 import re
 import statistics
-import subprocess
 import sys
 from typing import Callable
 
 import torch
 
 import selkv
+from bench_common import git_hash
 
 FLUSH_BYTES = 512 << 20
 D_QK, D_V, RECORD_BYTES, PAGE = 576, 512, 656, 64
@@ -562,17 +561,6 @@ def model1_summary(rows: list[Row]) -> list[str]:
 
 
 # ---- main ---------------------------------------------------------------------------------------
-def git_hash() -> str:
-    env = os.environ.get("SELKV_GIT_HASH")
-    if env:
-        return env
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=os.path.dirname(os.path.abspath(__file__)), check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def import_flash_mla(name: str):
     try:
         return importlib.import_module(name)

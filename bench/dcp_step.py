@@ -8,7 +8,7 @@ the attention step's time at B = 64, S_q = 2, H = 128, K = 2048 next to one GPU'
 
 One process per GPU (NCCL; spawned here). Rank r holds its shard of every request's cache (token t
 on rank t % W at local position t // W, blocks of a request consecutive; random finite FP8
-records, as bench/dsa_step.py builds them); q and the global top-k positions (K distinct tokens
+records, bench_common.random_ds_mla_cache); q and the global top-k positions (K distinct tokens
 of each request's s_kv) are the same on every rank. Timed with CUDA events, median of --reps,
 every rep after a barrier; `cold` zeroes a 512 MiB buffer before each rep (L2 flush), `warm`
 does not:
@@ -25,27 +25,17 @@ Every DCP figure is the slowest rank's (the step ends when the last merge does).
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
 import torch
 
+from bench_common import git_hash, random_ds_mla_cache, write_csv
+
 PIECES = ["dcp_step", "local", "all_gather", "merge", "single_gpu_step"]
-
-
-def random_cache(selkv, num_blocks, page, dev, gen):
-    """Finite FP8 records (no 0x7F / 0xFF NaN bytes), scale 1/64, bf16 RoPE."""
-    cache = selkv.empty_kv_cache(num_blocks, page, device=dev)
-    flat = cache.view(num_blocks * page, 656)
-    flat[:, :512].copy_(torch.randint(0, 120, (num_blocks * page, 512), generator=gen, dtype=torch.uint8))
-    flat[:, 512:528].view(torch.float32).fill_(1.0 / 64)
-    flat[:, 528:].view(torch.bfloat16).copy_(torch.randn(num_blocks * page, 64, generator=gen).to(torch.bfloat16))
-    return cache
 
 
 def shard_table(B, s_kv, page, rank, W):
@@ -89,9 +79,8 @@ def worker(rank, W, init_file, backend, args, result_dir):
         g = torch.Generator().manual_seed(1234 + B + S + H + K + s_kv)
         q = (torch.randn(B, S, H, 576, generator=g) / 4).to(torch.bfloat16).to(dev)
         topk = torch.rand(T, s_kv, generator=g).argsort(dim=1)[:, :K].to(torch.int32).view(B, S, K).to(dev)
-        g_rank = torch.Generator().manual_seed(99 + rank)
         table, nb = shard_table(B, s_kv, page, rank, W)
-        shard = random_cache(selkv, nb, page, dev, g_rank)
+        shard = random_ds_mla_cache(selkv, nb, page, dev, seed=99 + rank)
         table = table.to(dev)
         md = selkv.get_decode_metadata(B, S, H, K, None, device=dev)
         out = torch.empty(B, S, H, 512, dtype=torch.bfloat16, device=dev)
@@ -143,7 +132,7 @@ def worker(rank, W, init_file, backend, args, result_dir):
         # The single-GPU step on rank 0: the whole cache, its slots, the same decode.
         if rank == 0:
             full_blocks = B * ((s_kv + page - 1) // page)
-            full = random_cache(selkv, full_blocks, page, dev, g_rank)
+            full = random_ds_mla_cache(selkv, full_blocks, page, dev, seed=98)
             full_table = torch.arange(full_blocks, dtype=torch.int32).view(B, -1).to(dev)
             req = torch.arange(B, dtype=torch.int32, device=dev).repeat_interleave(S)
             full_slots = torch.empty(T, K, dtype=torch.int32, device=dev)
@@ -188,12 +177,7 @@ def main(argv=None):
             return 2
         gpu = torch.cuda.get_device_name()
     W = args.world_size
-    git = os.environ.get("SELKV_GIT_HASH", "")  # a device copy has no .git of its own
-    if not git:
-        try:
-            git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-        except OSError:
-            git = "?"
+    git = git_hash()
     with tempfile.TemporaryDirectory() as tmp:
         init_file = os.path.join(tmp, "pg_init")
         mp.start_processes(worker, args=(W, init_file, backend, args, tmp), nprocs=W, join=True, start_method="spawn")
@@ -211,10 +195,7 @@ def main(argv=None):
         rows.append(dict(W=W, B=args.batch, S_q=args.sq, H=args.heads, K=args.topk, s_kv=args.s_kv, mode=mode,
                          **{f"{n}_us": round(t[n], 3) for n in PIECES}, ratio=round(ratio, 4), git_hash=git, gpu=gpu))
     if args.csv:
-        with open(args.csv, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
+        write_csv(args.csv, rows)
     return 0
 
 

@@ -22,15 +22,13 @@ step's kernels (a step re-plans inside the graph). Prints a table; ``--csv`` als
 from __future__ import annotations
 
 import argparse
-import csv
-import os
 import statistics
-import subprocess
 import sys
 
 import torch
 
 import selkv
+from bench_common import git_hash, random_ds_mla_cache, write_csv
 
 CASES = [  # (B, S_q, H, K, s_kv)
     (1, 1, 128, 2048, 8192),
@@ -49,10 +47,7 @@ def build(B, S, H, K, s_kv, page=64, dev="cuda"):
     nblk_req = -(-s_kv // page)
     num_blocks = B * nblk_req + 1
     bt = torch.randperm(num_blocks - 1, generator=g).to(torch.int32)[: B * nblk_req].view(B, nblk_req)
-    cache = selkv.empty_kv_cache(num_blocks, page, device=dev)
-    cache.random_(0, 120)  # finite E4M3 bytes (no 0x7F / 0xFF NaN); scales and RoPE below
-    cache.view(num_blocks * page, 656)[:, 512:528].view(torch.float32).fill_(1.0 / 64)
-    cache.view(num_blocks * page, 656)[:, 528:].view(torch.bfloat16).normal_()
+    cache = random_ds_mla_cache(selkv, num_blocks, page, dev)
     T = B * S
     q = torch.randn(T, H, 576, device=dev).to(torch.bfloat16)
     latent = torch.randn(T, 512, device=dev).to(torch.bfloat16)
@@ -138,12 +133,7 @@ def main(argv=None):
     if not torch.cuda.is_available():
         print("bench/dsa_step.py needs a CUDA GPU (SM90)")
         return 2
-    git = os.environ.get("SELKV_GIT_HASH", "")  # a device copy has no .git of its own
-    if not git:
-        try:
-            git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-        except OSError:
-            git = "?"
+    git = git_hash()
     gpu = torch.cuda.get_device_name()
     flush = torch.empty(512 << 20, dtype=torch.uint8, device="cuda")
     rows = []
@@ -168,10 +158,7 @@ def main(argv=None):
                              ratio=round(ratio, 4), git_hash=git, gpu=gpu))
     print(f"worst ratio {worst:.3f} (target <= 1.05): {'PASS' if worst <= 1.05 else 'FAIL'}")
     if args.csv:
-        with open(args.csv, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
+        write_csv(args.csv, rows)
     return 0
 
 
