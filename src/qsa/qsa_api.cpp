@@ -104,15 +104,10 @@ cudaError_t launch_page4(const QsaPage4Params& k, bool bf16, int head_dim, cudaS
   return cudaErrorInvalidValue;
 }
 
-// The page-4 route after the checks (p valid, rows > 0).
+// The page-4 route's launches after every check (p valid, rows > 0, a plan, rows_per_cta in
+// range, an SM90 device): the page-4 kernel, then the fix-up pass of the simple kernel.
 Status run_page4(const char* kOp, const QsaSparsePrefillParams& p, int rows_per_cta, cudaStream_t stream) {
   const int group = p.num_q_heads / p.num_kv_heads;
-  const int max_rows = qsa_page4_max_rows(group);
-  // (check_params has checked metadata_bytes against qsa_metadata_size, the group plan's size.)
-  SELKV_CHECK_ARG(p.metadata != nullptr, "metadata", "the page-4 kernel needs the plan of qsa_plan, got null");
-  SELKV_CHECK_ARG(rows_per_cta >= 0 && rows_per_cta <= max_rows, "rows_per_cta", "must be 0 (default) or in [1, ",
-                  max_rows, "] for num_q_heads / num_kv_heads = ", group, ", got ", rows_per_cta);
-  SELKV_RETURN_IF_ERROR(detail::require_sm90(kOp));
   const bool bf16 = p.dtype == QsaDtype::kBf16;
   QsaPage4Params k{};
   k.md = static_cast<const int32_t*>(p.metadata);
@@ -120,7 +115,7 @@ Status run_page4(const char* kOp, const QsaSparsePrefillParams& p, int rows_per_
   k.max_blocks = p.max_blocks;
   k.num_kv_heads = p.num_kv_heads;
   k.group = group;
-  k.rows_per_cta = rows_per_cta == 0 ? max_rows : rows_per_cta;
+  k.rows_per_cta = rows_per_cta == 0 ? qsa_page4_max_rows(group) : rows_per_cta;
   k.page_size = p.page_size;
   k.num_pages = p.num_pages;
   k.io = attn_io(p);
@@ -138,6 +133,12 @@ Status qsa_sparse_prefill_page4(const QsaSparsePrefillParams& p, cudaStream_t st
   Work work;
   SELKV_RETURN_IF_ERROR(check_params(kOp, p, Use::kAttention, /*device=*/true, &work));
   if (work == Work::kNone) return Status::Ok();
+  // (check_params has checked metadata_bytes against qsa_metadata_size, the group plan's size.)
+  const int group = p.num_q_heads / p.num_kv_heads, max_rows = qsa_page4_max_rows(group);
+  SELKV_CHECK_ARG(p.metadata != nullptr, "metadata", "the page-4 kernel needs the plan of qsa_plan, got null");
+  SELKV_CHECK_ARG(rows_per_cta >= 0 && rows_per_cta <= max_rows, "rows_per_cta", "must be 0 (default) or in [1, ",
+                  max_rows, "] for num_q_heads / num_kv_heads = ", group, ", got ", rows_per_cta);
+  SELKV_RETURN_IF_ERROR(detail::require_sm90(kOp));
   return run_page4(kOp, p, rows_per_cta, stream);
 }
 
@@ -148,7 +149,8 @@ Status qsa_sparse_prefill(const QsaSparsePrefillParams& p, cudaStream_t stream) 
   qsa::Work work;
   SELKV_RETURN_IF_ERROR(qsa::check_params(kOp, p, qsa::Use::kAttention, /*device=*/true, &work));
   if (work == qsa::Work::kNone) return Status::Ok();
-  // The page-4 kernel is SM90 only; other GPUs keep the simple kernel.
+  // The page-4 kernel is SM90 only; other GPUs keep the simple kernel. (The route implies a plan;
+  // rows_per_cta is the default.)
   if (qsa_route(p) == QsaKernel::kPage4 && detail::require_sm90(kOp).ok()) return qsa::run_page4(kOp, p, 0, stream);
   SELKV_CUDA_RETURN(qsa::launch_qsa_simple(qsa::simple_params(p), p.dtype == QsaDtype::kBf16, p.head_dim, stream),
                     kOp);
