@@ -345,6 +345,9 @@ SELKV_BENCH_REGISTER(register_qsa) {
     for (int32_t blocks : {128, 16}) cases.push_back({4096, 6, 1, ctx, true, false, blocks});  // simple, same
   for (int32_t ctx : {8192, 131072})
     for (int32_t ov : {90, 95, 99}) cases.push_back({4096, 6, 1, ctx, true, true, 512, ov});
+  // Below the route's 4096 rows: the simple kernel (the route's choice) beside the page-4 kernel.
+  for (int64_t rows : {int64_t(64), int64_t(256), int64_t(511)})
+    for (bool page4 : {false, true}) cases.push_back({rows, 6, 1, 8192, true, page4, 512});
   // rows/cta 8 and 9: 512 / 456 groups instead of the default 10 rows' 410 (3.1 waves on 132 SMs).
   for (int32_t rpc : {1, 2, 5, 8, 9})
     for (int32_t ov : {0, 90}) cases.push_back({4096, 6, 1, 8192, true, true, 512, ov, rpc});
