@@ -32,7 +32,7 @@
 #include "qsa/qsa_kernel_params.h"
 #include "qsa/qsa_group_layout.h"
 #include "qsa/qsa_page4.h"
-#include "qsa/qsa_simple.cuh"  // Elem<T>
+#include "qsa/qsa_device_util.cuh"  // Elem<T>
 #include "qsa/qsa_wgmma.cuh"
 #include "sm90/device_ops.cuh"  // exp2_ftz, cp.async copies and groups
 

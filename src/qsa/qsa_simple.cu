@@ -13,18 +13,26 @@
 namespace selkv::qsa {
 namespace {
 
+template <typename T, int D, int G, bool kFixup>
+void launch_one(const QsaSimpleParams& p, dim3 grid, cudaStream_t stream) {
+  if constexpr (kFixup)
+    qsa_fixup_kernel<T, D, G><<<grid, dim3{unsigned(kFixupThreads)}, 0, stream>>>(p);
+  else
+    qsa_simple_kernel<T, D, G><<<grid, dim3{unsigned(kSimpleThreads)}, 0, stream>>>(p);
+}
+
 template <typename T, int D, bool kFixup>
 cudaError_t launch_group(const QsaSimpleParams& p, int64_t ctas, cudaStream_t stream) {
-  const dim3 grid{unsigned(ctas)}, block{unsigned(kSimpleThreads)};
+  const dim3 grid{unsigned(ctas)};
   switch (p.group) {
-    case 1: qsa_simple_kernel<T, D, 1, kFixup><<<grid, block, 0, stream>>>(p); break;
-    case 2: qsa_simple_kernel<T, D, 2, kFixup><<<grid, block, 0, stream>>>(p); break;
-    case 3: qsa_simple_kernel<T, D, 3, kFixup><<<grid, block, 0, stream>>>(p); break;
-    case 4: qsa_simple_kernel<T, D, 4, kFixup><<<grid, block, 0, stream>>>(p); break;
-    case 5: qsa_simple_kernel<T, D, 5, kFixup><<<grid, block, 0, stream>>>(p); break;
-    case 6: qsa_simple_kernel<T, D, 6, kFixup><<<grid, block, 0, stream>>>(p); break;
-    case 7: qsa_simple_kernel<T, D, 7, kFixup><<<grid, block, 0, stream>>>(p); break;
-    case 8: qsa_simple_kernel<T, D, 8, kFixup><<<grid, block, 0, stream>>>(p); break;
+    case 1: launch_one<T, D, 1, kFixup>(p, grid, stream); break;
+    case 2: launch_one<T, D, 2, kFixup>(p, grid, stream); break;
+    case 3: launch_one<T, D, 3, kFixup>(p, grid, stream); break;
+    case 4: launch_one<T, D, 4, kFixup>(p, grid, stream); break;
+    case 5: launch_one<T, D, 5, kFixup>(p, grid, stream); break;
+    case 6: launch_one<T, D, 6, kFixup>(p, grid, stream); break;
+    case 7: launch_one<T, D, 7, kFixup>(p, grid, stream); break;
+    case 8: launch_one<T, D, 8, kFixup>(p, grid, stream); break;
     default: return cudaErrorInvalidValue;
   }
   return cudaGetLastError();

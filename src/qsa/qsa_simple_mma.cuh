@@ -1,0 +1,263 @@
+// C8 exact simple kernel, tensor-core form (selkv/qsa.h): the body of one CTA per (row, kv head)
+// with the scores and the P V products on WMMA tiles (m8n32k16, fp32 accumulation). WMMA is the
+// SM70 API: the same source serves V100-class GPUs in fp16 and, from SM80, bf16 too
+// (qsa_simple.cuh picks this form or the SIMT one).
+//
+// The CTA serves the G <= 8 query heads of its kv head (the M of the tiles; rows above G are zero)
+// and walks the row's selection 32 columns (a chunk) at a time, its 4 warps splitting the head
+// dimension: warp w owns dims [w D / 4, (w + 1) D / 4) of K, V and O. Each warp resolves the chunk's
+// columns (a lane a column, the validity rule of qsa_select.cuh before any K / V read), issues the
+// loads of its K and V slices of every valid token at once (one round trip a chunk; invalid columns
+// get zero rows, nothing behind them is read), and computes its partial scores Q K^T over its dims;
+// the four partials are summed in warp order through shared memory, and every warp then takes the
+// same online-softmax step (lane j owns token j; P rounded to the element type) and adds P V to its
+// O slice. O stays in accumulator fragments, whose element layout WMMA does not specify, so a
+// rescale (some head's running max grew) goes through shared memory; past a row's first chunks it is
+// rare. The chunks are taken in column order, so the result depends only on the selection's column
+// positions (expanded and compact forms of one selection give the same bits).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <mma.h>
+
+#include <cstdint>
+
+#include "qsa/qsa_device_util.cuh"
+#include "qsa/qsa_kernel_params.h"
+#include "qsa/qsa_select.cuh"
+
+namespace selkv::qsa {
+
+inline constexpr int kMmaWarps = 4;
+inline constexpr int kMmaThreads = kMmaWarps * 32;
+
+// Every tile constant, from the head dimension.
+template <int D>
+struct MmaTile {
+  static constexpr int kCols = 32;                    // selection columns a chunk: the N of S
+  static constexpr int kHeads = 8;                    // the M: the G heads, zero rows above G
+  static constexpr int kDims = D / kMmaWarps;         // head dims a warp owns (64 or 32)
+  static constexpr int kLanesPerToken = kDims / 8;    // 16 bytes a lane
+  static constexpr int kTokensPerRound = 32 / kLanesPerToken;
+  static constexpr int kRounds = kCols / kTokensPerRound;  // loads a lane issues for K, and for V
+  static constexpr int kSliceLd = kDims + 8;          // staged row stride (elements): 16-byte rows, 4 banks apart
+  static constexpr int kQLd = D + 8;
+  static constexpr int kOLd = kDims + 4;              // fp32 O slice staged for a rescale or the epilogue
+  static constexpr int kSLd = kCols + 4;
+  static constexpr int kPLd = kCols + 8;
+  static_assert(kDims % 32 == 0, "D: 128 or 256");
+};
+
+// One warp's shared memory. Every WMMA pointer into it is 32-byte aligned (row strides and offsets
+// are multiples of 32 bytes where a tile starts).
+template <int D>
+struct alignas(32) MmaWarpSmem {
+  using Tile = MmaTile<D>;
+  union {
+    uint16_t k[Tile::kCols][Tile::kSliceLd];  // the chunk's K slice
+    float o[Tile::kHeads][Tile::kOLd];        // the O slice, staged (K is consumed by then)
+  } kbuf;
+  uint16_t v[Tile::kCols][Tile::kSliceLd];    // the chunk's V slice
+  uint16_t p[Tile::kHeads][Tile::kPLd];       // the chunk's probabilities, in the element type
+};
+
+template <int D>
+struct alignas(32) MmaSmem {
+  uint16_t q[MmaTile<D>::kHeads][MmaTile<D>::kQLd];
+  MmaWarpSmem<D> warp[kMmaWarps];
+  float s[kMmaWarps][MmaTile<D>::kHeads][MmaTile<D>::kSLd];  // the warps' partial scores
+  float alpha[kMmaWarps][MmaTile<D>::kHeads];                 // each warp's rescale factors
+};
+static_assert(sizeof(MmaSmem<256>) <= 48 * 1024, "static shared memory: at most 48 KiB");
+
+template <typename T, int D, int G>
+__device__ __forceinline__ void mma_attend(const QsaSimpleParams& p) {
+  namespace wmma = nvcuda::wmma;
+  using Tile = MmaTile<D>;
+  static_assert(G >= 1 && G <= Tile::kHeads, "G: 1 to 8 heads a kv head");
+  using FragA = wmma::fragment<wmma::matrix_a, 8, 32, 16, T, wmma::row_major>;
+  using FragKt = wmma::fragment<wmma::matrix_b, 8, 32, 16, T, wmma::col_major>;  // K^T: token n, dim k at n * ld + k
+  using FragV = wmma::fragment<wmma::matrix_b, 8, 32, 16, T, wmma::row_major>;
+  using FragAcc = wmma::fragment<wmma::accumulator, 8, 32, 16, float>;
+  constexpr int kOFrags = Tile::kDims / 32;
+  const float kNegInf = -__int_as_float(0x7F800000);
+
+  __shared__ MmaSmem<D> sm;
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  MmaWarpSmem<D>& ws = sm.warp[warp];
+  const int64_t cta = blockIdx.x;
+  const int32_t r = int32_t(cta / p.num_kv_heads);
+  const int32_t kvh = int32_t(cta - int64_t(r) * p.num_kv_heads);
+  const RowSel rs = row_sel(p.sel, r);
+
+  // Q of the G heads, zero rows above G; P's rows above G stay zero.
+  const T* qrow = static_cast<const T*>(p.io.q) + int64_t(r) * p.io.q_row_stride + int64_t(kvh) * G * p.io.q_head_stride;
+  for (int i = int(threadIdx.x); i < Tile::kHeads * D / 8; i += kMmaThreads) {
+    const int h = i / (D / 8), c = (i % (D / 8)) * 8;
+    uint4 x = make_uint4(0u, 0u, 0u, 0u);
+    if (h < G) x = __ldg(reinterpret_cast<const uint4*>(qrow + int64_t(h) * p.io.q_head_stride + c));
+    *reinterpret_cast<uint4*>(&sm.q[h][c]) = x;
+  }
+  for (int i = lane; i < Tile::kHeads * Tile::kPLd; i += 32) (&ws.p[0][0])[i] = 0;
+  __syncthreads();
+
+  FragAcc o_acc[kOFrags];
+#pragma unroll
+  for (int n = 0; n < kOFrags; ++n) wmma::fill_fragment(o_acc[n], 0.f);
+  float m[G];       // running max (base-2 scores), warp-uniform and equal in every warp
+  float l_part[G];  // running sum, this lane's token's share (summed over the warp at the end)
+#pragma unroll
+  for (int h = 0; h < G; ++h) {
+    m[h] = kNegInf;
+    l_part[h] = 0.f;
+  }
+  uint32_t nan_heads = 0;  // bit h: a NaN score reached head h (DESIGN §2: the head's out and lse are NaN)
+  // This lane's 16 bytes of a token's slice, and the token it takes in each round.
+  const int64_t dim_bytes = int64_t(warp * Tile::kDims + (lane % Tile::kLanesPerToken) * 8) * 2;
+  const char* kbase = static_cast<const char*>(p.io.k) + int64_t(kvh) * p.io.k_head_stride * 2 + dim_bytes;
+  const char* vbase = static_cast<const char*>(p.io.v) + int64_t(kvh) * p.io.v_head_stride * 2 + dim_bytes;
+  const int sub = lane / Tile::kLanesPerToken, piece = (lane % Tile::kLanesPerToken) * 8;
+  const T* q_smem = reinterpret_cast<const T*>(&sm.q[0][warp * Tile::kDims]);
+  const T* k_smem = reinterpret_cast<const T*>(&ws.kbuf.k[0][0]);
+  const T* v_smem = reinterpret_cast<const T*>(&ws.v[0][0]);
+
+  for (int32_t c0 = 0; c0 < rs.cols; c0 += Tile::kCols) {
+    const int32_t c = c0 + lane;
+    int32_t page = 0, slot = 0;
+    const bool valid = c < rs.cols && resolve_token(p.sel, rs, column_token(p.sel, rs, c), &page, &slot);
+    const uint32_t mask = __ballot_sync(0xFFFFFFFFu, valid);  // the same in every warp
+    if (mask == 0) continue;
+    const int64_t koff = valid ? (int64_t(page) * p.io.k_page_stride + int64_t(slot) * p.io.k_slot_stride) * 2 : 0;
+    const int64_t voff = valid ? (int64_t(page) * p.io.v_page_stride + int64_t(slot) * p.io.v_slot_stride) * 2 : 0;
+
+    // The warp's K and V slices of the chunk's tokens, every load in flight at once.
+    uint4 kx[Tile::kRounds], vx[Tile::kRounds];
+#pragma unroll
+    for (int i = 0; i < Tile::kRounds; ++i) {
+      const int j = i * Tile::kTokensPerRound + sub;
+      const int64_t ko = __shfl_sync(0xFFFFFFFFu, koff, j), vo = __shfl_sync(0xFFFFFFFFu, voff, j);
+      kx[i] = vx[i] = make_uint4(0u, 0u, 0u, 0u);
+      if ((mask >> j) & 1u) {
+        kx[i] = __ldg(reinterpret_cast<const uint4*>(kbase + ko));
+        vx[i] = __ldg(reinterpret_cast<const uint4*>(vbase + vo));
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < Tile::kRounds; ++i) {
+      const int j = i * Tile::kTokensPerRound + sub;
+      *reinterpret_cast<uint4*>(&ws.kbuf.k[j][piece]) = kx[i];
+      *reinterpret_cast<uint4*>(&ws.v[j][piece]) = vx[i];
+    }
+    __syncwarp();
+
+    // The warp's partial scores over its dims.
+    FragAcc s_acc;
+    wmma::fill_fragment(s_acc, 0.f);
+#pragma unroll
+    for (int k = 0; k < Tile::kDims / 16; ++k) {
+      FragA a;
+      FragKt b;
+      wmma::load_matrix_sync(a, q_smem + k * 16, Tile::kQLd);
+      wmma::load_matrix_sync(b, k_smem + k * 16, Tile::kSliceLd);
+      wmma::mma_sync(s_acc, a, b, s_acc);
+    }
+    wmma::store_matrix_sync(&sm.s[warp][0][0], s_acc, Tile::kSLd, wmma::mem_row_major);
+    __syncthreads();  // every warp's partials are in
+
+    // One online-softmax step, the same in every warp; lane j owns token j.
+    float alpha[G];
+    bool rescale = false;
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+      float dot = sm.s[0][h][lane];
+#pragma unroll
+      for (int w = 1; w < kMmaWarps; ++w) dot += sm.s[w][h][lane];
+      const float s = valid ? dot * p.io.scale_log2 : kNegInf;
+      if (__any_sync(0xFFFFFFFFu, s != s)) nan_heads |= 1u << h;
+      const float m_new = fmaxf(m[h], warp_max(s));
+      alpha[h] = m[h] == m_new ? 1.f : exp2f(m[h] - m_new);
+      rescale |= m[h] != m_new && m[h] != kNegInf;  // a head without tokens so far has zero O rows
+      const float pr = m_new == kNegInf ? 0.f : exp2f(s - m_new);  // invalid lanes: exp2(-inf) = 0
+      l_part[h] = l_part[h] * alpha[h] + pr;
+      m[h] = m_new;
+      ws.p[h][lane] = Elem<T>::bits(pr);
+    }
+    __syncthreads();  // the partials are read before the next chunk's are stored
+    if (rescale) {  // warp-uniform (m is)
+      float a = 1.f;
+#pragma unroll
+      for (int h = 0; h < G; ++h) a = lane == h ? alpha[h] : a;
+      if (lane < Tile::kHeads) sm.alpha[warp][lane] = a;
+#pragma unroll
+      for (int n = 0; n < kOFrags; ++n)
+        wmma::store_matrix_sync(&ws.kbuf.o[0][n * 32], o_acc[n], Tile::kOLd, wmma::mem_row_major);
+      __syncwarp();
+      for (int i = lane; i < Tile::kHeads * Tile::kDims / 4; i += 32) {
+        const int h = i / (Tile::kDims / 4), d = (i % (Tile::kDims / 4)) * 4;
+        float4* x = reinterpret_cast<float4*>(&ws.kbuf.o[h][d]);
+        const float f = sm.alpha[warp][h];
+        float4 v = *x;
+        v.x *= f;
+        v.y *= f;
+        v.z *= f;
+        v.w *= f;
+        *x = v;
+      }
+      __syncwarp();
+#pragma unroll
+      for (int n = 0; n < kOFrags; ++n)
+        wmma::load_matrix_sync(o_acc[n], &ws.kbuf.o[0][n * 32], Tile::kOLd, wmma::mem_row_major);
+    }
+    __syncwarp();  // P written
+
+    // O += P V over the warp's dims.
+#pragma unroll
+    for (int k = 0; k < Tile::kCols / 16; ++k) {
+      FragA pa;
+      wmma::load_matrix_sync(pa, reinterpret_cast<const T*>(&ws.p[0][k * 16]), Tile::kPLd);
+#pragma unroll
+      for (int n = 0; n < kOFrags; ++n) {
+        FragV b;
+        wmma::load_matrix_sync(b, v_smem + k * 16 * Tile::kSliceLd + n * 32, Tile::kSliceLd);
+        wmma::mma_sync(o_acc[n], pa, b, o_acc[n]);
+      }
+    }
+    __syncwarp();  // the slices are read before the next chunk stages its own
+  }
+
+  // ---- epilogue: out = O / L (0 for an empty row, NaN after a NaN score), lse = ln(sum exp) ----
+#pragma unroll
+  for (int n = 0; n < kOFrags; ++n) wmma::store_matrix_sync(&ws.kbuf.o[0][n * 32], o_acc[n], Tile::kOLd, wmma::mem_row_major);
+  float inv_l[G], lse[G];
+  uint32_t empty_heads = 0;
+#pragma unroll
+  for (int h = 0; h < G; ++h) {
+    const float l = warp_sum(l_part[h]);
+    const bool nan = (nan_heads >> h) & 1u, empty = m[h] == kNegInf;
+    empty_heads |= uint32_t(empty && !nan) << h;
+    inv_l[h] = nan ? __int_as_float(0x7FC00000) : 1.f / l;
+    lse[h] = nan ? __int_as_float(0x7FC00000) : empty ? kNegInf : m[h] * 0.69314718055994530942f + logf(l);
+  }
+  __syncwarp();
+  const int64_t head0 = int64_t(kvh) * G;
+  T* out_row = static_cast<T*>(p.io.out) + int64_t(r) * p.io.out_row_stride + warp * Tile::kDims;
+#pragma unroll
+  for (int h = 0; h < G; ++h) {
+#pragma unroll
+    for (int d = 2 * lane; d < Tile::kDims; d += 64) {
+      // NaN after a NaN score (through inv_l), exact 0 for an empty head (whatever 0 * V left in O).
+      const bool empty = (empty_heads >> h) & 1u;
+      const float a = empty ? 0.f : ws.kbuf.o[h][d] * inv_l[h], b = empty ? 0.f : ws.kbuf.o[h][d + 1] * inv_l[h];
+      *reinterpret_cast<uint32_t*>(out_row + (head0 + h) * p.io.out_head_stride + d) = Elem<T>::pack(a, b);
+    }
+  }
+  if (p.io.lse != nullptr && warp == 0 && lane < G) {
+    float x = lse[0];
+#pragma unroll
+    for (int h = 1; h < G; ++h) x = lane == h ? lse[h] : x;
+    p.io.lse[int64_t(r) * p.io.lse_row_stride + (head0 + lane) * p.io.lse_head_stride] = x;
+  }
+}
+
+}  // namespace selkv::qsa
