@@ -122,14 +122,19 @@ __device__ __forceinline__ void mma_attend(const QsaSimpleParams& p) {
   const T* k_smem = reinterpret_cast<const T*>(&ws.kbuf.k[0][0]);
   const T* v_smem = reinterpret_cast<const T*>(&ws.v[0][0]);
 
-  for (int32_t c0 = 0; c0 < rs.cols; c0 += Tile::kCols) {
+  // Column c0 + lane resolved: valid, and the byte offsets of its K and V rows (0 when invalid).
+  auto resolve_column = [&](int32_t c0, int64_t* koff, int64_t* voff) -> bool {
     const int32_t c = c0 + lane;
     int32_t page = 0, slot = 0;
     const bool valid = c < rs.cols && resolve_token(p.sel, rs, column_token(p.sel, rs, c), &page, &slot);
+    *koff = valid ? (int64_t(page) * p.io.k_page_stride + int64_t(slot) * p.io.k_slot_stride) * 2 : 0;
+    *voff = valid ? (int64_t(page) * p.io.v_page_stride + int64_t(slot) * p.io.v_slot_stride) * 2 : 0;
+    return valid;
+  };
+  int64_t koff, voff;
+  bool valid = resolve_column(0, &koff, &voff);
+  for (int32_t c0 = 0; c0 < rs.cols; c0 += Tile::kCols) {
     const uint32_t mask = __ballot_sync(0xFFFFFFFFu, valid);  // the same in every warp
-    if (mask == 0) continue;
-    const int64_t koff = valid ? (int64_t(page) * p.io.k_page_stride + int64_t(slot) * p.io.k_slot_stride) * 2 : 0;
-    const int64_t voff = valid ? (int64_t(page) * p.io.v_page_stride + int64_t(slot) * p.io.v_slot_stride) * 2 : 0;
 
     // The warp's K and V slices of the chunk's tokens, every load in flight at once.
     uint4 kx[Tile::kRounds], vx[Tile::kRounds];
@@ -143,6 +148,11 @@ __device__ __forceinline__ void mma_attend(const QsaSimpleParams& p) {
         vx[i] = __ldg(reinterpret_cast<const uint4*>(vbase + vo));
       }
     }
+    // The next chunk's columns while these loads are in flight (its selection and block-table
+    // reads are a chain of two dependent loads).
+    const bool this_valid = valid;
+    valid = resolve_column(c0 + Tile::kCols, &koff, &voff);
+    if (mask == 0) continue;
 #pragma unroll
     for (int i = 0; i < Tile::kRounds; ++i) {
       const int j = i * Tile::kTokensPerRound + sub;
@@ -173,7 +183,7 @@ __device__ __forceinline__ void mma_attend(const QsaSimpleParams& p) {
       float dot = sm.s[0][h][lane];
 #pragma unroll
       for (int w = 1; w < kMmaWarps; ++w) dot += sm.s[w][h][lane];
-      const float s = valid ? dot * p.io.scale_log2 : kNegInf;
+      const float s = this_valid ? dot * p.io.scale_log2 : kNegInf;
       if (__any_sync(0xFFFFFFFFu, s != s)) nan_heads |= 1u << h;
       const float m_new = fmaxf(m[h], warp_max(s));
       alpha[h] = m[h] == m_new ? 1.f : exp2f(m[h] - m_new);
