@@ -1,41 +1,92 @@
 // Launcher of the C8 exact simple kernel (qsa_simple.cuh): one CTA per (row, kv head), the
-// (dtype, D, group) instantiation picked at run time. Self-contained (CUDA headers, the kernel and
-// its plain params; no selkv runtime code), so CI can compile this translation unit for sm_70
-// (ctest QsaSm70.SimpleKernelAssembles, cmake/qsa_sm70_check.cmake) while the library itself
-// builds it for sm_90a.
+// (dtype, D, group, chunk streams) instantiation picked at run time, the streams from the grid and
+// the device's SM count and shared memory (shape only; cached attribute queries, legal during
+// stream capture). CUDA headers, the kernel, its plain params and header-only host helpers, so CI
+// can compile this translation unit for sm_70 (ctest QsaSm70.SimpleKernelAssembles,
+// cmake/qsa_sm70_check.cmake) while the library itself builds it for sm_90a.
 #include "qsa/qsa_simple.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <atomic>
+
+#include "common/arch.h"           // set_max_dynamic_smem_once
+#include "common/resident_ctas.h"  // device_sm_count, cached_per_device
 #include "qsa/qsa_simple.cuh"
 
 namespace selkv::qsa {
 namespace {
 
+// Shared memory a block may opt in to on the current device (cached).
+cudaError_t smem_optin_bytes(int* bytes) {
+  static std::atomic<int> cache[detail::kMaxCachedDevices] = {};
+  cudaError_t err = cudaSuccess;
+  const Status st = detail::cached_per_device(cache, "qsa_simple", bytes, [&](int dev, int* v) -> Status {
+    err = cudaDeviceGetAttribute(v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    return Status::Ok();
+  });
+  return !st.ok() && err == cudaSuccess ? cudaErrorInvalidDevice : err;
+}
+
+// Chunk streams a CTA of the plain kernel runs: enough that the grid's streams fill the GPU's
+// 4 stream slots an SM (16 warps), as long as the shared memory fits.
+template <int D>
+cudaError_t pick_streams(int64_t ctas, int* streams) {
+  int sms = 0, optin = 0;
+  if (!detail::device_sm_count("qsa_simple", &sms).ok()) return cudaErrorInvalidDevice;
+  if (const cudaError_t err = smem_optin_bytes(&optin); err != cudaSuccess) return err;
+  *streams = 1;
+  if (ctas <= 2 * int64_t(sms) && kSimpleSmemBytes<D, 2> <= size_t(optin)) *streams = 2;
+  if (ctas <= int64_t(sms) && kSimpleSmemBytes<D, 4> <= size_t(optin)) *streams = 4;
+  return cudaSuccess;
+}
+
+template <typename T, int D, int G, int kStreams>
+cudaError_t launch_plain(const QsaSimpleParams& p, dim3 grid, cudaStream_t stream) {
+  constexpr size_t smem = kSimpleSmemBytes<D, kStreams>;
+  if constexpr (smem > 0) {
+    const cudaError_t err = detail::set_max_dynamic_smem_once<qsa_simple_kernel<T, D, G, kStreams>>(int(smem));
+    if (err != cudaSuccess) return err;
+  }
+  qsa_simple_kernel<T, D, G, kStreams><<<grid, dim3{unsigned(kStreams * kMmaWarps * 32)}, smem, stream>>>(p);
+  return cudaSuccess;
+}
+
 template <typename T, int D, int G, bool kFixup>
-void launch_one(const QsaSimpleParams& p, dim3 grid, cudaStream_t stream) {
-  if constexpr (kFixup)
+cudaError_t launch_one(const QsaSimpleParams& p, dim3 grid, int streams, cudaStream_t stream) {
+  if constexpr (kFixup) {
     qsa_fixup_kernel<T, D, G><<<grid, dim3{unsigned(kFixupThreads)}, 0, stream>>>(p);
-  else
-    qsa_simple_kernel<T, D, G><<<grid, dim3{unsigned(kSimpleThreads)}, 0, stream>>>(p);
+    return cudaSuccess;
+  } else {
+    switch (streams) {
+      case 4: return launch_plain<T, D, G, 4>(p, grid, stream);
+      case 2: return launch_plain<T, D, G, 2>(p, grid, stream);
+      default: return launch_plain<T, D, G, 1>(p, grid, stream);
+    }
+  }
 }
 
 template <typename T, int D, bool kFixup>
 cudaError_t launch_group(const QsaSimpleParams& p, int64_t ctas, cudaStream_t stream) {
   const dim3 grid{unsigned(ctas)};
+  int streams = 1;
+  if constexpr (!kFixup) {
+    if (const cudaError_t err = pick_streams<D>(ctas, &streams); err != cudaSuccess) return err;
+  }
+  cudaError_t err = cudaSuccess;
   switch (p.group) {
-    case 1: launch_one<T, D, 1, kFixup>(p, grid, stream); break;
-    case 2: launch_one<T, D, 2, kFixup>(p, grid, stream); break;
-    case 3: launch_one<T, D, 3, kFixup>(p, grid, stream); break;
-    case 4: launch_one<T, D, 4, kFixup>(p, grid, stream); break;
-    case 5: launch_one<T, D, 5, kFixup>(p, grid, stream); break;
-    case 6: launch_one<T, D, 6, kFixup>(p, grid, stream); break;
-    case 7: launch_one<T, D, 7, kFixup>(p, grid, stream); break;
-    case 8: launch_one<T, D, 8, kFixup>(p, grid, stream); break;
+    case 1: err = launch_one<T, D, 1, kFixup>(p, grid, streams, stream); break;
+    case 2: err = launch_one<T, D, 2, kFixup>(p, grid, streams, stream); break;
+    case 3: err = launch_one<T, D, 3, kFixup>(p, grid, streams, stream); break;
+    case 4: err = launch_one<T, D, 4, kFixup>(p, grid, streams, stream); break;
+    case 5: err = launch_one<T, D, 5, kFixup>(p, grid, streams, stream); break;
+    case 6: err = launch_one<T, D, 6, kFixup>(p, grid, streams, stream); break;
+    case 7: err = launch_one<T, D, 7, kFixup>(p, grid, streams, stream); break;
+    case 8: err = launch_one<T, D, 8, kFixup>(p, grid, streams, stream); break;
     default: return cudaErrorInvalidValue;
   }
-  return cudaGetLastError();
+  return err != cudaSuccess ? err : cudaGetLastError();
 }
 
 template <typename T, int D>

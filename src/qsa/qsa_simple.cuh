@@ -23,22 +23,40 @@ template <>
 inline constexpr bool kWmmaHas<__nv_bfloat16> = false;
 #endif
 
-inline constexpr int kSimpleThreads = kMmaThreads;
 inline constexpr int kFixupWarps = 8;
 inline constexpr int kFixupThreads = kFixupWarps * 32;
 
-// Four tensor-core CTAs an SM (<= 128 registers a thread; their shared memory allows four): the
-// chunk loads are latency-bound, so resident warps are what hides them. The SIMT form keeps every
-// register it wants.
-template <typename T>
-inline constexpr int kSimpleMinBlocks = kWmmaHas<T> ? 4 : 1;
+// From SM80, 16 tensor-core warps an SM whatever the streams (<= 128 registers a thread; one
+// stream's shared memory allows four CTAs of one stream): the chunk loads are latency-bound, so
+// resident warps are what hides them. Below SM80 (larger WMMA fragments) and in the SIMT form
+// every register the block size allows (a 4-stream block still caps them at 128; the launcher
+// never picks 4 streams on a GPU whose shared memory cannot hold them, V100 included).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+inline constexpr bool kSimpleCapRegisters = false;
+#else
+inline constexpr bool kSimpleCapRegisters = true;
+#endif
+template <typename T, int kStreams>
+inline constexpr int kSimpleMinBlocks = kWmmaHas<T> && kSimpleCapRegisters ? 4 / kStreams : 1;
 
-template <typename T, int D, int G>
-__global__ void __launch_bounds__(kSimpleThreads, kSimpleMinBlocks<T>) qsa_simple_kernel(const QsaSimpleParams p) {
-  if constexpr (kWmmaHas<T>)
-    mma_attend<T, D, G>(p);
-  else
-    simt_attend<T, D, G, kMmaWarps, false>(p);
+// Dynamic shared memory of a kStreams launch (one stream: static, within 48 KiB).
+template <int D, int kStreams>
+inline constexpr size_t kSimpleSmemBytes = kStreams == 1 ? 0 : sizeof(MmaSmem<D, kStreams>);
+
+template <typename T, int D, int G, int kStreams>
+__global__ void __launch_bounds__(kStreams * kMmaWarps * 32, kSimpleMinBlocks<T, kStreams>)
+    qsa_simple_kernel(const QsaSimpleParams p) {
+  if constexpr (kWmmaHas<T>) {
+    if constexpr (kStreams == 1) {
+      __shared__ MmaSmem<D, 1> sm;
+      mma_attend<T, D, G, 1>(p, sm);
+    } else {
+      extern __shared__ __align__(128) uint8_t qsa_simple_smem[];
+      mma_attend<T, D, G, kStreams>(p, *reinterpret_cast<MmaSmem<D, kStreams>*>(qsa_simple_smem));
+    }
+  } else {
+    simt_attend<T, D, G, kStreams * kMmaWarps, false>(p);
+  }
 }
 
 // Its min-blocks hint 1 keeps ptxas from capping registers for occupancy (D 128 / G 4 spilled

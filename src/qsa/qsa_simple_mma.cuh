@@ -13,8 +13,12 @@
 // same online-softmax step (lane j owns token j; P rounded to the element type) and adds P V to its
 // O slice. O stays in accumulator fragments, whose element layout WMMA does not specify, so a
 // rescale (some head's running max grew) goes through shared memory; past a row's first chunks it is
-// rare. The chunks are taken in column order, so the result depends only on the selection's column
-// positions (expanded and compact forms of one selection give the same bits).
+// rare. A small grid (few rows x kv heads for the GPU's SMs) gives the CTA kStreams chunk streams
+// of 4 warps each (stream s takes chunks s, s + kStreams, ...; its own barrier and softmax state),
+// merged in stream order at the end; the launcher picks kStreams from the grid and the SM count
+// only. The chunks' order within a stream and the merge order are fixed, so the result depends
+// only on the selection's column positions and the shape (expanded and compact forms of one
+// selection give the same bits).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -29,8 +33,7 @@
 
 namespace selkv::qsa {
 
-inline constexpr int kMmaWarps = 4;
-inline constexpr int kMmaThreads = kMmaWarps * 32;
+inline constexpr int kMmaWarps = 4;  // the warps of one chunk stream (they split the head dims)
 
 // Every tile constant, from the head dimension.
 template <int D>
@@ -62,17 +65,36 @@ struct alignas(32) MmaWarpSmem {
   uint16_t p[Tile::kHeads][Tile::kPLd];       // the chunk's probabilities, in the element type
 };
 
+// One chunk stream's shared memory.
 template <int D>
-struct alignas(32) MmaSmem {
-  uint16_t q[MmaTile<D>::kHeads][MmaTile<D>::kQLd];
+struct alignas(32) MmaStreamSmem {
   MmaWarpSmem<D> warp[kMmaWarps];
   float s[kMmaWarps][MmaTile<D>::kHeads][MmaTile<D>::kSLd];  // the warps' partial scores
   float alpha[kMmaWarps][MmaTile<D>::kHeads];                 // each warp's rescale factors
 };
-static_assert(sizeof(MmaSmem<256>) <= 48 * 1024, "static shared memory: at most 48 KiB");
 
-template <typename T, int D, int G>
-__device__ __forceinline__ void mma_attend(const QsaSimpleParams& p) {
+template <int D, int kStreams>
+struct alignas(32) MmaSmem {
+  uint16_t q[MmaTile<D>::kHeads][MmaTile<D>::kQLd];
+  MmaStreamSmem<D> stream[kStreams];
+  float m[kStreams][MmaTile<D>::kHeads];  // each stream's final max and sum, for the merge
+  float l[kStreams][MmaTile<D>::kHeads];
+  uint32_t nan[kStreams];
+};
+static_assert(sizeof(MmaSmem<256, 1>) <= 48 * 1024, "one stream: static shared memory, at most 48 KiB");
+
+// The barrier of one chunk stream's 4 warps (the whole CTA when it is the only stream).
+template <int kStreams>
+__device__ __forceinline__ void stream_barrier(int stream) {
+  if constexpr (kStreams == 1) {
+    __syncthreads();
+  } else {
+    asm volatile("bar.sync %0, %1;" ::"r"(stream + 1), "r"(kMmaWarps * 32) : "memory");
+  }
+}
+
+template <typename T, int D, int G, int kStreams>
+__device__ __forceinline__ void mma_attend(const QsaSimpleParams& p, MmaSmem<D, kStreams>& sm) {
   namespace wmma = nvcuda::wmma;
   using Tile = MmaTile<D>;
   static_assert(G >= 1 && G <= Tile::kHeads, "G: 1 to 8 heads a kv head");
@@ -83,9 +105,11 @@ __device__ __forceinline__ void mma_attend(const QsaSimpleParams& p) {
   constexpr int kOFrags = Tile::kDims / 32;
   const float kNegInf = -__int_as_float(0x7F800000);
 
-  __shared__ MmaSmem<D> sm;
-  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
-  MmaWarpSmem<D>& ws = sm.warp[warp];
+  constexpr int kThreads = kStreams * kMmaWarps * 32;
+  const int lane = int(threadIdx.x) % 32, stream = int(threadIdx.x) / 32 / kMmaWarps;
+  const int warp = int(threadIdx.x) / 32 % kMmaWarps;  // within the stream: the head dims it owns
+  MmaStreamSmem<D>& ss = sm.stream[stream];
+  MmaWarpSmem<D>& ws = ss.warp[warp];
   const int64_t cta = blockIdx.x;
   const int32_t r = int32_t(cta / p.num_kv_heads);
   const int32_t kvh = int32_t(cta - int64_t(r) * p.num_kv_heads);
@@ -93,7 +117,7 @@ __device__ __forceinline__ void mma_attend(const QsaSimpleParams& p) {
 
   // Q of the G heads, zero rows above G; P's rows above G stay zero.
   const T* qrow = static_cast<const T*>(p.io.q) + int64_t(r) * p.io.q_row_stride + int64_t(kvh) * G * p.io.q_head_stride;
-  for (int i = int(threadIdx.x); i < Tile::kHeads * D / 8; i += kMmaThreads) {
+  for (int i = int(threadIdx.x); i < Tile::kHeads * D / 8; i += kThreads) {
     const int h = i / (D / 8), c = (i % (D / 8)) * 8;
     uint4 x = make_uint4(0u, 0u, 0u, 0u);
     if (h < G) x = __ldg(reinterpret_cast<const uint4*>(qrow + int64_t(h) * p.io.q_head_stride + c));
@@ -131,9 +155,10 @@ __device__ __forceinline__ void mma_attend(const QsaSimpleParams& p) {
     *voff = valid ? (int64_t(page) * p.io.v_page_stride + int64_t(slot) * p.io.v_slot_stride) * 2 : 0;
     return valid;
   };
+  constexpr int kStride = kStreams * Tile::kCols;  // columns from one of this stream's chunks to its next
   int64_t koff, voff;
-  bool valid = resolve_column(0, &koff, &voff);
-  for (int32_t c0 = 0; c0 < rs.cols; c0 += Tile::kCols) {
+  bool valid = resolve_column(stream * Tile::kCols, &koff, &voff);
+  for (int32_t c0 = stream * Tile::kCols; c0 < rs.cols; c0 += kStride) {
     const uint32_t mask = __ballot_sync(0xFFFFFFFFu, valid);  // the same in every warp
 
     // The warp's K and V slices of the chunk's tokens, every load in flight at once.
@@ -151,7 +176,7 @@ __device__ __forceinline__ void mma_attend(const QsaSimpleParams& p) {
     // The next chunk's columns while these loads are in flight (its selection and block-table
     // reads are a chain of two dependent loads).
     const bool this_valid = valid;
-    valid = resolve_column(c0 + Tile::kCols, &koff, &voff);
+    valid = resolve_column(c0 + kStride, &koff, &voff);
     if (mask == 0) continue;
 #pragma unroll
     for (int i = 0; i < Tile::kRounds; ++i) {
@@ -172,17 +197,17 @@ __device__ __forceinline__ void mma_attend(const QsaSimpleParams& p) {
       wmma::load_matrix_sync(b, k_smem + k * 16, Tile::kSliceLd);
       wmma::mma_sync(s_acc, a, b, s_acc);
     }
-    wmma::store_matrix_sync(&sm.s[warp][0][0], s_acc, Tile::kSLd, wmma::mem_row_major);
-    __syncthreads();  // every warp's partials are in
+    wmma::store_matrix_sync(&ss.s[warp][0][0], s_acc, Tile::kSLd, wmma::mem_row_major);
+    stream_barrier<kStreams>(stream);  // every warp's partials are in
 
     // One online-softmax step, the same in every warp; lane j owns token j.
     float alpha[G];
     bool rescale = false;
 #pragma unroll
     for (int h = 0; h < G; ++h) {
-      float dot = sm.s[0][h][lane];
+      float dot = ss.s[0][h][lane];
 #pragma unroll
-      for (int w = 1; w < kMmaWarps; ++w) dot += sm.s[w][h][lane];
+      for (int w = 1; w < kMmaWarps; ++w) dot += ss.s[w][h][lane];
       const float s = this_valid ? dot * p.io.scale_log2 : kNegInf;
       if (__any_sync(0xFFFFFFFFu, s != s)) nan_heads |= 1u << h;
       const float m_new = fmaxf(m[h], warp_max(s));
@@ -193,12 +218,12 @@ __device__ __forceinline__ void mma_attend(const QsaSimpleParams& p) {
       m[h] = m_new;
       ws.p[h][lane] = Elem<T>::bits(pr);
     }
-    __syncthreads();  // the partials are read before the next chunk's are stored
+    stream_barrier<kStreams>(stream);  // the partials are read before the next chunk's are stored
     if (rescale) {  // warp-uniform (m is)
       float a = 1.f;
 #pragma unroll
       for (int h = 0; h < G; ++h) a = lane == h ? alpha[h] : a;
-      if (lane < Tile::kHeads) sm.alpha[warp][lane] = a;
+      if (lane < Tile::kHeads) ss.alpha[warp][lane] = a;
 #pragma unroll
       for (int n = 0; n < kOFrags; ++n)
         wmma::store_matrix_sync(&ws.kbuf.o[0][n * 32], o_acc[n], Tile::kOLd, wmma::mem_row_major);
@@ -206,7 +231,7 @@ __device__ __forceinline__ void mma_attend(const QsaSimpleParams& p) {
       for (int i = lane; i < Tile::kHeads * Tile::kDims / 4; i += 32) {
         const int h = i / (Tile::kDims / 4), d = (i % (Tile::kDims / 4)) * 4;
         float4* x = reinterpret_cast<float4*>(&ws.kbuf.o[h][d]);
-        const float f = sm.alpha[warp][h];
+        const float f = ss.alpha[warp][h];
         float4 v = *x;
         v.x *= f;
         v.y *= f;
@@ -236,37 +261,61 @@ __device__ __forceinline__ void mma_attend(const QsaSimpleParams& p) {
     __syncwarp();  // the slices are read before the next chunk stages its own
   }
 
-  // ---- epilogue: out = O / L (0 for an empty row, NaN after a NaN score), lse = ln(sum exp) ----
+  // ---- epilogue: the streams merged in stream order; out = O / L (0 for an empty head, NaN after
+  // a NaN score), lse = ln(sum exp) ----
 #pragma unroll
   for (int n = 0; n < kOFrags; ++n) wmma::store_matrix_sync(&ws.kbuf.o[0][n * 32], o_acc[n], Tile::kOLd, wmma::mem_row_major);
-  float inv_l[G], lse[G];
-  uint32_t empty_heads = 0;
 #pragma unroll
   for (int h = 0; h < G; ++h) {
     const float l = warp_sum(l_part[h]);
-    const bool nan = (nan_heads >> h) & 1u, empty = m[h] == kNegInf;
-    empty_heads |= uint32_t(empty && !nan) << h;
-    inv_l[h] = nan ? __int_as_float(0x7FC00000) : 1.f / l;
-    lse[h] = nan ? __int_as_float(0x7FC00000) : empty ? kNegInf : m[h] * 0.69314718055994530942f + logf(l);
-  }
-  __syncwarp();
-  const int64_t head0 = int64_t(kvh) * G;
-  T* out_row = static_cast<T*>(p.io.out) + int64_t(r) * p.io.out_row_stride + warp * Tile::kDims;
-#pragma unroll
-  for (int h = 0; h < G; ++h) {
-#pragma unroll
-    for (int d = 2 * lane; d < Tile::kDims; d += 64) {
-      // NaN after a NaN score (through inv_l), exact 0 for an empty head (whatever 0 * V left in O).
-      const bool empty = (empty_heads >> h) & 1u;
-      const float a = empty ? 0.f : ws.kbuf.o[h][d] * inv_l[h], b = empty ? 0.f : ws.kbuf.o[h][d + 1] * inv_l[h];
-      *reinterpret_cast<uint32_t*>(out_row + (head0 + h) * p.io.out_head_stride + d) = Elem<T>::pack(a, b);
+    if (warp == 0 && lane == 0) {
+      sm.m[stream][h] = m[h];
+      sm.l[stream][h] = l;
     }
   }
-  if (p.io.lse != nullptr && warp == 0 && lane < G) {
-    float x = lse[0];
+  if (warp == 0 && lane == 0) sm.nan[stream] = nan_heads;
+  __syncthreads();
+  uint32_t nan_all = 0;
 #pragma unroll
-    for (int h = 1; h < G; ++h) x = lane == h ? lse[h] : x;
-    p.io.lse[int64_t(r) * p.io.lse_row_stride + (head0 + lane) * p.io.lse_head_stride] = x;
+  for (int st = 0; st < kStreams; ++st) nan_all |= sm.nan[st];
+  const int64_t head0 = int64_t(kvh) * G;
+  T* out_row = static_cast<T*>(p.io.out) + int64_t(r) * p.io.out_row_stride + warp * Tile::kDims;
+  // Stream `stream` writes heads stream, stream + kStreams, ... of its warp's dims.
+  for (int h = stream; h < G; h += kStreams) {
+    float mx = kNegInf;
+#pragma unroll
+    for (int st = 0; st < kStreams; ++st) mx = fmaxf(mx, sm.m[st][h]);
+    const bool nan = (nan_all >> h) & 1u, empty = mx == kNegInf;
+    float L = 0.f, wt[kStreams];
+#pragma unroll
+    for (int st = 0; st < kStreams; ++st) {  // a stream without a token for the head weighs 0
+      wt[st] = sm.m[st][h] == kNegInf ? 0.f : exp2f(sm.m[st][h] - mx);
+      L += sm.l[st][h] * wt[st];
+    }
+    const float inv = 1.f / L;
+#pragma unroll
+    for (int d = 2 * lane; d < Tile::kDims; d += 64) {
+      float a = 0.f, b = 0.f;
+#pragma unroll
+      for (int st = 0; st < kStreams; ++st) {
+        if (wt[st] == 0.f) continue;  // its O rows hold only 0 * V (0, or NaN after a NaN V)
+        a += sm.stream[st].warp[warp].kbuf.o[h][d] * wt[st];
+        b += sm.stream[st].warp[warp].kbuf.o[h][d + 1] * wt[st];
+      }
+      if (nan) {
+        a = b = __int_as_float(0x7FC00000);
+      } else if (empty) {
+        a = b = 0.f;
+      } else {
+        a *= inv;
+        b *= inv;
+      }
+      *reinterpret_cast<uint32_t*>(out_row + (head0 + h) * p.io.out_head_stride + d) = Elem<T>::pack(a, b);
+    }
+    if (p.io.lse != nullptr && warp == 0 && lane == 0) {
+      const float lse = nan ? __int_as_float(0x7FC00000) : empty ? kNegInf : mx * 0.69314718055994530942f + logf(L);
+      p.io.lse[int64_t(r) * p.io.lse_row_stride + (head0 + h) * p.io.lse_head_stride] = lse;
+    }
   }
 }
 
