@@ -104,6 +104,25 @@ TEST(QsaGpu, PageSize784AndLongSelections) {
   check_config(c, seed + 1);
 }
 
+// The simple kernel's chunk streams: the launcher gives a CTA 4, 2 or 1 streams by its grid (rows x
+// kv heads) against the SM count (on an H200's 132 SMs: 80 CTAs take 4, 200 take 2, 600 one), with
+// selections long enough (13 chunks) that every stream has several.
+TEST(QsaGpu, SimpleChunkStreamsAcrossGridSizes) {
+  SELKV_REQUIRE_GPU();
+  const uint64_t seed = test::test_seed() + 13;
+  SCOPED_TRACE("SELKV_TEST_SEED=" + std::to_string(test::test_seed()));
+  for (int64_t R : {40, 100, 300}) {
+    Config c;
+    c.K = 96;
+    c.max_len = 1600;
+    c.R = R;
+    c.G = 3;
+    c.Hkv = 2;
+    c.dtype = R == 100 ? QsaDtype::kBf16 : QsaDtype::kFp16;
+    check_config(c, seed + uint64_t(R));
+  }
+}
+
 // Rows whose expanded groups are not 4-token blocks (a repeated token, tokens of two blocks): the
 // plan flags them (counts = -1, byte-equal to the reference) and the attention stays exact.
 TEST(QsaGpu, IrregularExpandedRowsStayExact) {
