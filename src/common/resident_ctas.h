@@ -43,6 +43,15 @@ inline Status device_sm_count(const char* op, int* sms) {
   });
 }
 
+// Shared memory a block of the current device may opt in to (cudaFuncSetAttribute's ceiling).
+inline Status device_smem_optin(const char* op, int* bytes) {
+  static std::atomic<int> cache[kMaxCachedDevices] = {};
+  return cached_per_device(cache, op, bytes, [op](int dev, int* n) -> Status {
+    SELKV_CUDA_RETURN(cudaDeviceGetAttribute(n, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), op);
+    return Status::Ok();
+  });
+}
+
 // CTAs of `kKernel` (launched with `threads` threads and `smem` dynamic bytes, fixed per kernel)
 // resident on the whole current device at once: SMs x occupancy (at least one per SM).
 template <auto kKernel>

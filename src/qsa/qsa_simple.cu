@@ -9,33 +9,20 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <atomic>
-
 #include "common/arch.h"           // set_max_dynamic_smem_once
-#include "common/resident_ctas.h"  // device_sm_count, cached_per_device
+#include "common/resident_ctas.h"  // device_sm_count, device_smem_optin
 #include "qsa/qsa_simple.cuh"
 
 namespace selkv::qsa {
 namespace {
-
-// Shared memory a block may opt in to on the current device (cached).
-cudaError_t smem_optin_bytes(int* bytes) {
-  static std::atomic<int> cache[detail::kMaxCachedDevices] = {};
-  cudaError_t err = cudaSuccess;
-  const Status st = detail::cached_per_device(cache, "qsa_simple", bytes, [&](int dev, int* v) -> Status {
-    err = cudaDeviceGetAttribute(v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-    return Status::Ok();
-  });
-  return !st.ok() && err == cudaSuccess ? cudaErrorInvalidDevice : err;
-}
 
 // Chunk streams a CTA of the plain kernel runs: enough that the grid's streams fill the GPU's
 // 4 stream slots an SM (16 warps), as long as the shared memory fits.
 template <int D>
 cudaError_t pick_streams(int64_t ctas, int* streams) {
   int sms = 0, optin = 0;
-  if (!detail::device_sm_count("qsa_simple", &sms).ok()) return cudaErrorInvalidDevice;
-  if (const cudaError_t err = smem_optin_bytes(&optin); err != cudaSuccess) return err;
+  if (!detail::device_sm_count("qsa_simple", &sms).ok() || !detail::device_smem_optin("qsa_simple", &optin).ok())
+    return cudaErrorInvalidDevice;
   *streams = 1;
   if (ctas <= 2 * int64_t(sms) && kSimpleSmemBytes<D, 2> <= size_t(optin)) *streams = 2;
   if (ctas <= int64_t(sms) && kSimpleSmemBytes<D, 4> <= size_t(optin)) *streams = 4;
