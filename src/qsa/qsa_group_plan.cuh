@@ -80,28 +80,39 @@ __device__ __forceinline__ void gp_tokens(const QsaSelectionParams& s, const Row
   }
 }
 
-// Those tokens' valid ones (the rule of resolve_token; the 4 block-table loads issue together): their
-// logical block and mask (0: none), and whether they fail to be distinct tokens of one block.
+// The block-table entry of the first token that passes the rule's checks before the table (t >= 0,
+// t < len, a table), or -1 when none does or its logical page is past the table: issued for every
+// item of a batch before any is used. The 4 tokens of a regular item share one block and so one
+// page (P is a multiple of 4): one lookup and one division an item.
+__device__ __forceinline__ int32_t gp_first_page(const QsaSelectionParams& s, const RowSel& rs, const int64_t (&t)[4],
+                                                 int64_t* block) {
+  int64_t first = -1;
+#pragma unroll
+  for (int i = 3; i >= 0; --i)
+    if (t[i] >= 0 && t[i] < rs.len && rs.table != nullptr) first = t[i];
+  *block = first >= 0 ? first / 4 : -1;
+  if (first < 0) return -1;
+  const int32_t lp = int32_t(first) / s.page_size;  // first < len: an int32
+  return lp < s.block_table_width ? __ldg(rs.table + lp) : -1;
+}
+
+// Those tokens' valid ones (the rule of resolve_token): their logical block and mask (0: none), and
+// whether they fail to be distinct tokens of one block. block0 / page0: gp_first_page's.
 __device__ __forceinline__ void gp_item(const QsaSelectionParams& s, const RowSel& rs, const int64_t (&t)[4],
-                                        int64_t* block, int* mask, bool* irregular) {
-  int32_t lp[4];
-  bool ok[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    ok[i] = t[i] >= 0 && t[i] < rs.len && rs.table != nullptr;
-    lp[i] = ok[i] ? int32_t(t[i]) / s.page_size : 0;  // t < len: an int32
-    ok[i] = ok[i] && lp[i] < s.block_table_width;
-  }
-  int32_t pg[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) pg[i] = ok[i] ? __ldg(rs.table + lp[i]) : -1;
+                                        int64_t block0, int32_t page0, int64_t* block, int* mask, bool* irregular) {
   *mask = 0;
   *irregular = false;
   *block = -1;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    if (!ok[i] || pg[i] < 0 || int64_t(pg[i]) >= s.num_pages) continue;
+    if (t[i] < 0 || t[i] >= rs.len || rs.table == nullptr) continue;
     const int64_t b = t[i] / 4;  // valid tokens are >= 0
+    int32_t pg = page0;
+    if (b != block0) {  // an irregular item: its own lookup
+      const int32_t lp = int32_t(t[i]) / s.page_size;
+      pg = lp < s.block_table_width ? __ldg(rs.table + lp) : -1;
+    }
+    if (pg < 0 || int64_t(pg) >= s.num_pages) continue;
     const int bit = 1 << int(t[i] & 3);
     if (*mask != 0 && (b != *block || (*mask & bit) != 0)) *irregular = true;
     *block = b;
@@ -153,29 +164,44 @@ __global__ void __launch_bounds__(kGpThreads, 2) qsa_group_plan_kernel(const Qsa
     __syncthreads();
     const uint32_t skip = emit ? sm.bad : 0u;
     const int32_t items = rows * groups_per_row;
+    // Item idx = (row j, selection group gi), idx = tid + kGpThreads k: (j, gi) advance by
+    // kGpThreads without a division per item.
+    const int32_t step_j = kGpThreads / groups_per_row, step_g = kGpThreads % groups_per_row;
+    int32_t nj = tid / groups_per_row, ngi = tid % groups_per_row;
     for (int32_t base = tid; base < items; base += kGpThreads * kGpBatch) {
       int32_t raw[kGpBatch][4];
       int jr[kGpBatch], gr[kGpBatch];
 #pragma unroll
       for (int u = 0; u < kGpBatch; ++u) {  // the batch's selection loads, all in flight
         const int32_t idx = base + u * kGpThreads;
-        const int j = idx < items ? idx / groups_per_row : 0;
-        const int32_t gi = idx - j * groups_per_row;
+        const int j = idx < items ? nj : 0, gi = ngi;
         const bool use = idx < items && sm.req[j] == q && ((skip >> j) & 1u) == 0u && 4 * gi < sm.rs[j].cols;
         jr[u] = use ? j : -1;
         gr[u] = gi;
         gp_load(s, sm.rs[j], gi, use, raw[u]);
+        ngi += step_g;
+        nj += step_j;
+        if (ngi >= groups_per_row) {
+          ngi -= groups_per_row;
+          ++nj;
+        }
+      }
+      int64_t tok[kGpBatch][4], blk0[kGpBatch];
+      int32_t pg0[kGpBatch];
+#pragma unroll
+      for (int u = 0; u < kGpBatch; ++u) {  // then their block-table loads, all in flight
+        const int j = jr[u] < 0 ? 0 : jr[u];
+        gp_tokens(s, sm.rs[j], gr[u], raw[u], tok[u]);
+        pg0[u] = jr[u] < 0 ? -1 : gp_first_page(s, sm.rs[j], tok[u], &blk0[u]);
       }
 #pragma unroll
       for (int u = 0; u < kGpBatch; ++u) {
         const int j = jr[u];
         if (j < 0) continue;
-        int64_t tok[4];
-        gp_tokens(s, sm.rs[j], gr[u], raw[u], tok);
         int64_t b;
         int mask;
         bool irregular;
-        gp_item(s, sm.rs[j], tok, &b, &mask, &irregular);
+        gp_item(s, sm.rs[j], tok[u], blk0[u], pg0[u], &b, &mask, &irregular);
         if (irregular) atomicOr(&sm.bad, 1u << j);
         if (mask != 0 && b >= w0 + nb) atomicMin(&sm.next_block, static_cast<unsigned long long>(b));
         if (mask == 0 || b < w0 || b >= w0 + nb) continue;
