@@ -2,6 +2,7 @@
 // caller's stream; no host sync, graph capturable.
 #include "qsa/qsa_group_plan.h"
 
+#include "common/arch.h"
 #include "qsa/qsa_group_plan.cuh"
 
 namespace selkv::qsa {
@@ -10,8 +11,13 @@ cudaError_t launch_qsa_group_plan(const QsaSelectionParams& s, int32_t rows_per_
                                   cudaStream_t stream) {
   if (s.num_rows <= 0 || rows_per_group < 1 || rows_per_group > kGpMaxRows) return cudaSuccess;
   const int64_t groups = (int64_t(s.num_rows) + rows_per_group - 1) / rows_per_group;
-  qsa_group_plan_kernel<<<dim3{unsigned(groups)}, dim3{unsigned(kGpThreads)}, sizeof(GroupPlanSmem), stream>>>(
-      s, rows_per_group, group_plan);
+  // Shared memory for the call's window (gp_win_words: its longest possible context); the attribute
+  // is set once, for the largest window.
+  const int32_t win_words = gp_win_words(s);
+  cudaError_t err = selkv::detail::set_max_dynamic_smem_once<&qsa_group_plan_kernel>(int(gp_smem_bytes(kGpMaxWinWords)));
+  if (err != cudaSuccess) return err;
+  qsa_group_plan_kernel<<<dim3{unsigned(groups)}, dim3{unsigned(kGpThreads)}, gp_smem_bytes(win_words), stream>>>(
+      s, rows_per_group, win_words, group_plan);
   return cudaGetLastError();
 }
 

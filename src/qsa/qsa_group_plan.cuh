@@ -5,12 +5,13 @@
 // warp's serial work on the attention's critical path; docs/perf-log.md: QSA group plan).
 //
 // Per request of the group (valid ids in order of first appearance), the request's logical blocks
-// are covered by windows of up to kGpWinWords x 32 blocks. In a window every thread takes
+// are covered by windows of up to W x 32 blocks (W = gp_win_words: the call's longest possible
+// context, up to kGpMaxWinWords, so a 128K-token context is one window). In a window every thread takes
 // (row, selection group) items: the group's valid tokens (the validity rule of selkv/qsa.h) give a
 // block and a token mask, set as one bit of the row's bitmap (atomicOr: a bit already set is a
 // block selected twice, which makes the row bad), a mask other than all 4 tokens goes to a list.
-// Then thread w turns bitmap word w of every row into the blocks' membership words, placed by a
-// CTA-wide exclusive scan of the words' block counts, and the list's entries clear the tokens a
+// Then thread w turns bitmap word w of every row (256 words at a time) into the blocks' membership
+// words, placed by a CTA-wide exclusive scan of the words' block counts, and the list's entries clear the tokens a
 // row does not use. Rows found bad (an irregular expanded group, a block twice) must contribute
 // nothing: when a request needs more than one window a first pass over its windows only finds
 // them; with one window the bits of rows found bad are dropped before that window is emitted.
@@ -27,15 +28,24 @@
 namespace selkv::qsa {
 
 inline constexpr int kGpThreads = 256;
-inline constexpr int kGpWinWords = 256;  // bitmap words a row has: windows of up to 8192 blocks
-inline constexpr int kGpExcCap = 1024;   // partial-block entries of one window
+inline constexpr int kGpMaxWinWords = 1024;  // bitmap words a row has at most: windows of up to 32768 blocks
+inline constexpr int kGpExcCap = 1024;       // partial-block entries of one window
 inline constexpr int kGpMaxRows = kGroupMaxRows;
 
+// Bitmap words of a window: enough for the call's longest possible context (block_table_width x P
+// tokens), so a request is scanned once, up to kGpMaxWinWords (longer ones take several windows
+// and a first pass for bad rows). Shape only: no data decides the launch.
+__host__ __device__ inline int32_t gp_win_words(const QsaSelectionParams& s) {
+  const int64_t blocks = (int64_t(s.block_table_width) * s.page_size + 3) / 4;
+  const int64_t words = (blocks + 31) / 32;
+  return int32_t(words < 1 ? 1 : words > kGpMaxWinWords ? kGpMaxWinWords : words);
+}
+
+// The fixed part of a CTA's shared memory; the window's arrays follow it (gp_smem_bytes):
+// bits[kGpMaxRows][W + 1] (+ 1: the rows' word w in distinct banks), word_union[W], word_first[W]
+// (the output index of word w's first block).
 struct GroupPlanSmem {
-  uint32_t bits[kGpMaxRows][kGpWinWords + 1];  // + 1: the rows' word w in distinct banks
   uint32_t exc[kGpExcCap];                     // (block offset << 9) | (row << 4) | token mask
-  uint32_t word_union[kGpWinWords];
-  int32_t word_first[kGpWinWords];             // output index of word w's first block
   RowSel rs[kGpMaxRows];
   int32_t req[kGpMaxRows];
   int32_t warp_sums[kGpThreads / 32];
@@ -44,7 +54,11 @@ struct GroupPlanSmem {
   unsigned long long next_block;  // the smallest selected block past the window being scanned
   int32_t count;  // blocks emitted so far
 };
+static_assert(sizeof(GroupPlanSmem) % 8 == 0, "the window's arrays follow it aligned");
 
+__host__ __device__ inline size_t gp_smem_bytes(int32_t win_words) {
+  return sizeof(GroupPlanSmem) + 4 * (size_t(kGpMaxRows) * size_t(win_words + 1) + 2 * size_t(win_words));
+}
 // Items (row, selection group) one thread resolves together: their loads are in flight at once
 // (one item at a time is a chain of dependent loads).
 inline constexpr int kGpBatch = 4;
@@ -121,9 +135,13 @@ __device__ __forceinline__ void gp_item(const QsaSelectionParams& s, const RowSe
 }
 
 __global__ void __launch_bounds__(kGpThreads, 2) qsa_group_plan_kernel(const QsaSelectionParams s, int32_t rows_per_group,
-                                                                     int32_t* gp) {
+                                                                     int32_t win_words, int32_t* gp) {
   extern __shared__ __align__(16) uint8_t gp_smem_raw[];
   GroupPlanSmem& sm = *reinterpret_cast<GroupPlanSmem*>(gp_smem_raw);
+  const int W = win_words, bits_stride = win_words + 1;
+  uint32_t* const bits = reinterpret_cast<uint32_t*>(gp_smem_raw + sizeof(GroupPlanSmem));  // [row][bits_stride]
+  uint32_t* const word_union = bits + kGpMaxRows * bits_stride;
+  int32_t* const word_first = reinterpret_cast<int32_t*>(word_union + W);
   const int tid = int(threadIdx.x), lane = tid % 32, warp = tid / 32;
   const int64_t R = s.num_rows, K = s.max_blocks, C = group_capacity(K);
   const int64_t g = blockIdx.x;
@@ -156,7 +174,7 @@ __global__ void __launch_bounds__(kGpThreads, 2) qsa_group_plan_kernel(const Qsa
   // false when the list overflowed. Uniform across the CTA.
   auto scan = [&](int32_t q, int64_t w0, int32_t nb, bool emit, int64_t* next) -> bool {
     const int words = (nb + 31) / 32;
-    for (int i = tid; i < kGpMaxRows * words; i += kGpThreads) sm.bits[i / words][i % words] = 0u;
+    for (int i = tid; i < kGpMaxRows * words; i += kGpThreads) bits[(i / words) * bits_stride + i % words] = 0u;
     if (tid == 0) {
       sm.exc_count = 0;
       sm.next_block = ~0ull;
@@ -206,7 +224,7 @@ __global__ void __launch_bounds__(kGpThreads, 2) qsa_group_plan_kernel(const Qsa
         if (mask != 0 && b >= w0 + nb) atomicMin(&sm.next_block, static_cast<unsigned long long>(b));
         if (mask == 0 || b < w0 || b >= w0 + nb) continue;
         const uint32_t off = uint32_t(b - w0), bit = 1u << (off & 31u);
-        const uint32_t old = atomicOr(&sm.bits[j][off >> 5], bit);
+        const uint32_t old = atomicOr(&bits[j * bits_stride + (off >> 5)], bit);
         if ((old & bit) != 0u) atomicOr(&sm.bad, 1u << j);  // the block a second time
         if (emit && mask != 15) {
           const int32_t i = atomicAdd(&sm.exc_count, 1);
@@ -221,61 +239,66 @@ __global__ void __launch_bounds__(kGpThreads, 2) qsa_group_plan_kernel(const Qsa
     return fits;
   };
 
-  // Emits the blocks of the window just scanned, rows in `bad` excluded.
+  // Emits the blocks of the window just scanned, rows in `bad` excluded: kGpThreads words at a time
+  // (thread tid: word c0 + tid), then the partial-block list.
   auto emit_window = [&](int32_t q, int64_t w0, int32_t nb) {
     const int words = (nb + 31) / 32;
     const uint32_t bad = sm.bad;
-    uint32_t u = 0u;
-    if (tid < words) {
-      for (int j = 0; j < rows; ++j)
-        if (((bad >> j) & 1u) == 0u) u |= sm.bits[j][tid];
-      sm.word_union[tid] = u;
-    }
-    // CTA-wide exclusive scan of the words' block counts.
-    const int cnt = __popc(u);
-    int incl = cnt;
-#pragma unroll
-    for (int d = 1; d < 32; d <<= 1) {
-      const int y = __shfl_up_sync(~0u, incl, d);
-      if (lane >= d) incl += y;
-    }
-    if (lane == 31) sm.warp_sums[warp] = incl;
-    __syncthreads();
-    int before = sm.count;
-    for (int w = 0; w < warp; ++w) before += sm.warp_sums[w];
-    const int firstw = before + incl - cnt;
-    if (tid < words) sm.word_first[tid] = firstw;
-    if (u != 0u) {
-      uint32_t rb[kGpMaxRows];
-#pragma unroll
-      for (int j = 0; j < kGpMaxRows; ++j) rb[j] = j < rows && ((bad >> j) & 1u) == 0u ? sm.bits[j][tid] : 0u;
-      int k = firstw;
-      for (uint32_t m = u; m != 0u; m &= m - 1u, ++k) {
-        const int bit = __ffs(m) - 1;
-        uint32_t mem = 0u;
-#pragma unroll
-        for (int j = 0; j < kGpMaxRows; ++j) mem |= ((rb[j] >> bit) & 1u) << j;
-        const int64_t t = 4 * (w0 + 32 * tid + bit);  // the block's first token (its page: valid, a row uses it)
-        const int32_t* tab = s.block_table + int64_t(q) * s.block_table_stride;
-        const int32_t lp = int32_t(t / s.page_size);
-        out_pb[k] = make_int2(tab[lp], int32_t(t - int64_t(lp) * s.page_size));
-        out_tw[k] = make_uint4(mem, mem, mem, mem);
+    for (int c0 = 0; c0 < words; c0 += kGpThreads) {
+      const int w = c0 + tid;
+      uint32_t u = 0u;
+      if (w < words) {
+        for (int j = 0; j < rows; ++j)
+          if (((bad >> j) & 1u) == 0u) u |= bits[j * bits_stride + w];
+        word_union[w] = u;
       }
+      // CTA-wide exclusive scan of the words' block counts.
+      const int cnt = __popc(u);
+      int incl = cnt;
+#pragma unroll
+      for (int d = 1; d < 32; d <<= 1) {
+        const int y = __shfl_up_sync(~0u, incl, d);
+        if (lane >= d) incl += y;
+      }
+      if (lane == 31) sm.warp_sums[warp] = incl;
+      __syncthreads();
+      int before = sm.count;
+      for (int v = 0; v < warp; ++v) before += sm.warp_sums[v];
+      const int firstw = before + incl - cnt;
+      if (w < words) word_first[w] = firstw;
+      if (u != 0u) {
+        uint32_t rb[kGpMaxRows];
+#pragma unroll
+        for (int j = 0; j < kGpMaxRows; ++j) rb[j] = j < rows && ((bad >> j) & 1u) == 0u ? bits[j * bits_stride + w] : 0u;
+        int k = firstw;
+        for (uint32_t m = u; m != 0u; m &= m - 1u, ++k) {
+          const int bit = __ffs(m) - 1;
+          uint32_t mem = 0u;
+#pragma unroll
+          for (int j = 0; j < kGpMaxRows; ++j) mem |= ((rb[j] >> bit) & 1u) << j;
+          const int64_t t = 4 * (w0 + 32 * w + bit);  // the block's first token (its page: valid, a row uses it)
+          const int32_t* tab = s.block_table + int64_t(q) * s.block_table_stride;
+          const int32_t lp = int32_t(t / s.page_size);
+          out_pb[k] = make_int2(tab[lp], int32_t(t - int64_t(lp) * s.page_size));
+          out_tw[k] = make_uint4(mem, mem, mem, mem);
+        }
+      }
+      __syncthreads();  // every thread has read sm.count and the warp sums
+      if (tid == kGpThreads - 1) sm.count = before + incl;  // the last thread's inclusive total
+      __syncthreads();  // the new count, and the block words written (visible to the CTA) before the partial masks
     }
-    __syncthreads();  // the block words are written (visible to the CTA) before the partial masks
     const int32_t n_exc = sm.exc_count;
     for (int32_t i = tid; i < n_exc; i += kGpThreads) {
       const uint32_t x = sm.exc[i];
       const int j = int((x >> 4) & 31u);
       if (((bad >> j) & 1u) != 0u) continue;
       const uint32_t off = x >> 9, w = off >> 5, bit = off & 31u;
-      const int k = sm.word_first[w] + __popc(sm.word_union[w] & ((1u << bit) - 1u));
+      const int k = word_first[w] + __popc(word_union[w] & ((1u << bit) - 1u));
       uint32_t* tw = reinterpret_cast<uint32_t*>(out_tw + k);
       for (int ti = 0; ti < 4; ++ti)
         if (((x >> ti) & 1u) == 0u) atomicAnd(tw + ti, ~(1u << j));
     }
-    if (tid == kGpThreads - 1) sm.count = before + incl;  // the last thread's inclusive total
-    __syncthreads();
+    __syncthreads();  // the list is read before the next window's scan resets it
   };
 
   // Requests in order of first appearance among the group's rows.
@@ -288,7 +311,7 @@ __global__ void __launch_bounds__(kGpThreads, 2) qsa_group_plan_kernel(const Qsa
     const int64_t live = s.seq_lens[q] < int64_t(s.block_table_width) * s.page_size
                              ? int64_t(s.seq_lens[q]) : int64_t(s.block_table_width) * s.page_size;
     const int64_t nblocks = live > 0 ? (live + 3) / 4 : 0;
-    constexpr int32_t kWin = 32 * kGpWinWords;
+    const int32_t kWin = 32 * W;
     int64_t next;
     if (nblocks > kWin)  // bad rows first, over every window that holds a selected block
       for (int64_t w0 = 0; w0 < nblocks; w0 = next)

@@ -307,9 +307,10 @@ TEST(QsaGpu, LargeBatchAtTheRouteBoundary) {
 }
 
 // The group plan kernel against its CPU reference byte for byte (the buffer is filled with garbage
-// first), both selection forms, group sizes 1..32, on the generator's garbage; long contexts (more than one 8192-block window: the bad-row pass first);
-// and rows whose every group keeps 3 of its 4 tokens (the partial-block list overflows and the
-// window is halved).
+// first), both selection forms, group sizes 1..32, on the generator's garbage; long contexts (40000
+// tokens: one window of more than 256 bitmap words, emitted in two passes; 140000: more than one
+// 32768-block window, the bad-row pass first); and rows whose every group keeps 3 of its 4 tokens
+// (the partial-block list overflows and the window is halved).
 TEST(QsaGpu, GroupPlanMatchesReference) {
   SELKV_REQUIRE_GPU();
   const uint64_t seed = test::test_seed() + 41;
@@ -319,7 +320,7 @@ TEST(QsaGpu, GroupPlanMatchesReference) {
     bool partial;
   };
   for (const Shape sh : {Shape{200, 16, 16, false}, Shape{1600, 96, 784, false}, Shape{40000, 256, 16, false},
-                         Shape{6000, 256, 16, true}}) {
+                         Shape{140000, 256, 16, false}, Shape{6000, 256, 16, true}}) {
     Config c;
     c.D = 128;
     c.Hkv = 1;
