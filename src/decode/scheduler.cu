@@ -47,10 +47,12 @@ decode_scheduler_kernel(int32_t batch, int32_t seq_q, int32_t topk, const int32_
       }
     }
     const int32_t pieces = dynamic ? row_pieces(n, min_blocks) : 0;
-    int32_t incl, total, piece_excl, piece_total;
+    int32_t incl, total, piece_excl = 0, piece_total = 0;
     Scan(tmp).InclusiveSum(n, incl, total);
-    __syncthreads();  // tmp reuse
-    Scan(tmp).ExclusiveSum(pieces, piece_excl, piece_total);
+    if (dynamic) {  // uniform across the CTA; fixed plans never take the row-piece cut
+      __syncthreads();  // tmp reuse
+      Scan(tmp).ExclusiveSum(pieces, piece_excl, piece_total);
+    }
     if (r < rows) {
       prefix[r + 1] = carry + incl;
       const int32_t row_begin = carry + incl - n;
