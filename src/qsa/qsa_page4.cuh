@@ -357,8 +357,10 @@ __global__ void __launch_bounds__(kP4Threads, 1) qsa_page4_kernel(const QsaPage4
   // The online softmax of tile t's scores (sc, landed) into P (out); a0 / a1: O's rescale.
   auto softmax = [&](int t, uint32_t (&out)[kP4Chunks][4]) {
     const uint32_t* tokw = reinterpret_cast<const uint32_t*>(smem + L::kTokw) + (t % kP4Ring) * kP4Tokens;
-    // Membership: token 8 j + 2 (lane % 4) + e of the tile for the thread's two rows. The scaled,
-    // masked scores go to x: sc stays as the wgmma wrote it (it is the next S's input).
+    // Membership: token 8 j + 2 (lane % 4) + e of the tile for the thread's two rows. The masked
+    // raw scores go to x (sc stays as the wgmma wrote it: it is the next S's input); the scale
+    // (> 0, check_sm_scale) is applied to the max once and folded into each exponent's FFMA.
+    const float scale = p.io.scale_log2;
     float x[2 * kP4Chunks][4];
     float mx0 = kNegInf, mx1 = kNegInf;
 #pragma unroll
@@ -367,10 +369,9 @@ __global__ void __launch_bounds__(kP4Threads, 1) qsa_page4_kernel(const QsaPage4
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const uint32_t tw = e == 0 ? w.x : w.y;
-        const float x0 = sc[j][e] * p.io.scale_log2, x1 = sc[j][2 + e] * p.io.scale_log2;
         const bool in0 = (tw & bit0) != 0u, in1 = (tw & bit1) != 0u;
-        x[j][e] = in0 ? x0 : kNegInf;
-        x[j][2 + e] = in1 ? x1 : kNegInf;
+        x[j][e] = in0 ? sc[j][e] : kNegInf;
+        x[j][2 + e] = in1 ? sc[j][2 + e] : kNegInf;
         mx0 = fmaxf(mx0, x[j][e]);
         mx1 = fmaxf(mx1, x[j][2 + e]);
       }
@@ -379,7 +380,8 @@ __global__ void __launch_bounds__(kP4Threads, 1) qsa_page4_kernel(const QsaPage4
     mx0 = fmaxf(mx0, __shfl_xor_sync(~0u, mx0, 2));
     mx1 = fmaxf(mx1, __shfl_xor_sync(~0u, mx1, 1));
     mx1 = fmaxf(mx1, __shfl_xor_sync(~0u, mx1, 2));
-    const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
+    // Rounding is monotonic: the scaled max is the max of the scaled scores, bit for bit.
+    const float n0 = fmaxf(m0, mx0 * scale), n1 = fmaxf(m1, mx1 * scale);
     // A row still without a member keeps m = -inf, P = 0 (exp2(-inf - 0)) and O = 0.
     a0 = n0 == kNegInf ? 1.f : selkv::sm90::exp2_ftz(m0 - n0);
     a1 = n1 == kNegInf ? 1.f : selkv::sm90::exp2_ftz(m1 - n1);
@@ -389,8 +391,8 @@ __global__ void __launch_bounds__(kP4Threads, 1) qsa_page4_kernel(const QsaPage4
     float sum0 = 0.f, sum1 = 0.f;
 #pragma unroll
     for (int j = 0; j < 2 * kP4Chunks; ++j) {
-      const float p00 = selkv::sm90::exp2_ftz(x[j][0] - b0), p01 = selkv::sm90::exp2_ftz(x[j][1] - b0);
-      const float p10 = selkv::sm90::exp2_ftz(x[j][2] - b1), p11 = selkv::sm90::exp2_ftz(x[j][3] - b1);
+      const float p00 = selkv::sm90::exp2_ftz(fmaf(x[j][0], scale, -b0)), p01 = selkv::sm90::exp2_ftz(fmaf(x[j][1], scale, -b0));
+      const float p10 = selkv::sm90::exp2_ftz(fmaf(x[j][2], scale, -b1)), p11 = selkv::sm90::exp2_ftz(fmaf(x[j][3], scale, -b1));
       sum0 += p00 + p01;
       sum1 += p10 + p11;
       out[j / 2][(j % 2) * 2 + 0] = Elem<T>::pack(p00, p01);
