@@ -6,18 +6,19 @@
 // The CTA serves the G <= 8 query heads of its kv head (the M of the tiles; rows above G are zero)
 // and walks the row's selection 32 columns (a chunk) at a time, its 4 warps splitting the head
 // dimension: warp w owns dims [w D / 4, (w + 1) D / 4) of K, V and O. Each warp resolves the chunk's
-// columns (a lane a column, the validity rule of qsa_select.cuh before any K / V read), issues the
-// loads of its K and V slices of every valid token at once (one round trip a chunk; invalid columns
-// get zero rows, nothing behind them is read), and computes its partial scores Q K^T over its dims;
-// the four partials are summed in warp order through shared memory, and every warp then takes the
-// same online-softmax step (lane j owns token j; P rounded to the element type) and adds P V to its
-// O slice. O stays in accumulator fragments, whose element layout WMMA does not specify, so a
-// rescale (some head's running max grew) goes through shared memory; past a row's first chunks it is
-// rare. A small grid (few rows x kv heads for the GPU's SMs) gives the CTA kStreams chunk streams
-// of 4 warps each (stream s takes chunks s, s + kStreams, ...; its own barrier and softmax state),
-// merged in stream order at the end; the launcher picks kStreams from the grid and the SM count
-// only. The chunks' order within a stream and the merge order are fixed, so the result depends
-// only on the selection's column positions and the shape (expanded and compact forms of one
+// columns (a lane a column, the validity rule of qsa_select.cuh before any K / V read) and loads its
+// K and V slices of every valid token at once (one round trip a chunk; invalid columns get zero
+// rows, nothing behind them is read), and computes its partial scores Q K^T over its dims; the
+// four partials are summed through shared memory by the warp that owns the head (warp w: heads w
+// and w + 4), which takes the head's online-softmax step (lane j owns token j; P rounded to the
+// element type, as FlashMLA does) and shares P and the rescale factor; every warp then adds P V to
+// its O slice. O stays in accumulator fragments, whose element layout WMMA does not specify, so a
+// rescale (some head's running max grew) goes through shared memory; past a row's first chunks it
+// is rare. A small grid (few rows x kv heads for the GPU's SMs) gives the CTA kStreams chunk
+// streams of 4 warps each (stream s takes chunks s, s + kStreams, ...; its own barrier and
+// softmax state), merged in stream order at the end; the launcher picks kStreams from the grid and
+// the SM count only. The chunks' order within a stream and the merge order are fixed, so the result
+// depends only on the selection's column positions and the shape (expanded and compact forms of one
 // selection give the same bits).
 #pragma once
 
@@ -62,7 +63,6 @@ struct alignas(32) MmaWarpSmem {
     float o[Tile::kHeads][Tile::kOLd];        // the O slice, staged (K is consumed by then)
   } kbuf;
   uint16_t v[Tile::kCols][Tile::kSliceLd];    // the chunk's V slice
-  uint16_t p[Tile::kHeads][Tile::kPLd];       // the chunk's probabilities, in the element type
 };
 
 // One chunk stream's shared memory.
@@ -70,7 +70,9 @@ template <int D>
 struct alignas(32) MmaStreamSmem {
   MmaWarpSmem<D> warp[kMmaWarps];
   float s[kMmaWarps][MmaTile<D>::kHeads][MmaTile<D>::kSLd];  // the warps' partial scores
-  float alpha[kMmaWarps][MmaTile<D>::kHeads];                 // each warp's rescale factors
+  uint16_t p[MmaTile<D>::kHeads][MmaTile<D>::kPLd];           // the chunk's probabilities, in the element type
+  float alpha[MmaTile<D>::kHeads];                             // this chunk's rescale factor of each head
+  int32_t rescale[MmaTile<D>::kHeads];                         // whether a head's O rows need it
 };
 
 template <int D, int kStreams>
@@ -79,7 +81,7 @@ struct alignas(32) MmaSmem {
   MmaStreamSmem<D> stream[kStreams];
   float m[kStreams][MmaTile<D>::kHeads];  // each stream's final max and sum, for the merge
   float l[kStreams][MmaTile<D>::kHeads];
-  uint32_t nan[kStreams];
+  uint32_t nan[kStreams][kMmaWarps];  // each warp's NaN heads
 };
 static_assert(sizeof(MmaSmem<256, 1>) <= 48 * 1024, "one stream: static shared memory, at most 48 KiB");
 
@@ -123,20 +125,23 @@ __device__ __forceinline__ void mma_attend(const QsaSimpleParams& p, MmaSmem<D, 
     if (h < G) x = __ldg(reinterpret_cast<const uint4*>(qrow + int64_t(h) * p.io.q_head_stride + c));
     *reinterpret_cast<uint4*>(&sm.q[h][c]) = x;
   }
-  for (int i = lane; i < Tile::kHeads * Tile::kPLd; i += 32) (&ws.p[0][0])[i] = 0;
+  for (int i = warp * 32 + lane; i < Tile::kHeads * Tile::kPLd; i += kMmaWarps * 32) (&ss.p[0][0])[i] = 0;
+  if (warp == 0 && lane < Tile::kHeads) ss.alpha[lane] = 1.f;  // heads above G keep 1
   __syncthreads();
 
   FragAcc o_acc[kOFrags];
 #pragma unroll
   for (int n = 0; n < kOFrags; ++n) wmma::fill_fragment(o_acc[n], 0.f);
-  float m[G];       // running max (base-2 scores), warp-uniform and equal in every warp
-  float l_part[G];  // running sum, this lane's token's share (summed over the warp at the end)
+  // Warp w owns heads w, w + 4: their online softmax (the scores summed over the 4 warps' dims).
+  constexpr int kOwn = (G + kMmaWarps - 1) / kMmaWarps;
+  float m[kOwn];       // running max (base-2 scores) of an owned head, warp-uniform
+  float l_part[kOwn];  // its running sum, this lane's token's share (summed over the warp at the end)
 #pragma unroll
-  for (int h = 0; h < G; ++h) {
-    m[h] = kNegInf;
-    l_part[h] = 0.f;
+  for (int j = 0; j < kOwn; ++j) {
+    m[j] = kNegInf;
+    l_part[j] = 0.f;
   }
-  uint32_t nan_heads = 0;  // bit h: a NaN score reached head h (DESIGN §2: the head's out and lse are NaN)
+  uint32_t nan_heads = 0;  // bit h: a NaN score reached owned head h (DESIGN §2: the head's out and lse are NaN)
   // This lane's 16 bytes of a token's slice, and the token it takes in each round.
   const int64_t dim_bytes = int64_t(warp * Tile::kDims + (lane % Tile::kLanesPerToken) * 8) * 2;
   const char* kbase = static_cast<const char*>(p.io.k) + int64_t(kvh) * p.io.k_head_stride * 2 + dim_bytes;
@@ -200,30 +205,32 @@ __device__ __forceinline__ void mma_attend(const QsaSimpleParams& p, MmaSmem<D, 
     wmma::store_matrix_sync(&ss.s[warp][0][0], s_acc, Tile::kSLd, wmma::mem_row_major);
     stream_barrier<kStreams>(stream);  // every warp's partials are in
 
-    // One online-softmax step, the same in every warp; lane j owns token j.
-    float alpha[G];
-    bool rescale = false;
+    // One online-softmax step of each owned head; lane j owns token j.
 #pragma unroll
-    for (int h = 0; h < G; ++h) {
+    for (int j = 0; j < kOwn; ++j) {
+      const int h = warp + kMmaWarps * j;
+      if (h >= G) break;  // warp-uniform
       float dot = ss.s[0][h][lane];
 #pragma unroll
       for (int w = 1; w < kMmaWarps; ++w) dot += ss.s[w][h][lane];
       const float s = this_valid ? dot * p.io.scale_log2 : kNegInf;
       if (__any_sync(0xFFFFFFFFu, s != s)) nan_heads |= 1u << h;
-      const float m_new = fmaxf(m[h], warp_max(s));
-      alpha[h] = m[h] == m_new ? 1.f : exp2f(m[h] - m_new);
-      rescale |= m[h] != m_new && m[h] != kNegInf;  // a head without tokens so far has zero O rows
+      const float m_new = fmaxf(m[j], warp_max(s));
+      const float alpha = m[j] == m_new ? 1.f : exp2f(m[j] - m_new);
       const float pr = m_new == kNegInf ? 0.f : exp2f(s - m_new);  // invalid lanes: exp2(-inf) = 0
-      l_part[h] = l_part[h] * alpha[h] + pr;
-      m[h] = m_new;
-      ws.p[h][lane] = Elem<T>::bits(pr);
+      l_part[j] = l_part[j] * alpha + pr;
+      ss.p[h][lane] = Elem<T>::bits(pr);
+      if (lane == 0) {
+        ss.alpha[h] = alpha;
+        ss.rescale[h] = m[j] != m_new && m[j] != kNegInf;  // a head without tokens so far has zero O rows
+      }
+      m[j] = m_new;
     }
-    stream_barrier<kStreams>(stream);  // the partials are read before the next chunk's are stored
-    if (rescale) {  // warp-uniform (m is)
-      float a = 1.f;
+    stream_barrier<kStreams>(stream);  // P and the factors are in; the partials are read
+    bool rescale = false;
 #pragma unroll
-      for (int h = 0; h < G; ++h) a = lane == h ? alpha[h] : a;
-      if (lane < Tile::kHeads) ss.alpha[warp][lane] = a;
+    for (int h = 0; h < G; ++h) rescale |= ss.rescale[h] != 0;
+    if (rescale) {  // warp-uniform
 #pragma unroll
       for (int n = 0; n < kOFrags; ++n)
         wmma::store_matrix_sync(&ws.kbuf.o[0][n * 32], o_acc[n], Tile::kOLd, wmma::mem_row_major);
@@ -231,7 +238,7 @@ __device__ __forceinline__ void mma_attend(const QsaSimpleParams& p, MmaSmem<D, 
       for (int i = lane; i < Tile::kHeads * Tile::kDims / 4; i += 32) {
         const int h = i / (Tile::kDims / 4), d = (i % (Tile::kDims / 4)) * 4;
         float4* x = reinterpret_cast<float4*>(&ws.kbuf.o[h][d]);
-        const float f = ss.alpha[warp][h];
+        const float f = ss.alpha[h];
         float4 v = *x;
         v.x *= f;
         v.y *= f;
@@ -244,13 +251,12 @@ __device__ __forceinline__ void mma_attend(const QsaSimpleParams& p, MmaSmem<D, 
       for (int n = 0; n < kOFrags; ++n)
         wmma::load_matrix_sync(o_acc[n], &ws.kbuf.o[0][n * 32], Tile::kOLd, wmma::mem_row_major);
     }
-    __syncwarp();  // P written
 
     // O += P V over the warp's dims.
 #pragma unroll
     for (int k = 0; k < Tile::kCols / 16; ++k) {
       FragA pa;
-      wmma::load_matrix_sync(pa, reinterpret_cast<const T*>(&ws.p[0][k * 16]), Tile::kPLd);
+      wmma::load_matrix_sync(pa, reinterpret_cast<const T*>(&ss.p[0][k * 16]), Tile::kPLd);
 #pragma unroll
       for (int n = 0; n < kOFrags; ++n) {
         FragV b;
@@ -266,18 +272,22 @@ __device__ __forceinline__ void mma_attend(const QsaSimpleParams& p, MmaSmem<D, 
 #pragma unroll
   for (int n = 0; n < kOFrags; ++n) wmma::store_matrix_sync(&ws.kbuf.o[0][n * 32], o_acc[n], Tile::kOLd, wmma::mem_row_major);
 #pragma unroll
-  for (int h = 0; h < G; ++h) {
-    const float l = warp_sum(l_part[h]);
-    if (warp == 0 && lane == 0) {
-      sm.m[stream][h] = m[h];
+  for (int j = 0; j < kOwn; ++j) {
+    const int h = warp + kMmaWarps * j;
+    if (h >= G) break;
+    const float l = warp_sum(l_part[j]);
+    if (lane == 0) {
+      sm.m[stream][h] = m[j];
       sm.l[stream][h] = l;
     }
   }
-  if (warp == 0 && lane == 0) sm.nan[stream] = nan_heads;
+  if (lane == 0) sm.nan[stream][warp] = nan_heads;
   __syncthreads();
   uint32_t nan_all = 0;
 #pragma unroll
-  for (int st = 0; st < kStreams; ++st) nan_all |= sm.nan[st];
+  for (int st = 0; st < kStreams; ++st)
+#pragma unroll
+    for (int w = 0; w < kMmaWarps; ++w) nan_all |= sm.nan[st][w];
   const int64_t head0 = int64_t(kvh) * G;
   T* out_row = static_cast<T*>(p.io.out) + int64_t(r) * p.io.out_row_stride + warp * Tile::kDims;
   // Stream `stream` writes heads stream, stream + kStreams, ... of its warp's dims.
