@@ -30,6 +30,17 @@ struct Words {
   uint32_t w[W];
 };
 
+// The 2W elements of a lane's words, in fp32.
+template <typename T, int W>
+__device__ __forceinline__ void unpack_words(const Words<W>& x, float (&f)[2 * W]) {
+#pragma unroll
+  for (int i = 0; i < W; ++i) {
+    const float2 v = Elem<T>::unpack(x.w[i]);
+    f[2 * i] = v.x;
+    f[2 * i + 1] = v.y;
+  }
+}
+
 template <int W>
 __device__ __forceinline__ Words<W> load_words(const void* p) {
   Words<W> r;
@@ -160,12 +171,7 @@ __device__ __forceinline__ void simt_attend(const QsaSimpleParams& p) {
       for (int u = 0; u < kSimpleUnroll; ++u) {
         if (j[u] < 0) continue;  // (not break: a fully unrolled loop keeps d in registers)
         float kf[E];
-#pragma unroll
-        for (int i = 0; i < W; ++i) {
-          const float2 f = Elem<T>::unpack(kx[u].w[i]);
-          kf[2 * i] = f.x;
-          kf[2 * i + 1] = f.y;
-        }
+        unpack_words<T, W>(kx[u], kf);
 #pragma unroll
         for (int h = 0; h < G; ++h)
 #pragma unroll
@@ -211,12 +217,7 @@ __device__ __forceinline__ void simt_attend(const QsaSimpleParams& p) {
       for (int u = 0; u < kSimpleUnroll; ++u) {
         if (j[u] < 0) break;
         float vf[E];
-#pragma unroll
-        for (int i = 0; i < W; ++i) {
-          const float2 f = Elem<T>::unpack(vx[u].w[i]);
-          vf[2 * i] = f.x;
-          vf[2 * i + 1] = f.y;
-        }
+        unpack_words<T, W>(vx[u], vf);
 #pragma unroll
         for (int h = 0; h < G; ++h) {
           const float pj = __shfl_sync(0xFFFFFFFFu, p_mine[h], j[u]);
