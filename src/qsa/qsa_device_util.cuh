@@ -1,5 +1,6 @@
 // Device helpers the C8 attention kernels share: the 2-byte element types' packing (fp16 / bf16
-// <-> fp32) and warp reductions. Nothing newer than SM70.
+// <-> fp32), warp reductions and the simple kernel's global -> shared slice copies. Nothing newer
+// than SM70 is required: the copies are asynchronous (cp.async) from SM80 and plain below.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -57,6 +58,35 @@ __device__ __forceinline__ float warp_max(float x) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xFFFFFFFFu, x, o));
   return x;
+}
+
+// 16 bytes from global to shared memory, zeros when !valid (src is never read then). From SM80
+// cp.async: it lands at copies_wait, overlapping whatever the thread does meanwhile; below SM80 a
+// load and a store (read-only data: the compiler may issue a batch's loads before its stores).
+__device__ __forceinline__ void copy16(void* dst, const void* src, bool valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(uint32_t(__cvta_generic_to_shared(dst))),
+               "l"(src), "r"(valid ? 16u : 0u)
+               : "memory");
+#else
+  *static_cast<uint4*>(dst) = valid ? __ldg(static_cast<const uint4*>(src)) : make_uint4(0u, 0u, 0u, 0u);
+#endif
+}
+
+// Closes this thread's batch of copies (a cp.async group; nothing below SM80).
+__device__ __forceinline__ void copies_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+// This thread's batches except the newest kPending have landed (visible to the warp after a
+// __syncwarp).
+template <int kPending>
+__device__ __forceinline__ void copies_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+#endif
 }
 
 // The smallest power of two >= n (n >= 1).

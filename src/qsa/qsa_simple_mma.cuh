@@ -6,16 +6,16 @@
 // The CTA serves the G <= 8 query heads of its kv head (the M of the tiles; rows above G are zero)
 // and walks the row's selection 32 columns (a chunk) at a time, its 4 warps splitting the head
 // dimension: warp w owns dims [w D / 4, (w + 1) D / 4) of K, V and O. Each warp resolves the chunk's
-// columns (a lane a column, the validity rule of qsa_select.cuh before any K / V read) and loads its
-// K and V slices of every valid token at once (one round trip a chunk; invalid columns get zero
-// rows, nothing behind them is read), and computes its partial scores Q K^T over its dims; the
-// four partials are summed through shared memory by the warp that owns the head (warp w: heads w
+// columns (a lane a column, the validity rule of qsa_select.cuh before any K / V read) and copies its
+// K and V slices of every valid token to shared memory (invalid columns get zero rows, nothing
+// behind them is read), the next chunk's slices in flight while this one is computed (cp.async from
+// SM80), and computes its partial scores Q K^T over its dims; the four partials are summed through shared memory by the warp that owns the head (warp w: heads w
 // and w + 4), which takes the head's online-softmax step (lane j owns token j; P rounded to the
 // element type, as FlashMLA does) and shares P and the rescale factor; every warp then adds P V to
 // its O slice. O stays in accumulator fragments, whose element layout WMMA does not specify, so a
-// rescale (some head's running max grew) goes through shared memory; past a row's first chunks it
-// is rare. A small grid (few rows x kv heads for the GPU's SMs) gives the CTA kStreams chunk
-// streams of 4 warps each (stream s takes chunks s, s + kStreams, ...; its own barrier and
+// rescale (some head's running max grew) goes through shared memory (the warp's partial scores, read
+// by then; the K slice is being refilled); past a row's first chunks it is rare. A small grid (few
+// rows x kv heads for the GPU's SMs) gives the CTA kStreams chunk streams of 4 warps each (stream s takes chunks s, s + kStreams, ...; its own barrier and
 // softmax state), merged in stream order at the end; the launcher picks kStreams from the grid and
 // the SM count only. The chunks' order within a stream and the merge order are fixed, so the result
 // depends only on the selection's column positions and the shape (expanded and compact forms of one
@@ -160,112 +160,124 @@ __device__ __forceinline__ void mma_attend(const QsaSimpleParams& p, MmaSmem<D, 
     *voff = valid ? (int64_t(page) * p.io.v_page_stride + int64_t(slot) * p.io.v_slot_stride) * 2 : 0;
     return valid;
   };
+  // The warp's slice of a chunk's tokens (`off`: the byte offsets its lanes resolved) into `rows`;
+  // invalid tokens zero-filled, nothing behind them read.
+  auto stage = [&](uint16_t (*rows)[Tile::kSliceLd], const char* base, int64_t off, uint32_t mask) {
+#pragma unroll
+    for (int i = 0; i < Tile::kRounds; ++i) {
+      const int j = i * Tile::kTokensPerRound + sub;
+      copy16(&rows[j][piece], base + __shfl_sync(0xFFFFFFFFu, off, j), (mask >> j) & 1u);
+    }
+  };
+  // Two chunks in flight a stream: chunk a (being computed) and b (the stream's next). The K slice
+  // of b loads while a's softmax and P V run, the V slice of b while b's scores and softmax run; the
+  // copies are warp-private (each warp its own dims), so only the warp waits for them. Copy batches
+  // in order K(a), V(a), then per chunk K(b), V(b): "all but the newest one landed" is always the
+  // slice needed next.
   constexpr int kStride = kStreams * Tile::kCols;  // columns from one of this stream's chunks to its next
-  int64_t koff, voff;
-  bool valid = resolve_column(stream * Tile::kCols, &koff, &voff);
+  int64_t koff_a, voff_a, koff_b, voff_b;  // chunk a's offsets: the prologue's copies only
+  bool valid_a = resolve_column(stream * Tile::kCols, &koff_a, &voff_a);
+  uint32_t mask_a = __ballot_sync(0xFFFFFFFFu, valid_a);  // the same in every warp of the stream
+  if (mask_a != 0u) stage(ws.kbuf.k, kbase, koff_a, mask_a);
+  copies_commit();
+  if (mask_a != 0u) stage(ws.v, vbase, voff_a, mask_a);
+  copies_commit();
+  bool valid_b = resolve_column(stream * Tile::kCols + kStride, &koff_b, &voff_b);
   for (int32_t c0 = stream * Tile::kCols; c0 < rs.cols; c0 += kStride) {
-    const uint32_t mask = __ballot_sync(0xFFFFFFFFu, valid);  // the same in every warp
-
-    // The warp's K and V slices of the chunk's tokens, every load in flight at once.
-    uint4 kx[Tile::kRounds], vx[Tile::kRounds];
-#pragma unroll
-    for (int i = 0; i < Tile::kRounds; ++i) {
-      const int j = i * Tile::kTokensPerRound + sub;
-      const int64_t ko = __shfl_sync(0xFFFFFFFFu, koff, j), vo = __shfl_sync(0xFFFFFFFFu, voff, j);
-      kx[i] = vx[i] = make_uint4(0u, 0u, 0u, 0u);
-      if ((mask >> j) & 1u) {
-        kx[i] = __ldg(reinterpret_cast<const uint4*>(kbase + ko));
-        vx[i] = __ldg(reinterpret_cast<const uint4*>(vbase + vo));
-      }
-    }
-    // The next chunk's columns while these loads are in flight (its selection and block-table
-    // reads are a chain of two dependent loads).
-    const bool this_valid = valid;
-    valid = resolve_column(c0 + kStride, &koff, &voff);
-    if (mask == 0) continue;
-#pragma unroll
-    for (int i = 0; i < Tile::kRounds; ++i) {
-      const int j = i * Tile::kTokensPerRound + sub;
-      *reinterpret_cast<uint4*>(&ws.kbuf.k[j][piece]) = kx[i];
-      *reinterpret_cast<uint4*>(&ws.v[j][piece]) = vx[i];
-    }
-    __syncwarp();
-
-    // The warp's partial scores over its dims.
     FragAcc s_acc;
-    wmma::fill_fragment(s_acc, 0.f);
-#pragma unroll
-    for (int k = 0; k < Tile::kDims / 16; ++k) {
-      FragA a;
-      FragKt b;
-      wmma::load_matrix_sync(a, q_smem + k * 16, Tile::kQLd);
-      wmma::load_matrix_sync(b, k_smem + k * 16, Tile::kSliceLd);
-      wmma::mma_sync(s_acc, a, b, s_acc);
-    }
-    wmma::store_matrix_sync(&ss.s[warp][0][0], s_acc, Tile::kSLd, wmma::mem_row_major);
-    stream_barrier<kStreams>(stream);  // every warp's partials are in
-
-    // One online-softmax step of each owned head; lane j owns token j.
-#pragma unroll
-    for (int j = 0; j < kOwn; ++j) {
-      const int h = warp + kMmaWarps * j;
-      if (h >= G) break;  // warp-uniform
-      float dot = ss.s[0][h][lane];
-#pragma unroll
-      for (int w = 1; w < kMmaWarps; ++w) dot += ss.s[w][h][lane];
-      const float s = this_valid ? dot * p.io.scale_log2 : kNegInf;
-      if (__any_sync(0xFFFFFFFFu, s != s)) nan_heads |= 1u << h;
-      const float m_new = fmaxf(m[j], warp_max(s));
-      const float alpha = m[j] == m_new ? 1.f : exp2f(m[j] - m_new);
-      const float pr = m_new == kNegInf ? 0.f : exp2f(s - m_new);  // invalid lanes: exp2(-inf) = 0
-      l_part[j] = l_part[j] * alpha + pr;
-      ss.p[h][lane] = Elem<T>::bits(pr);
-      if (lane == 0) {
-        ss.alpha[h] = alpha;
-        ss.rescale[h] = m[j] != m_new && m[j] != kNegInf;  // a head without tokens so far has zero O rows
-      }
-      m[j] = m_new;
-    }
-    stream_barrier<kStreams>(stream);  // P and the factors are in; the partials are read
-    bool rescale = false;
-#pragma unroll
-    for (int h = 0; h < G; ++h) rescale |= ss.rescale[h] != 0;
-    if (rescale) {  // warp-uniform
-#pragma unroll
-      for (int n = 0; n < kOFrags; ++n)
-        wmma::store_matrix_sync(&ws.kbuf.o[0][n * 32], o_acc[n], Tile::kOLd, wmma::mem_row_major);
+    if (mask_a != 0u) {  // the warp's partial scores over its dims
+      copies_wait<1>();  // K(a)
       __syncwarp();
-      for (int i = lane; i < Tile::kHeads * Tile::kDims / 4; i += 32) {
-        const int h = i / (Tile::kDims / 4), d = (i % (Tile::kDims / 4)) * 4;
-        float4* x = reinterpret_cast<float4*>(&ws.kbuf.o[h][d]);
-        const float f = ss.alpha[h];
-        float4 v = *x;
-        v.x *= f;
-        v.y *= f;
-        v.z *= f;
-        v.w *= f;
-        *x = v;
+      wmma::fill_fragment(s_acc, 0.f);
+#pragma unroll
+      for (int k = 0; k < Tile::kDims / 16; ++k) {
+        FragA a;
+        FragKt b;
+        wmma::load_matrix_sync(a, q_smem + k * 16, Tile::kQLd);
+        wmma::load_matrix_sync(b, k_smem + k * 16, Tile::kSliceLd);
+        wmma::mma_sync(s_acc, a, b, s_acc);
       }
+      __syncwarp();  // every lane has read the K slice before it is refilled
+    }
+    const uint32_t mask_b = __ballot_sync(0xFFFFFFFFu, valid_b);
+    if (mask_b != 0u) stage(ws.kbuf.k, kbase, koff_b, mask_b);
+    copies_commit();
+    if (mask_a != 0u) {
+      wmma::store_matrix_sync(&ss.s[warp][0][0], s_acc, Tile::kSLd, wmma::mem_row_major);
+      stream_barrier<kStreams>(stream);  // every warp's partials are in
+
+      // One online-softmax step of each owned head; lane j owns token j.
+#pragma unroll
+      for (int j = 0; j < kOwn; ++j) {
+        const int h = warp + kMmaWarps * j;
+        if (h >= G) break;  // warp-uniform
+        float dot = ss.s[0][h][lane];
+#pragma unroll
+        for (int w = 1; w < kMmaWarps; ++w) dot += ss.s[w][h][lane];
+        const float s = valid_a ? dot * p.io.scale_log2 : kNegInf;
+        if (__any_sync(0xFFFFFFFFu, s != s)) nan_heads |= 1u << h;
+        const float m_new = fmaxf(m[j], warp_max(s));
+        const float alpha = m[j] == m_new ? 1.f : exp2f(m[j] - m_new);
+        const float pr = m_new == kNegInf ? 0.f : exp2f(s - m_new);  // invalid lanes: exp2(-inf) = 0
+        l_part[j] = l_part[j] * alpha + pr;
+        ss.p[h][lane] = Elem<T>::bits(pr);
+        if (lane == 0) {
+          ss.alpha[h] = alpha;
+          ss.rescale[h] = m[j] != m_new && m[j] != kNegInf;  // a head without tokens so far has zero O rows
+        }
+        m[j] = m_new;
+      }
+      stream_barrier<kStreams>(stream);  // P and the factors are in; the partials are read
+      bool rescale = false;
+#pragma unroll
+      for (int h = 0; h < G; ++h) rescale |= ss.rescale[h] != 0;
+      if (rescale) {  // warp-uniform; O staged a fragment at a time in the warp's (read) partial scores
+#pragma unroll
+        for (int n = 0; n < kOFrags; ++n) {
+          float* o = &ss.s[warp][0][0];
+          wmma::store_matrix_sync(o, o_acc[n], Tile::kSLd, wmma::mem_row_major);
+          __syncwarp();
+          for (int i = lane; i < Tile::kHeads * Tile::kCols / 4; i += 32) {
+            const int h = i / (Tile::kCols / 4), d = (i % (Tile::kCols / 4)) * 4;
+            float4* x = reinterpret_cast<float4*>(o + h * Tile::kSLd + d);
+            const float f = ss.alpha[h];
+            float4 v = *x;
+            v.x *= f;
+            v.y *= f;
+            v.z *= f;
+            v.w *= f;
+            *x = v;
+          }
+          __syncwarp();
+          wmma::load_matrix_sync(o_acc[n], o, Tile::kSLd, wmma::mem_row_major);
+          __syncwarp();  // every lane has read it before the next fragment is staged
+        }
+      }
+
+      // O += P V over the warp's dims.
+      copies_wait<1>();  // V(a)
       __syncwarp();
 #pragma unroll
-      for (int n = 0; n < kOFrags; ++n)
-        wmma::load_matrix_sync(o_acc[n], &ws.kbuf.o[0][n * 32], Tile::kOLd, wmma::mem_row_major);
-    }
-
-    // O += P V over the warp's dims.
+      for (int k = 0; k < Tile::kCols / 16; ++k) {
+        FragA pa;
+        wmma::load_matrix_sync(pa, reinterpret_cast<const T*>(&ss.p[0][k * 16]), Tile::kPLd);
 #pragma unroll
-    for (int k = 0; k < Tile::kCols / 16; ++k) {
-      FragA pa;
-      wmma::load_matrix_sync(pa, reinterpret_cast<const T*>(&ss.p[0][k * 16]), Tile::kPLd);
-#pragma unroll
-      for (int n = 0; n < kOFrags; ++n) {
-        FragV b;
-        wmma::load_matrix_sync(b, v_smem + k * 16 * Tile::kSliceLd + n * 32, Tile::kSliceLd);
-        wmma::mma_sync(o_acc[n], pa, b, o_acc[n]);
+        for (int n = 0; n < kOFrags; ++n) {
+          FragV b;
+          wmma::load_matrix_sync(b, v_smem + k * 16 * Tile::kSliceLd + n * 32, Tile::kSliceLd);
+          wmma::mma_sync(o_acc[n], pa, b, o_acc[n]);
+        }
       }
+      __syncwarp();  // every lane has read the V slice before it is refilled
     }
-    __syncwarp();  // the slices are read before the next chunk stages its own
+    if (mask_b != 0u) stage(ws.v, vbase, voff_b, mask_b);
+    copies_commit();
+    valid_a = valid_b;
+    mask_a = mask_b;
+    valid_b = resolve_column(c0 + 2 * kStride, &koff_b, &voff_b);
   }
+  copies_wait<0>();  // nothing lands in the K slice once it stages O
+  __syncwarp();
 
   // ---- epilogue: the streams merged in stream order; out = O / L (0 for an empty head, NaN after
   // a NaN score), lse = ln(sum exp) ----
