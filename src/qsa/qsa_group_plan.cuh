@@ -94,20 +94,18 @@ __device__ __forceinline__ void gp_tokens(const QsaSelectionParams& s, const Row
   }
 }
 
-// The block-table entry of the first token that passes the rule's checks before the table (t >= 0,
-// t < len, a table), or -1 when none does or its logical page is past the table: issued for every
-// item of a batch before any is used. The 4 tokens of a regular item share one block and so one
-// page (P is a multiple of 4): one lookup and one division an item.
+// The block-table entry of the item's first live token (token_live), or -1 when none is live or its
+// logical page is past the table: issued for every item of a batch before any is used. The 4
+// tokens of a regular item share one block and so one page (P is a multiple of 4): one lookup and
+// one division an item.
 __device__ __forceinline__ int32_t gp_first_page(const QsaSelectionParams& s, const RowSel& rs, const int64_t (&t)[4],
                                                  int64_t* block) {
   int64_t first = -1;
 #pragma unroll
   for (int i = 3; i >= 0; --i)
-    if (t[i] >= 0 && t[i] < rs.len && rs.table != nullptr) first = t[i];
+    if (token_live(rs, t[i])) first = t[i];
   *block = first >= 0 ? first / 4 : -1;
-  if (first < 0) return -1;
-  const int32_t lp = int32_t(first) / s.page_size;  // first < len: an int32
-  return lp < s.block_table_width ? __ldg(rs.table + lp) : -1;
+  return first < 0 ? -1 : table_entry(s, rs, int32_t(first));
 }
 
 // Those tokens' valid ones (the rule of resolve_token): their logical block and mask (0: none), and
@@ -119,13 +117,9 @@ __device__ __forceinline__ void gp_item(const QsaSelectionParams& s, const RowSe
   *block = -1;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    if (t[i] < 0 || t[i] >= rs.len || rs.table == nullptr) continue;
-    const int64_t b = t[i] / 4;  // valid tokens are >= 0
-    int32_t pg = page0;
-    if (b != block0) {  // an irregular item: its own lookup
-      const int32_t lp = int32_t(t[i]) / s.page_size;
-      pg = lp < s.block_table_width ? __ldg(rs.table + lp) : -1;
-    }
+    if (!token_live(rs, t[i])) continue;
+    const int64_t b = t[i] / 4;  // live tokens are >= 0
+    const int32_t pg = b == block0 ? page0 : table_entry(s, rs, int32_t(t[i]));  // an irregular item: its own lookup
     if (pg < 0 || int64_t(pg) >= s.num_pages) continue;
     const int bit = 1 << int(t[i] & 3);
     if (*mask != 0 && (b != *block || (*mask & bit) != 0)) *irregular = true;
