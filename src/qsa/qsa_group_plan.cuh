@@ -10,9 +10,9 @@
 // (row, selection group) items: the group's valid tokens (the validity rule of selkv/qsa.h) give a
 // block and a token mask, set as one bit of the row's bitmap (atomicOr: a bit already set is a
 // block selected twice, which makes the row bad), a mask other than all 4 tokens goes to a list.
-// Then thread w turns bitmap word w of every row (256 words at a time) into the blocks' membership
-// words, placed by a CTA-wide exclusive scan of the words' block counts, and the list's entries clear the tokens a
-// row does not use. Rows found bad (an irregular expanded group, a block twice) must contribute
+// Then a CTA-wide exclusive scan of the bitmap words' block counts (the union over the rows) places
+// every block; the blocks, spread over all threads, get their page and membership words, and the
+// list's entries clear the tokens a row does not use. Rows found bad (an irregular expanded group, a block twice) must contribute
 // nothing: when a request needs more than one window a first pass over its windows only finds
 // them; with one window the bits of rows found bad are dropped before that window is emitted.
 // A window whose partial-block list overflows is retried at half the size (a 32-block window of
@@ -94,20 +94,18 @@ __device__ __forceinline__ void gp_tokens(const QsaSelectionParams& s, const Row
   }
 }
 
-// The block-table entry of the first token that passes the rule's checks before the table (t >= 0,
-// t < len, a table), or -1 when none does or its logical page is past the table: issued for every
-// item of a batch before any is used. The 4 tokens of a regular item share one block and so one
-// page (P is a multiple of 4): one lookup and one division an item.
+// The block-table entry of the item's first live token (token_live), or -1 when none is live or its
+// logical page is past the table: issued for every item of a batch before any is used. The 4
+// tokens of a regular item share one block and so one page (P is a multiple of 4): one lookup and
+// one division an item.
 __device__ __forceinline__ int32_t gp_first_page(const QsaSelectionParams& s, const RowSel& rs, const int64_t (&t)[4],
                                                  int64_t* block) {
   int64_t first = -1;
 #pragma unroll
   for (int i = 3; i >= 0; --i)
-    if (t[i] >= 0 && t[i] < rs.len && rs.table != nullptr) first = t[i];
+    if (token_live(rs, t[i])) first = t[i];
   *block = first >= 0 ? first / 4 : -1;
-  if (first < 0) return -1;
-  const int32_t lp = int32_t(first) / s.page_size;  // first < len: an int32
-  return lp < s.block_table_width ? __ldg(rs.table + lp) : -1;
+  return first < 0 ? -1 : table_entry(s, rs, int32_t(first));
 }
 
 // Those tokens' valid ones (the rule of resolve_token): their logical block and mask (0: none), and
@@ -119,19 +117,30 @@ __device__ __forceinline__ void gp_item(const QsaSelectionParams& s, const RowSe
   *block = -1;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    if (t[i] < 0 || t[i] >= rs.len || rs.table == nullptr) continue;
-    const int64_t b = t[i] / 4;  // valid tokens are >= 0
-    int32_t pg = page0;
-    if (b != block0) {  // an irregular item: its own lookup
-      const int32_t lp = int32_t(t[i]) / s.page_size;
-      pg = lp < s.block_table_width ? __ldg(rs.table + lp) : -1;
-    }
+    if (!token_live(rs, t[i])) continue;
+    const int64_t b = t[i] / 4;  // live tokens are >= 0
+    const int32_t pg = b == block0 ? page0 : table_entry(s, rs, int32_t(t[i]));  // an irregular item: its own lookup
     if (pg < 0 || int64_t(pg) >= s.num_pages) continue;
     const int bit = 1 << int(t[i] & 3);
     if (*mask != 0 && (b != *block || (*mask & bit) != 0)) *irregular = true;
     *block = b;
     *mask |= bit;
   }
+}
+
+// Position of the n-th (from 0) set bit of m (n < popcount(m)).
+__device__ __forceinline__ int nth_set_bit(uint32_t m, int n) {
+  int pos = 0;
+#pragma unroll
+  for (int half = 16; half > 0; half >>= 1) {
+    const int below = __popc(m & ((1u << half) - 1u));
+    if (n >= below) {
+      n -= below;
+      m >>= half;
+      pos += half;
+    }
+  }
+  return pos;
 }
 
 __global__ void __launch_bounds__(kGpThreads, 2) qsa_group_plan_kernel(const QsaSelectionParams s, int32_t rows_per_group,
@@ -239,11 +248,14 @@ __global__ void __launch_bounds__(kGpThreads, 2) qsa_group_plan_kernel(const Qsa
     return fits;
   };
 
-  // Emits the blocks of the window just scanned, rows in `bad` excluded: kGpThreads words at a time
-  // (thread tid: word c0 + tid), then the partial-block list.
+  // Emits the blocks of the window just scanned, rows in `bad` excluded: each word's block count and
+  // output index (a CTA-wide exclusive scan, kGpThreads words at a time), then the blocks spread
+  // over every thread (a block's table lookup is a dependent load: one thread walking a word's 32
+  // blocks would chain them), then the partial-block list.
   auto emit_window = [&](int32_t q, int64_t w0, int32_t nb) {
     const int words = (nb + 31) / 32;
     const uint32_t bad = sm.bad;
+    const int32_t count0 = sm.count;  // read before the scan's first update (behind a barrier)
     for (int c0 = 0; c0 < words; c0 += kGpThreads) {
       const int w = c0 + tid;
       uint32_t u = 0u;
@@ -252,7 +264,6 @@ __global__ void __launch_bounds__(kGpThreads, 2) qsa_group_plan_kernel(const Qsa
           if (((bad >> j) & 1u) == 0u) u |= bits[j * bits_stride + w];
         word_union[w] = u;
       }
-      // CTA-wide exclusive scan of the words' block counts.
       const int cnt = __popc(u);
       int incl = cnt;
 #pragma unroll
@@ -264,29 +275,32 @@ __global__ void __launch_bounds__(kGpThreads, 2) qsa_group_plan_kernel(const Qsa
       __syncthreads();
       int before = sm.count;
       for (int v = 0; v < warp; ++v) before += sm.warp_sums[v];
-      const int firstw = before + incl - cnt;
-      if (w < words) word_first[w] = firstw;
-      if (u != 0u) {
-        uint32_t rb[kGpMaxRows];
-#pragma unroll
-        for (int j = 0; j < kGpMaxRows; ++j) rb[j] = j < rows && ((bad >> j) & 1u) == 0u ? bits[j * bits_stride + w] : 0u;
-        int k = firstw;
-        for (uint32_t m = u; m != 0u; m &= m - 1u, ++k) {
-          const int bit = __ffs(m) - 1;
-          uint32_t mem = 0u;
-#pragma unroll
-          for (int j = 0; j < kGpMaxRows; ++j) mem |= ((rb[j] >> bit) & 1u) << j;
-          const int64_t t = 4 * (w0 + 32 * w + bit);  // the block's first token (its page: valid, a row uses it)
-          const int32_t* tab = s.block_table + int64_t(q) * s.block_table_stride;
-          const int32_t lp = int32_t(t / s.page_size);
-          out_pb[k] = make_int2(tab[lp], int32_t(t - int64_t(lp) * s.page_size));
-          out_tw[k] = make_uint4(mem, mem, mem, mem);
-        }
-      }
+      if (w < words) word_first[w] = before + incl - cnt;
       __syncthreads();  // every thread has read sm.count and the warp sums
       if (tid == kGpThreads - 1) sm.count = before + incl;  // the last thread's inclusive total
-      __syncthreads();  // the new count, and the block words written (visible to the CTA) before the partial masks
+      __syncthreads();
     }
+    const int32_t n_win = sm.count - count0;
+    const int32_t* tab = s.block_table + int64_t(q) * s.block_table_stride;
+    for (int32_t i = tid; i < n_win; i += kGpThreads) {
+      const int32_t k = count0 + i;
+      int lo = 0, hi = words;  // the first word whose first index is past k; k is in the one before
+      while (lo < hi) {
+        const int mid = (lo + hi) / 2;
+        if (word_first[mid] <= k) lo = mid + 1;
+        else hi = mid;
+      }
+      const int w = lo - 1;  // non-empty: an empty word's first index is its successor's
+      const int bit = nth_set_bit(word_union[w], k - word_first[w]);
+      uint32_t mem = 0u;
+      for (int j = 0; j < rows; ++j)
+        if (((bad >> j) & 1u) == 0u) mem |= ((bits[j * bits_stride + w] >> bit) & 1u) << j;
+      const int64_t t = 4 * (w0 + 32 * w + bit);  // the block's first token (its page: valid, a row uses it)
+      const int32_t lp = int32_t(t / s.page_size);
+      out_pb[k] = make_int2(__ldg(tab + lp), int32_t(t - int64_t(lp) * s.page_size));
+      out_tw[k] = make_uint4(mem, mem, mem, mem);
+    }
+    __syncthreads();  // the block words written (visible to the CTA) before the partial masks
     const int32_t n_exc = sm.exc_count;
     for (int32_t i = tid; i < n_exc; i += kGpThreads) {
       const uint32_t x = sm.exc[i];

@@ -52,18 +52,28 @@ __device__ __forceinline__ int64_t column_token(const QsaSelectionParams& s, con
   return rs.tail_base + (c - 4 * rs.count);
 }
 
+// The validity rule's checks before the block table: t is a live token of a request with a table.
+__device__ __forceinline__ bool token_live(const RowSel& rs, int64_t t) {
+  return t >= 0 && t < rs.len && rs.table != nullptr;
+}
+
+// The block-table entry of live token t (an int32: t < len), or -1 when its logical page is past the
+// table; the caller range-checks the entry.
+__device__ __forceinline__ int32_t table_entry(const QsaSelectionParams& s, const RowSel& rs, int32_t t) {
+  const int32_t lp = t / s.page_size;
+  return lp < s.block_table_width ? __ldg(rs.table + lp) : -1;
+}
+
 // The validity rule: token t -> (physical page, slot), or false. Reads only the block-table entry
 // of a token already known to be live.
 __device__ __forceinline__ bool resolve_token(const QsaSelectionParams& s, const RowSel& rs, int64_t t,
                                               int32_t* page, int32_t* slot) {
-  if (t < 0 || t >= rs.len || rs.table == nullptr) return false;
-  const int32_t tt = int32_t(t);  // < len, an int32
-  const int32_t lp = tt / s.page_size;
-  if (lp >= s.block_table_width) return false;
-  const int32_t pg = rs.table[lp];
+  if (!token_live(rs, t)) return false;
+  const int32_t tt = int32_t(t);
+  const int32_t pg = table_entry(s, rs, tt);
   if (pg < 0 || int64_t(pg) >= s.num_pages) return false;
   *page = pg;
-  *slot = tt - lp * s.page_size;
+  *slot = tt - (tt / s.page_size) * s.page_size;
   return true;
 }
 
