@@ -217,6 +217,9 @@ __global__ void __launch_bounds__(kGpThreads, 2) qsa_group_plan_kernel(const Qsa
       int32_t pg0[kGpBatch];
 #pragma unroll
       for (int u = 0; u < kGpBatch; ++u) {  // then their block-table loads, all in flight
+        // An expanded group of 4 negative words (the -1 padding past a row's selection, most of a
+        // short selection's columns) holds no token: nothing more to do for it.
+        if (!s.compact && (raw[u][0] & raw[u][1] & raw[u][2] & raw[u][3]) < 0) jr[u] = -1;
         const int j = jr[u] < 0 ? 0 : jr[u];
         gp_tokens(s, sm.rs[j], gr[u], raw[u], tok[u]);
         pg0[u] = jr[u] < 0 ? -1 : gp_first_page(s, sm.rs[j], tok[u], &blk0[u]);
