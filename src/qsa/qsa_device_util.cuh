@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "sm90/device_ops.cuh"  // cp.async copies and groups (emitted only from SM80)
+
 namespace selkv::qsa {
 
 template <typename T>
@@ -61,13 +63,12 @@ __device__ __forceinline__ float warp_max(float x) {
 }
 
 // 16 bytes from global to shared memory, zeros when !valid (src is never read then). From SM80
-// cp.async: it lands at copies_wait, overlapping whatever the thread does meanwhile; below SM80 a
-// load and a store (read-only data: the compiler may issue a batch's loads before its stores).
+// sm90/device_ops.cuh's cp.async copy: it lands at copies_wait, overlapping whatever the thread does
+// meanwhile; below SM80 a load and a store (read-only data: the compiler may issue a batch's loads
+// before its stores).
 __device__ __forceinline__ void copy16(void* dst, const void* src, bool valid) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(uint32_t(__cvta_generic_to_shared(dst))),
-               "l"(src), "r"(valid ? 16u : 0u)
-               : "memory");
+  selkv::sm90::cp_async_16(uint32_t(__cvta_generic_to_shared(dst)), src, valid);
 #else
   *static_cast<uint4*>(dst) = valid ? __ldg(static_cast<const uint4*>(src)) : make_uint4(0u, 0u, 0u, 0u);
 #endif
@@ -76,7 +77,7 @@ __device__ __forceinline__ void copy16(void* dst, const void* src, bool valid) {
 // Closes this thread's batch of copies (a cp.async group; nothing below SM80).
 __device__ __forceinline__ void copies_commit() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
+  selkv::sm90::cp_async_commit();
 #endif
 }
 
@@ -85,7 +86,7 @@ __device__ __forceinline__ void copies_commit() {
 template <int kPending>
 __device__ __forceinline__ void copies_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+  selkv::sm90::cp_async_wait_group<kPending>();
 #endif
 }
 
