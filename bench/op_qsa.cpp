@@ -4,8 +4,11 @@
 // plan, qsa_plan, is built once outside the timed call); "page4" cases build their group plan
 // (qsa::qsa_group_plan) inside every timed call.
 // "page4" cases time the page-4 route (qsa::qsa_sparse_prefill_page4: the SM90 page-4 kernel and
-// the fix-up pass) whatever qsa_route picks; "overlap N%" cases give each row N% of the previous
-// row's blocks (neighbouring query tokens select mostly the same blocks), the rest random.
+// the fix-up pass) whatever qsa_route picks; "route" cases time what a caller of the public API
+// runs: qsa_sparse_prefill on the kernel qsa_route picks, with qsa_plan inside the timed call when
+// the route wants one. "overlap N%" cases give each row N% of the previous row's blocks
+// (neighbouring query tokens select mostly the same blocks), the rest random. "K=N" cases pass
+// the selection at its top-k width ([R, 4N + 3], max_blocks N) instead of [R, 2051] with -1 padding.
 // Bytes (the floor, DESIGN §6): the unique K / V tokens the batch selects (each read once, every
 // kv head) + q + the selection + out + lse, at the copy rate. The variant also states the K / V
 // bytes the simple kernel gathers (every selected token once per row and kv head), the traffic a
@@ -38,6 +41,8 @@ struct QsaShape {
   bool interleaved = false;
   bool force_simple = false;
   bool page4 = false;      // time qsa::qsa_sparse_prefill_page4
+  bool route = false;      // time qsa_sparse_prefill as routed, qsa_plan inside the call when wanted
+  int32_t max_blocks = kQsaMaxBlocks;  // the selection's width: [R, 4 max_blocks + 3]
   int32_t rows_per_cta = 0;  // page4: rows one CTA groups (0: the kernel's default)
   int32_t overlap = 0;     // % of the previous row's blocks a row keeps (0: independent random rows)
   uint64_t seed = 0x95a;
@@ -46,7 +51,8 @@ struct QsaShape {
 std::string shape_str(const QsaShape& s) {
   return "R=" + human_count(s.rows) + " Hq=" + std::to_string(s.q_heads) + " Hkv=" + std::to_string(s.kv_heads) +
          " D=" + std::to_string(s.dim) + " blocks=" + std::to_string(s.blocks) + " ctx=" + human_count(s.context) +
-         " page=" + std::to_string(s.page) + (s.overlap > 0 ? " overlap=" + std::to_string(s.overlap) + "%" : "") +
+         " page=" + std::to_string(s.page) +
+         (s.max_blocks != kQsaMaxBlocks ? " K=" + std::to_string(s.max_blocks) : "") + (s.overlap > 0 ? " overlap=" + std::to_string(s.overlap) + "%" : "") +
          (s.page4 && s.rows_per_cta > 0 ? " rows/cta=" + std::to_string(s.rows_per_cta) : "");
 }
 
@@ -67,7 +73,7 @@ class QsaWorkload final : public Workload {
     lens_.assign(size_t(num_req_), s.context);
     req_.resize(size_t(s.rows));
     pos_.resize(size_t(s.rows));
-    const int64_t cols = qsa_expanded_cols(kQsaMaxBlocks);
+    const int64_t cols = qsa_expanded_cols(s.max_blocks);
     sel_.assign(size_t(s.rows * cols), -1);
     std::vector<char> used(size_t(pages_ * s.page), 0);
     std::vector<int32_t> pool, prev;
@@ -127,12 +133,12 @@ class QsaWorkload final : public Workload {
     lse_ = DeviceBuffer(size_t(s.rows) * s.q_heads * 4);
     // page4: the group plan, rebuilt inside every timed call; else the public plan (the same group
     // plan), built once here and passed along (the simple kernel does not read it).
-    md_bytes_ = qsa_metadata_size(s.rows, kQsaMaxBlocks);
+    md_bytes_ = qsa_metadata_size(s.rows, s.max_blocks);
     md_ = DeviceBuffer(md_bytes_);
     const QsaSparsePrefillParams p = params(q_.get(), kv_.get(), table_d_.as<int32_t>(), lens_d_.as<int32_t>(),
                                             req_d_.as<int32_t>(), pos_d_.as<int32_t>(), sel_d_.as<int32_t>(),
                                             out_.get(), lse_.as<float>(), s.rows);
-    if (!s.page4) throw_if_error(qsa_plan(p, md_.get(), md_bytes_, nullptr));
+    if (!s.page4 && !s.route) throw_if_error(qsa_plan(p, md_.get(), md_bytes_, nullptr));
     SELKV_BENCH_CUDA(cudaDeviceSynchronize());
   }
 
@@ -157,6 +163,7 @@ class QsaWorkload final : public Workload {
   }
   void run(cudaStream_t stream) override {
     const QsaSparsePrefillParams p = device_params();
+    if (s_.route && qsa_page4_wanted(p)) throw_if_error(qsa_plan(p, md_.get(), md_bytes_, stream));
     if (!s_.page4) {
       throw_if_error(qsa_sparse_prefill(p, stream));
       return;
@@ -175,7 +182,7 @@ class QsaWorkload final : public Workload {
     const int64_t cache_elems = pages_ * s_.page * slot_elems_;
     std::vector<uint16_t> kv(size_t(cache_elems) * 2);
     SELKV_BENCH_CUDA(cudaMemcpy(kv.data(), kv_.get(), kv.size() * 2, cudaMemcpyDeviceToHost));
-    const int64_t hd = int64_t(s_.q_heads) * s_.dim, cols = qsa_expanded_cols(kQsaMaxBlocks);
+    const int64_t hd = int64_t(s_.q_heads) * s_.dim, cols = qsa_expanded_cols(s_.max_blocks);
     for (int64_t r : {int64_t(0), s_.rows / 2, s_.rows - 1}) {
       const size_t n = static_cast<size_t>(hd);
       std::vector<uint16_t> q(n), got(n), want(n);
@@ -250,9 +257,9 @@ class QsaWorkload final : public Workload {
     p.req_ids = req;
     p.positions = pos;
     p.form = QsaSelectionForm::kExpanded;
-    p.max_blocks = kQsaMaxBlocks;
+    p.max_blocks = s_.max_blocks;
     p.selection = sel;
-    p.selection_stride = qsa_expanded_cols(kQsaMaxBlocks);
+    p.selection_stride = qsa_expanded_cols(s_.max_blocks);
     p.scale = float(1.0 / std::sqrt(double(s_.dim)));
     p.out = out;
     p.out_row_stride = int64_t(s_.q_heads) * s_.dim;
@@ -291,6 +298,11 @@ QsaShape shape_from(const Params& p) {
   s.context = int32_t(checked_positive("s-kv", p.get_int("s-kv", 8192)));
   s.page = int32_t(checked_positive("page-size", p.get_int("page-size", 16)));
   s.page4 = p.get_int("page4", 0) != 0;
+  s.route = p.get_int("route", 0) != 0;
+  s.max_blocks = int32_t(p.get_int("select-k", kQsaMaxBlocks));
+  if (s.max_blocks < 1 || s.max_blocks > kQsaMaxBlocks || s.blocks > s.max_blocks)
+    throw std::invalid_argument("--select-k must be in [--topk, 512]");
+  if (s.page4 && s.route) throw std::invalid_argument("--page4 and --route exclude each other");
   s.rows_per_cta = int32_t(p.get_int("rows-per-cta", 0));
   s.overlap = int32_t(p.get_int("overlap", 0));
   if (s.overlap < 0 || s.overlap > 100) throw std::invalid_argument("--overlap must be in [0, 100]");
@@ -314,7 +326,9 @@ SELKV_BENCH_REGISTER(register_qsa) {
                {"topk", "selected blocks per row, <= 512 (qsa: 512)"},
                {"s-kv", "context tokens per request (qsa: 8192)"},
                {"page-size", "page size, a multiple of 4 (qsa: 16)"},
-               {"page4", "1: time the page-4 route (qsa: 0, the routed kernel)"},
+               {"page4", "1: time the page-4 route (qsa: 0, the simple kernel)"},
+               {"route", "1: time qsa_sparse_prefill as routed, qsa_plan inside the call when wanted (qsa: 0)"},
+               {"select-k", "max_blocks K of the selection buffer [R, 4K + 3] (qsa: 512)"},
                {"rows-per-cta", "page-4 rows per CTA, 0 = default (qsa: 0)"},
                {"overlap", "% of the previous row's blocks each row keeps (qsa: 0, random rows)"}};
   op.make = [](const Params& p) -> std::unique_ptr<Workload> { return std::make_unique<QsaWorkload>(shape_from(p)); };
@@ -328,6 +342,8 @@ SELKV_BENCH_REGISTER(register_qsa) {
     int32_t blocks = 512;
     int32_t overlap = 0;
     int32_t rows_per_cta = 0;
+    bool route = false;
+    int32_t max_blocks = kQsaMaxBlocks;
   };
   std::vector<Case> cases;
   for (auto [hq, hkv] : {std::pair{16, 2}, std::pair{32, 4}})
@@ -352,14 +368,20 @@ SELKV_BENCH_REGISTER(register_qsa) {
   for (int32_t rpc : {1, 2, 5, 8, 9})
     for (int32_t ov : {0, 90}) cases.push_back({4096, 6, 1, 8192, true, true, 512, ov, rpc});
   for (int64_t rows : {int64_t(4096), int64_t(16384)}) cases.push_back({rows, 16, 2, 8192, false, true});
+  // Selections at their top-k width (K = blocks): both kernels and the default route.
+  for (int32_t blocks : {16, 32, 64, 128, 256})
+    for (int mode = 0; mode < 3; ++mode)
+      cases.push_back({4096, 6, 1, 8192, true, mode == 1, blocks, 0, 0, mode == 2, blocks});
+  for (int32_t blocks : {16, 128}) cases.push_back({4096, 6, 1, 131072, true, false, blocks, 0, 0, true, blocks});
   for (const Case& k : cases) {
     BenchCase c;
     c.op = "qsa";
-    c.label = std::string(k.page4 ? "qsa page4" : "qsa") + " R=" + human_count(k.rows) + " Hq=" + std::to_string(k.hq) +
+    c.label = std::string(k.page4 ? "qsa page4" : k.route ? "qsa route" : "qsa") + " R=" + human_count(k.rows) + " Hq=" + std::to_string(k.hq) +
               " Hkv=" + std::to_string(k.hkv) + " D=256 " + std::to_string(k.blocks) + " blocks ctx=" +
               human_count(k.context) + " page=16 fp16" + (k.interleaved ? " interleaved" : "") +
               (k.overlap > 0 ? " overlap=" + std::to_string(k.overlap) + "%" : "") +
-              (k.rows_per_cta > 0 ? " rows/cta=" + std::to_string(k.rows_per_cta) : "");
+              (k.rows_per_cta > 0 ? " rows/cta=" + std::to_string(k.rows_per_cta) : "") +
+              (k.max_blocks != kQsaMaxBlocks ? " K=" + std::to_string(k.max_blocks) : "");
     c.quick = !k.page4 && k.blocks == 512 && (k.rows == 64 || (k.rows == 4096 && k.hq == 6 && k.context == 8192));
     c.graph = k.rows <= 64;
     c.make = [k](uint64_t seed) -> std::unique_ptr<Workload> {
@@ -373,7 +395,9 @@ SELKV_BENCH_REGISTER(register_qsa) {
       s.blocks = k.blocks;
       s.overlap = k.overlap;
       s.rows_per_cta = k.rows_per_cta;
-      s.force_simple = !k.page4;  // the other cases time the simple kernel, whatever the route
+      s.route = k.route;
+      s.max_blocks = k.max_blocks;
+      s.force_simple = !k.page4 && !k.route;  // the other cases time the simple kernel
       s.seed = seed ^ 0x95a;
       return std::make_unique<QsaWorkload>(s);
     };

@@ -1,8 +1,9 @@
 // C8 GPU entry points (include/selkv/qsa.h): the argument checks (shared with the oracle,
 // qsa_checks.cpp), the routing between the kernels, and the launches.
 //
-// Routing. The page-4 kernel (SM90) takes large batches: rows >= kQsaPage4MinRows, a plan passed
-// in p.metadata, neither p.force_simple nor SELKV_QSA_PAGE4=0; every other call runs the exact
+// Routing. The page-4 kernel (SM90) takes large batches of wide selections: rows >=
+// kQsaPage4MinRows, max_blocks >= kQsaPage4MinBlocks, a plan passed in p.metadata, neither
+// p.force_simple nor SELKV_QSA_PAGE4=0; every other call runs the exact
 // simple kernel, which walks the selection itself and needs no plan. The plan is the group plan
 // (qsa_plan = qsa::qsa_group_plan for the route's grouping, src/qsa/qsa_group_layout.h). That
 // route is the page-4 kernel, then a fix-up pass of the simple kernel over the (row, kv head)s the
@@ -56,7 +57,8 @@ bool page4_disabled_by_env() {
 }  // namespace
 
 bool qsa_page4_wanted(const QsaSparsePrefillParams& p) {
-  return !p.force_simple && !page4_disabled_by_env() && p.num_rows >= kQsaPage4MinRows && p.metadata != nullptr;
+  return !p.force_simple && !page4_disabled_by_env() && p.num_rows >= kQsaPage4MinRows &&
+         p.max_blocks >= kQsaPage4MinBlocks && p.metadata != nullptr;
 }
 
 QsaKernel qsa_route(const QsaSparsePrefillParams& p) {

@@ -75,9 +75,14 @@ struct alignas(32) MmaStreamSmem {
   int32_t rescale[MmaTile<D>::kHeads];                         // whether a head's O rows need it
 };
 
+// Words of the live-chunk bitmap: a row has at most 4 * 512 + 3 columns, 65 chunks of 32.
+inline constexpr int kLiveWords = 3;
+inline constexpr int32_t kNoChunk = 32 * kLiveWords;  // past every chunk
+
 template <int D, int kStreams>
 struct alignas(32) MmaSmem {
   uint16_t q[MmaTile<D>::kHeads][MmaTile<D>::kQLd];
+  uint32_t live[kLiveWords];  // bit k: chunk k has a column with a non-negative token
   MmaStreamSmem<D> stream[kStreams];
   float m[kStreams][MmaTile<D>::kHeads];  // each stream's final max and sum, for the merge
   float l[kStreams][MmaTile<D>::kHeads];
@@ -127,7 +132,39 @@ __device__ __forceinline__ void mma_attend(const QsaSimpleParams& p, MmaSmem<D, 
   }
   for (int i = warp * 32 + lane; i < Tile::kHeads * Tile::kPLd; i += kMmaWarps * 32) (&ss.p[0][0])[i] = 0;
   if (warp == 0 && lane < Tile::kHeads) ss.alpha[lane] = 1.f;  // heads above G keep 1
+  // The live-chunk bitmap: warp w < kLiveWords reads the columns of chunks [32 w, 32 w + 32) at once,
+  // so the chunks without a non-negative token (a short selection's -1 padding) are never walked,
+  // each of which would cost the stream a dependent selection load. Those chunks contribute nothing
+  // either way: skipping them leaves the result's bits unchanged.
+  if (const int cta_warp = int(threadIdx.x) / 32; cta_warp < kLiveWords) {
+    bool nonneg[32];  // every load issued before the first ballot waits
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      const int32_t c = (cta_warp * 32 + i) * Tile::kCols + lane;
+      nonneg[i] = c < rs.cols && column_token(p.sel, rs, c) >= 0;
+    }
+    uint32_t bits = 0;
+#pragma unroll
+    for (int i = 0; i < 32; ++i) bits |= (__ballot_sync(0xFFFFFFFFu, nonneg[i]) != 0u ? 1u : 0u) << i;
+    if (lane == 0) sm.live[cta_warp] = bits;
+  }
   __syncthreads();
+  // This stream's live chunks (stream s takes chunks s, s + kStreams, ...).
+  constexpr uint32_t kStreamChunks = kStreams == 1 ? 0xFFFFFFFFu : kStreams == 2 ? 0x55555555u : 0x11111111u;
+  static_assert(kStreams == 1 || kStreams == 2 || kStreams == 4, "streams: 1, 2 or 4");
+  uint32_t live[kLiveWords];
+#pragma unroll
+  for (int w = 0; w < kLiveWords; ++w) live[w] = sm.live[w] & (kStreamChunks << stream);
+  // The first of this stream's live chunks at or after chunk k, or kNoChunk.
+  auto next_chunk = [&](int32_t k) -> int32_t {
+#pragma unroll
+    for (int w = 0; w < kLiveWords; ++w) {
+      const int32_t lo = k - 32 * w;
+      const uint32_t bits = lo <= 0 ? live[w] : lo >= 32 ? 0u : live[w] & (0xFFFFFFFFu << lo);
+      if (bits != 0u) return 32 * w + __ffs(int(bits)) - 1;
+    }
+    return kNoChunk;
+  };
 
   FragAcc o_acc[kOFrags];
 #pragma unroll
@@ -174,16 +211,16 @@ __device__ __forceinline__ void mma_attend(const QsaSimpleParams& p, MmaSmem<D, 
   // copies are warp-private (each warp its own dims), so only the warp waits for them. Copy batches
   // in order K(a), V(a), then per chunk K(b), V(b): "all but the newest one landed" is always the
   // slice needed next.
-  constexpr int kStride = kStreams * Tile::kCols;  // columns from one of this stream's chunks to its next
+  int32_t chunk_a = next_chunk(0), chunk_b = next_chunk(chunk_a + 1);
   int64_t koff_a, voff_a, koff_b, voff_b;  // chunk a's offsets: the prologue's copies only
-  bool valid_a = resolve_column(stream * Tile::kCols, &koff_a, &voff_a);
+  bool valid_a = resolve_column(chunk_a * Tile::kCols, &koff_a, &voff_a);
   uint32_t mask_a = __ballot_sync(0xFFFFFFFFu, valid_a);  // the same in every warp of the stream
   if (mask_a != 0u) stage(ws.kbuf.k, kbase, koff_a, mask_a);
   copies_commit();
   if (mask_a != 0u) stage(ws.v, vbase, voff_a, mask_a);
   copies_commit();
-  bool valid_b = resolve_column(stream * Tile::kCols + kStride, &koff_b, &voff_b);
-  for (int32_t c0 = stream * Tile::kCols; c0 < rs.cols; c0 += kStride) {
+  bool valid_b = resolve_column(chunk_b * Tile::kCols, &koff_b, &voff_b);
+  while (chunk_a != kNoChunk) {
     FragAcc s_acc;
     if (mask_a != 0u) {  // the warp's partial scores over its dims
       copies_wait<1>();  // K(a)
@@ -274,7 +311,9 @@ __device__ __forceinline__ void mma_attend(const QsaSimpleParams& p, MmaSmem<D, 
     copies_commit();
     valid_a = valid_b;
     mask_a = mask_b;
-    valid_b = resolve_column(c0 + 2 * kStride, &koff_b, &voff_b);
+    chunk_a = chunk_b;
+    chunk_b = next_chunk(chunk_b + 1);
+    valid_b = resolve_column(chunk_b * Tile::kCols, &koff_b, &voff_b);
   }
   copies_wait<0>();  // nothing lands in the K slice once it stages O
   __syncwarp();

@@ -68,8 +68,9 @@ TEST(QsaChecks, ValidProblemPasses) {
   }
 }
 
-// The route is decided on the host from the Params and the environment alone: 4096 rows with a
-// plan ask for (and take) page-4, 4095 rows, no plan, force_simple or SELKV_QSA_PAGE4=0 do not.
+// The route is decided on the host from the Params and the environment alone: 4096 rows of
+// 512-block selections with a plan ask for (and take) page-4; 4095 rows, a selection narrower than
+// kQsaPage4MinBlocks, no plan, force_simple or SELKV_QSA_PAGE4=0 do not.
 TEST(QsaChecks, RouteRule) {
   const char* saved = std::getenv("SELKV_QSA_PAGE4");
   const std::string saved_value = saved ? saved : "";
@@ -83,6 +84,12 @@ TEST(QsaChecks, RouteRule) {
   EXPECT_FALSE(qsa_page4_wanted(p));
   p.num_rows = 1 << 20;
   EXPECT_TRUE(qsa_page4_wanted(p));
+  p.max_blocks = kQsaPage4MinBlocks - 1;
+  EXPECT_FALSE(qsa_page4_wanted(p));
+  EXPECT_EQ(qsa_route(p), QsaKernel::kSimple);
+  p.max_blocks = kQsaPage4MinBlocks;
+  EXPECT_TRUE(qsa_page4_wanted(p));
+  p.max_blocks = kQsaMaxBlocks;
   p.force_simple = true;
   EXPECT_FALSE(qsa_page4_wanted(p));
   p.force_simple = false;

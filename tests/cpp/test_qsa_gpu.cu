@@ -123,6 +123,58 @@ TEST(QsaGpu, SimpleChunkStreamsAcrossGridSizes) {
   }
 }
 
+// The simple kernel never walks a 32-column chunk without a non-negative token (a short selection's
+// -1 padding). 2051-column rows with a few live blocks in scattered chunks (the first, the last
+// partial one, random ones) and negative garbage (-1, -7, INT_MIN) everywhere else agree with the
+// oracle, and give the same bits as the same rows with the garbage replaced by stale tokens (>=
+// seq_len: those chunks are walked, nothing is read): skipping changes no bit. 64 rows run 4 chunk
+// streams a CTA, 300 one.
+TEST(QsaGpu, SimpleSkipsChunksWithoutTokens) {
+  SELKV_REQUIRE_GPU();
+  for (int64_t R : {64, 300}) {
+    std::mt19937_64 rng(test::test_seed() + 31 + uint64_t(R));
+    Config c;
+    c.K = 512;
+    c.R = R;
+    c.G = 6;
+    c.Hkv = 1;
+    c.num_req = 2;
+    c.max_len = 3000;
+    Problem pr = make_problem(c, rng);
+    const int64_t cols = qsa_expanded_cols(pr.K), chunks = (cols + 31) / 32;
+    const int32_t garbage[3] = {-1, -7, std::numeric_limits<int32_t>::min()};
+    std::vector<int32_t> stale(pr.sel.size());
+    for (int64_t r = 0; r < pr.R; ++r) {
+      int32_t* row = pr.sel.data() + r * cols;
+      for (int64_t i = 0; i < cols; ++i) {
+        row[i] = garbage[i % 3];
+        stale[size_t(r * cols + i)] = (1 << 30) + int32_t(i);
+      }
+      if (r % 7 == 3) continue;  // nothing selected
+      const int64_t picks[4] = {0, chunks - 1, int64_t(rng() % uint64_t(chunks)), int64_t(rng() % uint64_t(chunks))};
+      for (int64_t ch : picks) {
+        if (r % 2 == 1 && ch == 0) continue;  // some rows start past chunk 0
+        const int64_t first = ch * 32 + int64_t(rng() % 8) * 4;
+        const int32_t b = int32_t(rng() % uint64_t(c.max_len / 4));
+        for (int64_t k = 0; k < 4 && first + k < cols; ++k) row[first + k] = 4 * b + int32_t(k);
+      }
+      for (int64_t i = 0; i < cols; ++i)
+        if (row[i] >= 0) stale[size_t(r * cols + i)] = row[i];
+    }
+    poison_unused(pr);
+    const Result ref = run_oracle(pr);
+    DeviceProblem dp(pr);
+    const std::string what = "R " + std::to_string(R);
+    const Result skip = run_gpu(dp, pr, QsaSelectionForm::kExpanded, what + " padded", true);
+    expect_close(pr, skip, ref, what + " padded");
+    std::copy(stale.begin(), stale.end(), pr.sel.begin());  // p.selection keeps pointing at it
+    DeviceProblem dp_stale(pr);
+    const Result walk = run_gpu(dp_stale, pr, QsaSelectionForm::kExpanded, what + " stale", true);
+    EXPECT_TRUE(test::bits_equal(skip.out, walk.out)) << what << ": padded vs stale out";
+    EXPECT_TRUE(test::bits_equal(skip.lse, walk.lse)) << what << ": padded vs stale lse";
+  }
+}
+
 // Rows whose expanded groups are not 4-token blocks (a repeated token, tokens of two blocks): the
 // plan flags them (counts = -1, byte-equal to the reference) and the attention stays exact.
 TEST(QsaGpu, IrregularExpandedRowsStayExact) {

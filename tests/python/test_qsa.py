@@ -792,8 +792,9 @@ def test_cuda_plan_irregular_rows(selkv, cuda_device):
     assert md.view(torch.int32)[8:12].tolist() == [0, 2, 0b110, 0]  # rows 1 and 2 bad
 
 
-def _large_problem(device, R=4096, K=64, Hq=8, Hkv=1, D=128, P=64, num_req=4, dtype=torch.bfloat16):
-    """A batch at the page-4 route's row threshold (kQsaPage4MinRows), built on the device:
+def _large_problem(device, R=4096, K=256, Hq=8, Hkv=1, D=128, P=64, num_req=4, dtype=torch.bfloat16):
+    """A batch at the page-4 route's row threshold (kQsaPage4MinRows), selections wide enough for
+    it (K >= kQsaPage4MinBlocks), built on the device:
     causal compact selections of K blocks per row (duplicates allowed), the expanded form of the
     same blocks, NaN-free caches."""
     g = torch.Generator(device="cpu")
