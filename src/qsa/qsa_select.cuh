@@ -45,11 +45,23 @@ __device__ __forceinline__ RowSel row_sel(const QsaSelectionParams& s, int32_t r
   return rs;
 }
 
+// Column c's token in two steps, so a kernel can issue the load early and use it later: the stored
+// word it comes from (expanded: the entry; compact: the block id, nothing for the tail), then the
+// logical token of that word. c < rs.cols.
+__device__ __forceinline__ int32_t column_word(const QsaSelectionParams& s, const RowSel& rs, int32_t c) {
+  const bool stored = !s.compact || c < 4 * rs.count;  // one predicated load, no branch
+  const int32_t* word = rs.sel + (s.compact ? c >> 2 : c);
+  return stored ? *word : 0;
+}
+__device__ __forceinline__ int64_t word_token(const QsaSelectionParams& s, const RowSel& rs, int32_t c, int32_t word) {
+  if (!s.compact) return word;
+  if (c < 4 * rs.count) return 4 * int64_t(word) + (c & 3);
+  return rs.tail_base + (c - 4 * rs.count);
+}
+
 // Logical token of column c (c < rs.cols); any int64 (invalid ones included).
 __device__ __forceinline__ int64_t column_token(const QsaSelectionParams& s, const RowSel& rs, int32_t c) {
-  if (!s.compact) return rs.sel[c];
-  if (c < 4 * rs.count) return 4 * int64_t(rs.sel[c >> 2]) + (c & 3);
-  return rs.tail_base + (c - 4 * rs.count);
+  return word_token(s, rs, c, column_word(s, rs, c));
 }
 
 // The validity rule's checks before the block table: t is a live token of a request with a table.

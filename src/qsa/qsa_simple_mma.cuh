@@ -75,14 +75,15 @@ struct alignas(32) MmaStreamSmem {
   int32_t rescale[MmaTile<D>::kHeads];                         // whether a head's O rows need it
 };
 
-// Words of the live-chunk bitmap: a row has at most 4 * 512 + 3 columns, 65 chunks of 32.
+// The live-chunk bitmap: a row has at most 4 * 512 + 3 columns, 65 chunks of 32.
+inline constexpr int kMaxChunks = 65;
 inline constexpr int kLiveWords = 3;
 inline constexpr int32_t kNoChunk = 32 * kLiveWords;  // past every chunk
 
 template <int D, int kStreams>
 struct alignas(32) MmaSmem {
   uint16_t q[MmaTile<D>::kHeads][MmaTile<D>::kQLd];
-  uint32_t live[kLiveWords];  // bit k: chunk k has a column with a non-negative token
+  uint32_t live[kStreams * kMmaWarps][kLiveWords];  // each warp's chunks' bits (chunk k: a non-negative token)
   MmaStreamSmem<D> stream[kStreams];
   float m[kStreams][MmaTile<D>::kHeads];  // each stream's final max and sum, for the merge
   float l[kStreams][MmaTile<D>::kHeads];
@@ -132,21 +133,35 @@ __device__ __forceinline__ void mma_attend(const QsaSimpleParams& p, MmaSmem<D, 
   }
   for (int i = warp * 32 + lane; i < Tile::kHeads * Tile::kPLd; i += kMmaWarps * 32) (&ss.p[0][0])[i] = 0;
   if (warp == 0 && lane < Tile::kHeads) ss.alpha[lane] = 1.f;  // heads above G keep 1
-  // The live-chunk bitmap: warp w < kLiveWords reads the columns of chunks [32 w, 32 w + 32) at once,
-  // so the chunks without a non-negative token (a short selection's -1 padding) are never walked,
-  // each of which would cost the stream a dependent selection load. Those chunks contribute nothing
-  // either way: skipping them leaves the result's bits unchanged.
-  if (const int cta_warp = int(threadIdx.x) / 32; cta_warp < kLiveWords) {
-    bool nonneg[32];  // every load issued before the first ballot waits
+  // The live-chunk bitmap: the CTA's warps read the row's columns at once (warp w: chunks w, w + W,
+  // ... of W warps), so the chunks of an expanded selection without a non-negative token (a short
+  // selection's -1 padding) are never walked, each of which would cost the stream a dependent
+  // selection load. Those chunks contribute nothing either way: skipping them changes no bit. A
+  // compact selection has no padding (rs.cols is the row's own): every chunk is walked.
+  {
+    constexpr int W = kStreams * kMmaWarps;
+    const int cta_warp = int(threadIdx.x) / 32;
+    uint32_t bits[kLiveWords] = {};  // chunk w + W i is bit (W i) % 32 + w of word (W i) / 32 (W divides 32)
+    if (p.sel.compact) {
 #pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      const int32_t c = (cta_warp * 32 + i) * Tile::kCols + lane;
-      nonneg[i] = c < rs.cols && column_token(p.sel, rs, c) >= 0;
+      for (int i = 0; i < (kMaxChunks + W - 1) / W; ++i)
+        bits[(W * i) / 32] |= ((cta_warp + W * i) * Tile::kCols < rs.cols ? 1u : 0u) << ((W * i) % 32 + cta_warp);
+    } else {
+      // Unconditional loads (a column past the row reads column 0, which every row has), so no
+      // branch separates them and they are all in flight at once.
+#pragma unroll
+      for (int i = 0; i < (kMaxChunks + W - 1) / W; ++i) {
+        const int32_t c = (cta_warp + W * i) * Tile::kCols + lane;
+        const int32_t t = rs.sel[c < rs.cols ? c : 0];
+        bits[(W * i) / 32] |= (c < rs.cols && t >= 0 ? 1u : 0u) << ((W * i) % 32 + cta_warp);
+      }
     }
-    uint32_t bits = 0;
 #pragma unroll
-    for (int i = 0; i < 32; ++i) bits |= (__ballot_sync(0xFFFFFFFFu, nonneg[i]) != 0u ? 1u : 0u) << i;
-    if (lane == 0) sm.live[cta_warp] = bits;
+    for (int j = 0; j < kLiveWords; ++j) {
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) bits[j] |= __shfl_xor_sync(0xFFFFFFFFu, bits[j], o);
+      if (lane == 0) sm.live[cta_warp][j] = bits[j];
+    }
   }
   __syncthreads();
   // This stream's live chunks (stream s takes chunks s, s + kStreams, ...).
@@ -154,7 +169,12 @@ __device__ __forceinline__ void mma_attend(const QsaSimpleParams& p, MmaSmem<D, 
   static_assert(kStreams == 1 || kStreams == 2 || kStreams == 4, "streams: 1, 2 or 4");
   uint32_t live[kLiveWords];
 #pragma unroll
-  for (int w = 0; w < kLiveWords; ++w) live[w] = sm.live[w] & (kStreamChunks << stream);
+  for (int j = 0; j < kLiveWords; ++j) {
+    live[j] = 0;
+#pragma unroll
+    for (int w = 0; w < kStreams * kMmaWarps; ++w) live[j] |= sm.live[w][j];
+    live[j] &= kStreamChunks << stream;
+  }
   // The first of this stream's live chunks at or after chunk k, or kNoChunk.
   auto next_chunk = [&](int32_t k) -> int32_t {
 #pragma unroll
@@ -188,13 +208,34 @@ __device__ __forceinline__ void mma_attend(const QsaSimpleParams& p, MmaSmem<D, 
   const T* k_smem = reinterpret_cast<const T*>(&ws.kbuf.k[0][0]);
   const T* v_smem = reinterpret_cast<const T*>(&ws.v[0][0]);
 
-  // Column c0 + lane resolved: valid, and the byte offsets of its K and V rows (0 when invalid).
-  auto resolve_column = [&](int32_t c0, int64_t* koff, int64_t* voff) -> bool {
-    const int32_t c = c0 + lane;
-    int32_t page = 0, slot = 0;
-    const bool valid = c < rs.cols && resolve_token(p.sel, rs, column_token(p.sel, rs, c), &page, &slot);
-    *koff = valid ? (int64_t(page) * p.io.k_page_stride + int64_t(slot) * p.io.k_slot_stride) * 2 : 0;
-    *voff = valid ? (int64_t(page) * p.io.v_page_stride + int64_t(slot) * p.io.v_slot_stride) * 2 : 0;
+  // Column `chunk` * 32 + lane resolved in three steps an iteration apart, each using a load the
+  // step before issued, so no warp waits on a selection or block-table read: its selection word
+  // (load_word), its token's block-table entry (load_entry: the validity rule's checks before the
+  // table, then the read of a live token's entry), then validity and the byte offsets of its K and
+  // V rows (finish: 0 when invalid).
+  struct Entry {
+    int32_t token;  // when live
+    int32_t page;   // the table entry (-1 when not live or past the table)
+    bool live;
+  };
+  auto load_word = [&](int32_t chunk) -> int32_t {
+    const int32_t c = chunk * Tile::kCols + lane;
+    return c < rs.cols ? column_word(p.sel, rs, c) : 0;
+  };
+  auto load_entry = [&](int32_t chunk, int32_t word) -> Entry {
+    const int32_t c = chunk * Tile::kCols + lane;
+    const int64_t t = c < rs.cols ? word_token(p.sel, rs, c, word) : -1;
+    Entry e;
+    e.live = token_live(rs, t);
+    e.token = int32_t(t);
+    e.page = e.live ? table_entry(p.sel, rs, e.token) : -1;
+    return e;
+  };
+  auto finish = [&](const Entry& e, int64_t* koff, int64_t* voff) -> bool {
+    const bool valid = e.live && e.page >= 0 && int64_t(e.page) < p.sel.num_pages;
+    const int32_t slot = e.token - (e.token / p.sel.page_size) * p.sel.page_size;
+    *koff = valid ? (int64_t(e.page) * p.io.k_page_stride + int64_t(slot) * p.io.k_slot_stride) * 2 : 0;
+    *voff = valid ? (int64_t(e.page) * p.io.v_page_stride + int64_t(slot) * p.io.v_slot_stride) * 2 : 0;
     return valid;
   };
   // The warp's slice of a chunk's tokens (`off`: the byte offsets its lanes resolved) into `rows`;
@@ -211,15 +252,18 @@ __device__ __forceinline__ void mma_attend(const QsaSimpleParams& p, MmaSmem<D, 
   // copies are warp-private (each warp its own dims), so only the warp waits for them. Copy batches
   // in order K(a), V(a), then per chunk K(b), V(b): "all but the newest one landed" is always the
   // slice needed next.
-  int32_t chunk_a = next_chunk(0), chunk_b = next_chunk(chunk_a + 1);
+  // The columns of b's successor c are one step behind b's: c's word loads while b's entry does.
+  int32_t chunk_a = next_chunk(0), chunk_b = next_chunk(chunk_a + 1), chunk_c = next_chunk(chunk_b + 1);
   int64_t koff_a, voff_a, koff_b, voff_b;  // chunk a's offsets: the prologue's copies only
-  bool valid_a = resolve_column(chunk_a * Tile::kCols, &koff_a, &voff_a);
+  bool valid_a = finish(load_entry(chunk_a, load_word(chunk_a)), &koff_a, &voff_a);
   uint32_t mask_a = __ballot_sync(0xFFFFFFFFu, valid_a);  // the same in every warp of the stream
   if (mask_a != 0u) stage(ws.kbuf.k, kbase, koff_a, mask_a);
   copies_commit();
   if (mask_a != 0u) stage(ws.v, vbase, voff_a, mask_a);
   copies_commit();
-  bool valid_b = resolve_column(chunk_b * Tile::kCols, &koff_b, &voff_b);
+  Entry entry_b = load_entry(chunk_b, load_word(chunk_b));
+  int32_t word_c = load_word(chunk_c);
+  bool valid_b = false;
   while (chunk_a != kNoChunk) {
     FragAcc s_acc;
     if (mask_a != 0u) {  // the warp's partial scores over its dims
@@ -236,6 +280,7 @@ __device__ __forceinline__ void mma_attend(const QsaSimpleParams& p, MmaSmem<D, 
       }
       __syncwarp();  // every lane has read the K slice before it is refilled
     }
+    valid_b = finish(entry_b, &koff_b, &voff_b);
     const uint32_t mask_b = __ballot_sync(0xFFFFFFFFu, valid_b);
     if (mask_b != 0u) stage(ws.kbuf.k, kbase, koff_b, mask_b);
     copies_commit();
@@ -312,8 +357,10 @@ __device__ __forceinline__ void mma_attend(const QsaSimpleParams& p, MmaSmem<D, 
     valid_a = valid_b;
     mask_a = mask_b;
     chunk_a = chunk_b;
-    chunk_b = next_chunk(chunk_b + 1);
-    valid_b = resolve_column(chunk_b * Tile::kCols, &koff_b, &voff_b);
+    chunk_b = chunk_c;
+    chunk_c = next_chunk(chunk_c + 1);
+    entry_b = load_entry(chunk_b, word_c);
+    word_c = load_word(chunk_c);
   }
   copies_wait<0>();  // nothing lands in the K slice once it stages O
   __syncwarp();
