@@ -84,6 +84,7 @@ template <int D, int kStreams>
 struct alignas(32) MmaSmem {
   uint16_t q[MmaTile<D>::kHeads][MmaTile<D>::kQLd];
   uint32_t live[kStreams * kMmaWarps][kLiveWords];  // each warp's chunks' bits (chunk k: a non-negative token)
+  int32_t first_words[kStreams * kMmaWarps][32];      // expanded: the selection words of chunk w, read by warp w
   MmaStreamSmem<D> stream[kStreams];
   float m[kStreams][MmaTile<D>::kHeads];  // each stream's final max and sum, for the merge
   float l[kStreams][MmaTile<D>::kHeads];
@@ -154,6 +155,7 @@ __device__ __forceinline__ void mma_attend(const QsaSimpleParams& p, MmaSmem<D, 
         const int32_t c = (cta_warp + W * i) * Tile::kCols + lane;
         const int32_t t = rs.sel[c < rs.cols ? c : 0];
         bits[(W * i) / 32] |= (c < rs.cols && t >= 0 ? 1u : 0u) << ((W * i) % 32 + cta_warp);
+        if (i == 0) sm.first_words[cta_warp][lane] = t;  // the streams' first chunks need no second read
       }
     }
 #pragma unroll
@@ -220,6 +222,7 @@ __device__ __forceinline__ void mma_attend(const QsaSimpleParams& p, MmaSmem<D, 
   };
   auto load_word = [&](int32_t chunk) -> int32_t {
     const int32_t c = chunk * Tile::kCols + lane;
+    if (!p.sel.compact && chunk < kStreams * kMmaWarps) return sm.first_words[chunk][lane];  // (unused when c >= cols)
     return c < rs.cols ? column_word(p.sel, rs, c) : 0;
   };
   auto load_entry = [&](int32_t chunk, int32_t word) -> Entry {
@@ -255,14 +258,17 @@ __device__ __forceinline__ void mma_attend(const QsaSimpleParams& p, MmaSmem<D, 
   // The columns of b's successor c are one step behind b's: c's word loads while b's entry does.
   int32_t chunk_a = next_chunk(0), chunk_b = next_chunk(chunk_a + 1), chunk_c = next_chunk(chunk_b + 1);
   int64_t koff_a, voff_a, koff_b, voff_b;  // chunk a's offsets: the prologue's copies only
-  bool valid_a = finish(load_entry(chunk_a, load_word(chunk_a)), &koff_a, &voff_a);
+  // The prologue's reads all at once: the three chunks' words, then a's and b's entries.
+  const int32_t word_a = load_word(chunk_a), word_b = load_word(chunk_b);
+  int32_t word_c = load_word(chunk_c);
+  const Entry entry_a = load_entry(chunk_a, word_a);
+  Entry entry_b = load_entry(chunk_b, word_b);
+  bool valid_a = finish(entry_a, &koff_a, &voff_a);
   uint32_t mask_a = __ballot_sync(0xFFFFFFFFu, valid_a);  // the same in every warp of the stream
   if (mask_a != 0u) stage(ws.kbuf.k, kbase, koff_a, mask_a);
   copies_commit();
   if (mask_a != 0u) stage(ws.v, vbase, voff_a, mask_a);
   copies_commit();
-  Entry entry_b = load_entry(chunk_b, load_word(chunk_b));
-  int32_t word_c = load_word(chunk_c);
   bool valid_b = false;
   while (chunk_a != kNoChunk) {
     FragAcc s_acc;
