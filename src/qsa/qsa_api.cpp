@@ -25,6 +25,9 @@
 #include "selkv/qsa.h"
 
 namespace selkv {
+static_assert(qsa::kQsaSimpleMaxChunks * 32 >= qsa_expanded_cols(kQsaMaxBlocks) &&
+                  (qsa::kQsaSimpleMaxChunks - 1) * 32 < qsa_expanded_cols(kQsaMaxBlocks),
+              "the simple kernel's chunk bitmap covers the widest selection");
 namespace {
 
 qsa::QsaSelectionParams selection_params(const QsaSparsePrefillParams& p) {

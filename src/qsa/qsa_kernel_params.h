@@ -46,6 +46,10 @@ struct QsaAttnIo {
   int64_t lse_row_stride, lse_head_stride;
 };
 
+// 32-column chunks of the longest row the simple kernel walks: 4 * 512 + 3 expanded columns
+// (qsa_api.cpp checks it against selkv/qsa.h's kQsaMaxBlocks).
+inline constexpr int kQsaSimpleMaxChunks = 65;
+
 struct QsaSimpleParams {
   QsaSelectionParams sel;
   int32_t num_kv_heads;

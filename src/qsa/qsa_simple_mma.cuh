@@ -4,7 +4,8 @@
 // (qsa_simple.cuh picks this form or the SIMT one).
 //
 // The CTA serves the G <= 8 query heads of its kv head (the M of the tiles; rows above G are zero)
-// and walks the row's selection 32 columns (a chunk) at a time, its 4 warps splitting the head
+// and walks the row's selection 32 columns (a chunk) at a time (chunks without a non-negative token,
+// e.g. the -1 padding of a short selection, found by one read of the row and skipped), its 4 warps splitting the head
 // dimension: warp w owns dims [w D / 4, (w + 1) D / 4) of K, V and O. Each warp resolves the chunk's
 // columns (a lane a column, the validity rule of qsa_select.cuh before any K / V read) and copies its
 // K and V slices of every valid token to shared memory (invalid columns get zero rows, nothing
@@ -75,9 +76,9 @@ struct alignas(32) MmaStreamSmem {
   int32_t rescale[MmaTile<D>::kHeads];                         // whether a head's O rows need it
 };
 
-// The live-chunk bitmap: a row has at most 4 * 512 + 3 columns, 65 chunks of 32.
-inline constexpr int kMaxChunks = 65;
-inline constexpr int kLiveWords = 3;
+// The live-chunk bitmap: a row's chunks (kQsaSimpleMaxChunks of qsa_kernel_params.h) in 32-bit words.
+inline constexpr int kMaxChunks = kQsaSimpleMaxChunks;
+inline constexpr int kLiveWords = (kMaxChunks + 31) / 32;
 inline constexpr int32_t kNoChunk = 32 * kLiveWords;  // past every chunk
 
 template <int D, int kStreams>
