@@ -9,10 +9,12 @@ an indexer scores every complete 4-token block before each query row and keeps i
 each row then attends to its selected blocks plus its own causal partial block
 (``selkv.qsa_sparse_prefill``, compact form), and an output projection closes the layer.
 
-One prefill step over a few requests' prompts: the page-4 plan is made once (``selkv.qsa_plan``,
-outside a CUDA graph in an engine) and passed to the attention; batches of 4096 rows or more take
-the page-4 kernel on an H200, smaller ones the exact simple kernel. The output is checked against a
-torch fp64 model of the same attention, and on CUDA the plan and the attention are timed.
+One prefill step over a few requests' prompts: when the call will take the page-4 route
+(``selkv.qsa_page4_wanted``: 4096 rows or more selecting K >= 192 blocks) the plan is made once
+(``selkv.qsa_plan``, outside a CUDA graph in an engine) and passed to the attention, which runs the
+page-4 kernel on an H200; other calls need no plan and run the exact simple kernel. The output is
+checked against a torch fp64 model of the same attention, and on CUDA the plan and the attention
+are timed.
 
     PYTHONPATH=python SELKV_OPS_LIBRARY=build/python/selkv/_selkv_ops.so python3 examples/qsa_layer.py
     ... --device cuda --requests 2 --prompt-len 4096 --blocks 512 --head-dim 256
@@ -132,7 +134,7 @@ def main(argv=None):
     seq_lens = torch.full((B,), L, dtype=torch.int32)
     ids, counts = layer.select_blocks(x, req_ids, positions, starts, args.blocks)
 
-    # The step on the device: plan once, attend with the plan.
+    # The step on the device: plan once if the route reads a plan, attend.
     d = {n: t.to(dev) for n, t in dict(q=q, kv=kv, table=table, seq_lens=seq_lens, req_ids=req_ids,
                                        positions=positions, ids=ids, counts=counts).items()}
     k_cache, v_cache = d["kv"][:, 0], d["kv"][:, 1]
@@ -147,7 +149,8 @@ def main(argv=None):
                                         d["positions"], block_ids=d["ids"], block_counts=d["counts"],
                                         metadata=md, return_lse=True)
 
-    md = plan()
+    wanted = selkv.qsa_page4_wanted(T, args.blocks)
+    md = plan() if wanted else None
     out, lse = attend(md)
     y = out.reshape(T, -1) @ layer.w_o.to(dev)  # the layer's output projection
 
@@ -161,7 +164,8 @@ def main(argv=None):
     err = (got - ref).abs().max().item()
     tol = 2e-2 if dtype == torch.bfloat16 else 5e-3
     ok = err <= tol * max(1.0, ref.abs().max().item()) and bool(torch.isfinite(y).all())
-    route = "page-4" if (dev.type == "cuda" and T >= 4096) else ("simple" if dev.type == "cuda" else "CPU oracle")
+    sm90 = dev.type == "cuda" and torch.cuda.get_device_capability(dev) == (9, 0)  # the page-4 kernel's GPUs
+    route = ("page-4" if wanted and sm90 else "simple") if dev.type == "cuda" else "CPU oracle"
     print(f"QSA prefill step: {B} requests x {L} tokens = {T} rows, Hq {args.q_heads} Hkv {args.kv_heads} "
           f"D {D} {args.dtype}, top-{args.blocks} blocks + the partial block, page {P} ({route})")
     print(f"checked {rows.numel()} rows against the fp64 model: max |err| {err:.2e} -> {'OK' if ok else 'MISMATCH'}")
@@ -178,8 +182,8 @@ def main(argv=None):
             e1.synchronize()
             return e0.elapsed_time(e1) * 1e3 / reps
 
-        print(f"qsa_plan {timed(plan):.1f} us, qsa_sparse_prefill {timed(lambda: attend(md)):.1f} us "
-              f"(mean of 20, L2 warm)")
+        planned = f"qsa_plan {timed(plan):.1f} us, " if wanted else ""
+        print(f"{planned}qsa_sparse_prefill {timed(lambda: attend(md)):.1f} us (mean of 20, L2 warm)")
     return 0 if ok else 1
 
 

@@ -155,6 +155,11 @@ inline constexpr int32_t kQsaPage4MinBlocks = 192;
 // kQsaPage4MinBlocks, p.metadata given, not p.force_simple, and the environment variable
 // SELKV_QSA_PAGE4 is not "0". Host only, reads no device memory.
 bool qsa_page4_wanted(const QsaSparsePrefillParams& p);
+// The same rule for a call of num_rows rows selecting up to max_blocks blocks that would pass a
+// plan and not force_simple: whether it asks for the page-4 route, so whether a plan is worth
+// building (qsa_plan runs a kernel; a call that does not ask for the route never reads it). Host
+// only, reads no device memory.
+bool qsa_page4_wanted(int64_t num_rows, int64_t max_blocks);
 // The kernel qsa_sparse_prefill runs for p (valid p): kPage4 when qsa_page4_wanted(p) (on SM90;
 // other GPUs take the simple kernel), else kSimple.
 QsaKernel qsa_route(const QsaSparsePrefillParams& p);

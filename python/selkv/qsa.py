@@ -34,7 +34,7 @@ import torch
 
 from ._ops import ops as _ops
 
-__all__ = ["qsa_metadata_size", "qsa_plan", "qsa_sparse_prefill"]
+__all__ = ["qsa_metadata_size", "qsa_page4_wanted", "qsa_plan", "qsa_sparse_prefill"]
 
 
 def qsa_sparse_prefill(
@@ -106,6 +106,15 @@ def qsa_metadata_size(num_rows: int, max_blocks: int) -> int:
     outside ``[1, 512]``.
     """
     return int(_ops.qsa_metadata_size(int(num_rows), int(max_blocks)))
+
+
+def qsa_page4_wanted(num_rows: int, max_blocks: int) -> bool:
+    """Whether a call of ``num_rows`` rows selecting up to ``max_blocks`` (K) blocks, given a plan,
+    asks for the page-4 route: ``R >= 4096``, ``K >= 192`` and ``SELKV_QSA_PAGE4`` not ``"0"``
+    (``selkv::qsa_page4_wanted``; on SM90 the call then takes the page-4 kernel). A call that does
+    not ask for it never reads a plan, so build one with :func:`qsa_plan` only when this is true.
+    """
+    return bool(_ops.qsa_page4_wanted(int(num_rows), int(max_blocks)))
 
 
 def qsa_plan(

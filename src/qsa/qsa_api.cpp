@@ -59,9 +59,12 @@ bool page4_disabled_by_env() {
 
 }  // namespace
 
+bool qsa_page4_wanted(int64_t num_rows, int64_t max_blocks) {
+  return !page4_disabled_by_env() && num_rows >= kQsaPage4MinRows && max_blocks >= kQsaPage4MinBlocks;
+}
+
 bool qsa_page4_wanted(const QsaSparsePrefillParams& p) {
-  return !p.force_simple && !page4_disabled_by_env() && p.num_rows >= kQsaPage4MinRows &&
-         p.max_blocks >= kQsaPage4MinBlocks && p.metadata != nullptr;
+  return !p.force_simple && p.metadata != nullptr && qsa_page4_wanted(p.num_rows, p.max_blocks);
 }
 
 QsaKernel qsa_route(const QsaSparsePrefillParams& p) {

@@ -90,6 +90,10 @@ TEST(QsaChecks, RouteRule) {
   p.max_blocks = kQsaPage4MinBlocks;
   EXPECT_TRUE(qsa_page4_wanted(p));
   p.max_blocks = kQsaMaxBlocks;
+  // The shape form: the same rule without the plan and force_simple.
+  EXPECT_TRUE(qsa_page4_wanted(kQsaPage4MinRows, kQsaPage4MinBlocks));
+  EXPECT_FALSE(qsa_page4_wanted(kQsaPage4MinRows - 1, kQsaMaxBlocks));
+  EXPECT_FALSE(qsa_page4_wanted(kQsaPage4MinRows, kQsaPage4MinBlocks - 1));
   p.force_simple = true;
   EXPECT_FALSE(qsa_page4_wanted(p));
   p.force_simple = false;
@@ -98,6 +102,7 @@ TEST(QsaChecks, RouteRule) {
   p.metadata = plan;
   setenv("SELKV_QSA_PAGE4", "0", 1);
   EXPECT_FALSE(qsa_page4_wanted(p));
+  EXPECT_FALSE(qsa_page4_wanted(kQsaPage4MinRows, kQsaMaxBlocks));
   setenv("SELKV_QSA_PAGE4", "1", 1);
   EXPECT_TRUE(qsa_page4_wanted(p));
   EXPECT_EQ(qsa_route(p), QsaKernel::kPage4);

@@ -506,6 +506,21 @@ def test_plan_size(selkv):
     assert selkv.qsa_metadata_size(5, 512) == 15420 * 4  # tests/cpp/test_qsa_checks.cpp
 
 
+def test_page4_wanted(selkv, monkeypatch):
+    """The route rule's shape form (selkv::qsa_page4_wanted): R >= 4096 and K >= 192 ask for the
+    page-4 route (a plan worth building), anything less does not, nor anything with
+    SELKV_QSA_PAGE4=0."""
+    monkeypatch.delenv("SELKV_QSA_PAGE4", raising=False)
+    for R, K, want in ((4096, 512, True), (4096, 192, True), (1 << 20, 192, True), (4095, 512, False),
+                       (4096, 191, False), (4096, 128, False), (0, 512, False), (-1, 512, False)):
+        assert selkv.qsa_page4_wanted(R, K) is want, (R, K)
+        assert torch.ops.selkv.qsa_page4_wanted(R, K) is want, (R, K)
+    monkeypatch.setenv("SELKV_QSA_PAGE4", "0")
+    assert selkv.qsa_page4_wanted(4096, 512) is False
+    monkeypatch.setenv("SELKV_QSA_PAGE4", "1")
+    assert selkv.qsa_page4_wanted(4096, 512) is True
+
+
 @pytest.mark.parametrize("P", [16, 784])
 @pytest.mark.parametrize("form", ["expanded", "compact"])
 def test_cpu_plan_matches_model(selkv, gen, P, form):

@@ -1,4 +1,5 @@
 // torch ops for C8 (include/selkv/qsa.h): selkv::qsa_sparse_prefill, selkv::qsa_metadata_size,
+// selkv::qsa_page4_wanted (whether a call of that shape with a plan takes the page-4 route),
 // selkv::qsa_plan.
 // qsa_sparse_prefill, out-variant: q [R, Hq, D] (fp16 / bf16), k_cache and v_cache
 // [num_pages, P, Hkv, D] views with any strides and a dense last dim (an interleaved
@@ -8,7 +9,7 @@
 // block_counts [R]. out [R, Hq, D] of q's dtype, optional fp32 lse [R, Hq], optional uint8
 // metadata (the page-4 plan of qsa_plan; None = no plan). CPU runs the oracle on the same Params,
 // Meta the C++ checks on stand-in pointers, CUDA the C++ API on the current stream (qsa_route
-// picks the kernel: page-4 for R >= 4096 with a plan on SM90, else the exact simple kernel).
+// picks the kernel: page-4 for R >= 4096, K >= 192 with a plan on SM90, else the exact simple kernel).
 // qsa_plan writes the page-4 plan of the same selection / request / block-table tensors into a
 // uint8 metadata tensor of qsa_metadata_size(R, K) bytes (or more): CUDA the C++ qsa_plan on the
 // current stream, CPU selkv::ref::qsa_plan (byte-identical), Meta the C++ checks. The plan reads
@@ -209,6 +210,11 @@ int64_t qsa_metadata_bytes(int64_t num_rows, int64_t max_blocks) {
   return int64_t(selkv::qsa_metadata_size(num_rows, max_blocks));
 }
 
+// ---- selkv::qsa_page4_wanted (the shape form) ----------------------------------------------------
+bool qsa_page4_wanted_op(int64_t num_rows, int64_t max_blocks) {
+  return selkv::qsa_page4_wanted(num_rows, max_blocks);
+}
+
 // ---- selkv::qsa_plan ---------------------------------------------------------------------------
 template <Backend B>
 void qsa_plan(const at::Tensor& block_table, const at::Tensor& seq_lens, const at::Tensor& req_ids,
@@ -261,6 +267,7 @@ TORCH_LIBRARY_FRAGMENT(selkv, m) {
       "float scale, bool force_simple, Tensor(a!) out, Tensor(b!)? lse, Tensor? metadata=None) -> ()",
       tags);
   m.def("qsa_metadata_size(int num_rows, int max_blocks) -> int", &::selkv::torch_ext::qsa_metadata_bytes);
+  m.def("qsa_page4_wanted(int num_rows, int max_blocks) -> bool", &::selkv::torch_ext::qsa_page4_wanted_op);
   m.def(
       "qsa_plan(Tensor block_table, Tensor seq_lens, Tensor req_ids, Tensor positions, Tensor? selection, "
       "Tensor? block_ids, Tensor? block_counts, int num_q_heads, int num_kv_heads, int head_dim, int num_pages, "
