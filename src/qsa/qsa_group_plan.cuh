@@ -120,7 +120,7 @@ __device__ __forceinline__ void gp_item(const QsaSelectionParams& s, const RowSe
     if (!token_live(rs, t[i])) continue;
     const int64_t b = t[i] / 4;  // live tokens are >= 0
     const int32_t pg = b == block0 ? page0 : table_entry(s, rs, int32_t(t[i]));  // an irregular item: its own lookup
-    if (pg < 0 || int64_t(pg) >= s.num_pages) continue;
+    if (!page_in_range(s, pg)) continue;
     const int bit = 1 << int(t[i] & 3);
     if (*mask != 0 && (b != *block || (*mask & bit) != 0)) *irregular = true;
     *block = b;

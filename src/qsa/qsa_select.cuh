@@ -70,10 +70,20 @@ __device__ __forceinline__ bool token_live(const RowSel& rs, int64_t t) {
 }
 
 // The block-table entry of live token t (an int32: t < len), or -1 when its logical page is past the
-// table; the caller range-checks the entry.
+// table; the caller range-checks the entry (page_in_range).
 __device__ __forceinline__ int32_t table_entry(const QsaSelectionParams& s, const RowSel& rs, int32_t t) {
   const int32_t lp = t / s.page_size;
   return lp < s.block_table_width ? __ldg(rs.table + lp) : -1;
+}
+
+// The validity rule's last check: a block-table entry names a physical page of the cache.
+__device__ __forceinline__ bool page_in_range(const QsaSelectionParams& s, int32_t pg) {
+  return pg >= 0 && int64_t(pg) < s.num_pages;
+}
+
+// The slot of live token t in its page.
+__device__ __forceinline__ int32_t token_slot(const QsaSelectionParams& s, int32_t t) {
+  return t - (t / s.page_size) * s.page_size;
 }
 
 // The validity rule: token t -> (physical page, slot), or false. Reads only the block-table entry
@@ -83,9 +93,9 @@ __device__ __forceinline__ bool resolve_token(const QsaSelectionParams& s, const
   if (!token_live(rs, t)) return false;
   const int32_t tt = int32_t(t);
   const int32_t pg = table_entry(s, rs, tt);
-  if (pg < 0 || int64_t(pg) >= s.num_pages) return false;
+  if (!page_in_range(s, pg)) return false;
   *page = pg;
-  *slot = tt - (tt / s.page_size) * s.page_size;
+  *slot = token_slot(s, tt);
   return true;
 }
 

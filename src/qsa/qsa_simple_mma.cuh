@@ -77,8 +77,7 @@ struct alignas(32) MmaStreamSmem {
 };
 
 // The live-chunk bitmap: a row's chunks (kQsaSimpleMaxChunks of qsa_kernel_params.h) in 32-bit words.
-inline constexpr int kMaxChunks = kQsaSimpleMaxChunks;
-inline constexpr int kLiveWords = (kMaxChunks + 31) / 32;
+inline constexpr int kLiveWords = (kQsaSimpleMaxChunks + 31) / 32;
 inline constexpr int32_t kNoChunk = 32 * kLiveWords;  // past every chunk
 
 template <int D, int kStreams>
@@ -146,13 +145,13 @@ __device__ __forceinline__ void mma_attend(const QsaSimpleParams& p, MmaSmem<D, 
     uint32_t bits[kLiveWords] = {};  // chunk w + W i is bit (W i) % 32 + w of word (W i) / 32 (W divides 32)
     if (p.sel.compact) {
 #pragma unroll
-      for (int i = 0; i < (kMaxChunks + W - 1) / W; ++i)
+      for (int i = 0; i < (kQsaSimpleMaxChunks + W - 1) / W; ++i)
         bits[(W * i) / 32] |= ((cta_warp + W * i) * Tile::kCols < rs.cols ? 1u : 0u) << ((W * i) % 32 + cta_warp);
     } else {
       // Unconditional loads (a column past the row reads column 0, which every row has), so no
       // branch separates them and they are all in flight at once.
 #pragma unroll
-      for (int i = 0; i < (kMaxChunks + W - 1) / W; ++i) {
+      for (int i = 0; i < (kQsaSimpleMaxChunks + W - 1) / W; ++i) {
         const int32_t c = (cta_warp + W * i) * Tile::kCols + lane;
         const int32_t t = rs.sel[c < rs.cols ? c : 0];
         bits[(W * i) / 32] |= (c < rs.cols && t >= 0 ? 1u : 0u) << ((W * i) % 32 + cta_warp);
