@@ -25,8 +25,8 @@
 #include "selkv/qsa.h"
 
 namespace selkv {
-static_assert(qsa::kQsaSimpleMaxChunks * 32 >= qsa_expanded_cols(kQsaMaxBlocks) &&
-                  (qsa::kQsaSimpleMaxChunks - 1) * 32 < qsa_expanded_cols(kQsaMaxBlocks),
+static_assert(qsa::kQsaSimpleMaxChunks * qsa::kQsaSimpleChunkCols >= qsa_expanded_cols(kQsaMaxBlocks) &&
+                  (qsa::kQsaSimpleMaxChunks - 1) * qsa::kQsaSimpleChunkCols < qsa_expanded_cols(kQsaMaxBlocks),
               "the simple kernel's chunk bitmap covers the widest selection");
 namespace {
 

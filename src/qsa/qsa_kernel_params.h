@@ -46,9 +46,11 @@ struct QsaAttnIo {
   int64_t lse_row_stride, lse_head_stride;
 };
 
-// 32-column chunks of the longest row the simple kernel walks: 4 * 512 + 3 expanded columns
-// (qsa_api.cpp checks it against selkv/qsa.h's kQsaMaxBlocks).
-inline constexpr int kQsaSimpleMaxChunks = 65;
+// The simple kernel's chunks (selection columns a warp takes at a time) and the chunks of the
+// longest row it walks: 4 * 512 + 3 expanded columns (qsa_api.cpp checks it against selkv/qsa.h's
+// kQsaMaxBlocks).
+inline constexpr int kQsaSimpleChunkCols = 16;
+inline constexpr int kQsaSimpleMaxChunks = 129;
 
 struct QsaSimpleParams {
   QsaSelectionParams sel;

@@ -1,5 +1,5 @@
 // Launcher of the C8 exact simple kernel (qsa_simple.cuh): one CTA per (row, kv head), the
-// (dtype, D, group, chunk streams) instantiation picked at run time, the streams from the grid and
+// (dtype, D, group, warps) instantiation picked at run time, the warps from the grid and
 // the device's SM count and shared memory (shape only; cached attribute queries, legal during
 // stream capture). CUDA headers, the kernel, its plain params and header-only host helpers, so CI
 // can compile this translation unit for sm_70 (ctest QsaSm70.SimpleKernelAssembles,
@@ -16,61 +16,53 @@
 namespace selkv::qsa {
 namespace {
 
-// Chunk streams a CTA of the plain kernel runs: enough that the grid's streams fill the GPU's
-// 4 stream slots an SM (16 warps), as long as the shared memory fits.
+// Warps a CTA of the plain kernel runs (each a chunk stream): 12 when the grid leaves every SM at
+// most one CTA (a row's chunks then spread over more warps) and the shared memory fits, else 4.
 template <int D>
-cudaError_t pick_streams(int64_t ctas, int* streams) {
+cudaError_t pick_warps(int64_t ctas, int* warps) {
   int sms = 0, optin = 0;
   if (!detail::device_sm_count("qsa_simple", &sms).ok() || !detail::device_smem_optin("qsa_simple", &optin).ok())
     return cudaErrorInvalidDevice;
-  *streams = 1;
-  if (ctas <= 2 * int64_t(sms) && kSimpleSmemBytes<D, 2> <= size_t(optin)) *streams = 2;
-  if (ctas <= int64_t(sms) && kSimpleSmemBytes<D, 4> <= size_t(optin)) *streams = 4;
+  *warps = ctas <= int64_t(sms) && kSimpleSmemBytes<D, 12> <= size_t(optin) ? 12 : 4;
   return cudaSuccess;
 }
 
-template <typename T, int D, int G, int kStreams>
+template <typename T, int D, int G, int kWarps>
 cudaError_t launch_plain(const QsaSimpleParams& p, dim3 grid, cudaStream_t stream) {
-  constexpr size_t smem = kSimpleSmemBytes<D, kStreams>;
-  if constexpr (smem > 0) {
-    const cudaError_t err = detail::set_max_dynamic_smem_once<qsa_simple_kernel<T, D, G, kStreams>>(int(smem));
-    if (err != cudaSuccess) return err;
-  }
-  qsa_simple_kernel<T, D, G, kStreams><<<grid, dim3{unsigned(kStreams * kMmaWarps * 32)}, smem, stream>>>(p);
+  constexpr size_t smem = kSimpleSmemBytes<D, kWarps>;
+  const cudaError_t err = detail::set_max_dynamic_smem_once<qsa_simple_kernel<T, D, G, kWarps>>(int(smem));
+  if (err != cudaSuccess) return err;
+  qsa_simple_kernel<T, D, G, kWarps><<<grid, dim3{unsigned(kWarps * 32)}, smem, stream>>>(p);
   return cudaSuccess;
 }
 
 template <typename T, int D, int G, bool kFixup>
-cudaError_t launch_one(const QsaSimpleParams& p, dim3 grid, int streams, cudaStream_t stream) {
+cudaError_t launch_one(const QsaSimpleParams& p, dim3 grid, int warps, cudaStream_t stream) {
   if constexpr (kFixup) {
     qsa_fixup_kernel<T, D, G><<<grid, dim3{unsigned(kFixupThreads)}, 0, stream>>>(p);
     return cudaSuccess;
   } else {
-    switch (streams) {
-      case 4: return launch_plain<T, D, G, 4>(p, grid, stream);
-      case 2: return launch_plain<T, D, G, 2>(p, grid, stream);
-      default: return launch_plain<T, D, G, 1>(p, grid, stream);
-    }
+    return warps == 12 ? launch_plain<T, D, G, 12>(p, grid, stream) : launch_plain<T, D, G, 4>(p, grid, stream);
   }
 }
 
 template <typename T, int D, bool kFixup>
 cudaError_t launch_group(const QsaSimpleParams& p, int64_t ctas, cudaStream_t stream) {
   const dim3 grid{unsigned(ctas)};
-  int streams = 1;
+  int warps = 4;
   if constexpr (!kFixup) {
-    if (const cudaError_t err = pick_streams<D>(ctas, &streams); err != cudaSuccess) return err;
+    if (const cudaError_t err = pick_warps<D>(ctas, &warps); err != cudaSuccess) return err;
   }
   cudaError_t err = cudaSuccess;
   switch (p.group) {
-    case 1: err = launch_one<T, D, 1, kFixup>(p, grid, streams, stream); break;
-    case 2: err = launch_one<T, D, 2, kFixup>(p, grid, streams, stream); break;
-    case 3: err = launch_one<T, D, 3, kFixup>(p, grid, streams, stream); break;
-    case 4: err = launch_one<T, D, 4, kFixup>(p, grid, streams, stream); break;
-    case 5: err = launch_one<T, D, 5, kFixup>(p, grid, streams, stream); break;
-    case 6: err = launch_one<T, D, 6, kFixup>(p, grid, streams, stream); break;
-    case 7: err = launch_one<T, D, 7, kFixup>(p, grid, streams, stream); break;
-    case 8: err = launch_one<T, D, 8, kFixup>(p, grid, streams, stream); break;
+    case 1: err = launch_one<T, D, 1, kFixup>(p, grid, warps, stream); break;
+    case 2: err = launch_one<T, D, 2, kFixup>(p, grid, warps, stream); break;
+    case 3: err = launch_one<T, D, 3, kFixup>(p, grid, warps, stream); break;
+    case 4: err = launch_one<T, D, 4, kFixup>(p, grid, warps, stream); break;
+    case 5: err = launch_one<T, D, 5, kFixup>(p, grid, warps, stream); break;
+    case 6: err = launch_one<T, D, 6, kFixup>(p, grid, warps, stream); break;
+    case 7: err = launch_one<T, D, 7, kFixup>(p, grid, warps, stream); break;
+    case 8: err = launch_one<T, D, 8, kFixup>(p, grid, warps, stream); break;
     default: return cudaErrorInvalidValue;
   }
   return err != cudaSuccess ? err : cudaGetLastError();

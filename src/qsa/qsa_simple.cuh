@@ -26,36 +26,30 @@ inline constexpr bool kWmmaHas<__nv_bfloat16> = false;
 inline constexpr int kFixupWarps = 8;
 inline constexpr int kFixupThreads = kFixupWarps * 32;
 
-// From SM80, 16 tensor-core warps an SM whatever the streams (<= 128 registers a thread; one
-// stream's shared memory allows four CTAs of one stream): the chunk loads are latency-bound, so
-// resident warps are what hides them. Below SM80 (larger WMMA fragments) and in the SIMT form
-// every register the block size allows (a 4-stream block still caps them at 128; the launcher
-// never picks 4 streams on a GPU whose shared memory cannot hold them, V100 included).
+// Warps a CTA: 4, or 12 where the grid leaves SMs without a CTA (qsa_simple.cu picks). From SM80 a
+// 4-warp CTA of the tensor-core form caps its registers so its shared memory's residency holds
+// (3 CTAs an SM at D 256, 4 at D 128); a 12-warp CTA fills its SM alone. Below SM80 (larger WMMA
+// fragments) and in the SIMT form every register the block size allows.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 inline constexpr bool kSimpleCapRegisters = false;
 #else
 inline constexpr bool kSimpleCapRegisters = true;
 #endif
-template <typename T, int kStreams>
-inline constexpr int kSimpleMinBlocks = kWmmaHas<T> && kSimpleCapRegisters ? 4 / kStreams : 1;
+template <typename T, int D, int kWarps>
+inline constexpr int kSimpleMinBlocks = kWmmaHas<T> && kSimpleCapRegisters && kWarps == 4 ? (D == 256 ? 3 : 4) : 1;
 
-// Dynamic shared memory of a kStreams launch (one stream: static, within 48 KiB).
-template <int D, int kStreams>
-inline constexpr size_t kSimpleSmemBytes = kStreams == 1 ? 0 : sizeof(MmaSmem<D, kStreams>);
+// Dynamic shared memory of a launch (the tensor-core form's; the SIMT form's is static).
+template <int D, int kWarps>
+inline constexpr size_t kSimpleSmemBytes = sizeof(MmaSmem<D, kWarps>);
 
-template <typename T, int D, int G, int kStreams>
-__global__ void __launch_bounds__(kStreams * kMmaWarps * 32, kSimpleMinBlocks<T, kStreams>)
+template <typename T, int D, int G, int kWarps>
+__global__ void __launch_bounds__(kWarps * 32, kSimpleMinBlocks<T, D, kWarps>)
     qsa_simple_kernel(const QsaSimpleParams p) {
   if constexpr (kWmmaHas<T>) {
-    if constexpr (kStreams == 1) {
-      __shared__ MmaSmem<D, 1> sm;
-      mma_attend<T, D, G, 1>(p, sm);
-    } else {
-      extern __shared__ __align__(128) uint8_t qsa_simple_smem[];
-      mma_attend<T, D, G, kStreams>(p, *reinterpret_cast<MmaSmem<D, kStreams>*>(qsa_simple_smem));
-    }
+    extern __shared__ __align__(128) uint8_t qsa_simple_smem[];
+    mma_attend<T, D, G, kWarps>(p, *reinterpret_cast<MmaSmem<D, kWarps>*>(qsa_simple_smem));
   } else {
-    simt_attend<T, D, G, kStreams * kMmaWarps, false>(p);
+    simt_attend<T, D, G, kWarps, false>(p);
   }
 }
 

@@ -1,24 +1,21 @@
 // C8 exact simple kernel, tensor-core form (selkv/qsa.h): the body of one CTA per (row, kv head)
-// with the scores and the P V products on WMMA tiles (m8n32k16, fp32 accumulation). WMMA is the
-// SM70 API: the same source serves V100-class GPUs in fp16 and, from SM80, bf16 too
-// (qsa_simple.cuh picks this form or the SIMT one).
+// with the scores and the P V products on WMMA tiles (fp32 accumulation). WMMA is the SM70 API: the
+// same source serves V100-class GPUs in fp16 and, from SM80, bf16 too (qsa_simple.cuh picks this
+// form or the SIMT one).
 //
-// The CTA serves the G <= 8 query heads of its kv head (the M of the tiles; rows above G are zero)
-// and walks the row's selection 32 columns (a chunk) at a time (chunks without a non-negative token,
-// e.g. the -1 padding of a short selection, found by one read of the row and skipped), its 4 warps splitting the head
-// dimension: warp w owns dims [w D / 4, (w + 1) D / 4) of K, V and O. Each warp resolves the chunk's
-// columns (a lane a column, the validity rule of qsa_select.cuh before any K / V read) and copies its
-// K and V slices of every valid token to shared memory (invalid columns get zero rows, nothing
-// behind them is read), the next chunk's slices in flight while this one is computed (cp.async from
-// SM80), and computes its partial scores Q K^T over its dims; the four partials are summed through shared memory by the warp that owns the head (warp w: heads w
-// and w + 4), which takes the head's online-softmax step (lane j owns token j; P rounded to the
-// element type, as FlashMLA does) and shares P and the rescale factor; every warp then adds P V to
-// its O slice. O stays in accumulator fragments, whose element layout WMMA does not specify, so a
-// rescale (some head's running max grew) goes through shared memory (the warp's partial scores, read
-// by then; the K slice is being refilled); past a row's first chunks it is rare. A small grid (few
-// rows x kv heads for the GPU's SMs) gives the CTA kStreams chunk streams of 4 warps each (stream s takes chunks s, s + kStreams, ...; its own barrier and
-// softmax state), merged in stream order at the end; the launcher picks kStreams from the grid and
-// the SM count only. The chunks' order within a stream and the merge order are fixed, so the result
+// Every warp of the CTA is a chunk stream of its own: it walks the row's selection 16 columns (a
+// chunk) at a time, taking chunks w, w + W, ... of the CTA's W warps, with the whole head dimension
+// and its own online softmax over the G <= 8 query heads of the kv head, so no barrier stands in the
+// loop and nothing is computed twice. Chunks without a non-negative token (the -1 padding of a short
+// selection) are found by one read of the row and never walked. A chunk: lanes 0-15 resolve its
+// columns (the validity rule of qsa_select.cuh before any K / V read), the warp copies the valid
+// tokens' K and V rows to shared memory (invalid ones zero-filled, nothing behind them read), the
+// next chunk's in flight while this one is computed (cp.async from SM80); S = Q K^T on m16n16k16
+// tiles (heads in the rows); the softmax step (lanes 4h .. 4h + 3 own head h, 4 tokens each; P
+// rounded to the element type, as FlashMLA does); O += P V on m8n32k16 tiles. O stays in accumulator
+// fragments; a head whose running max grew has its O rows rescaled in place through a row map of
+// the fragment's elements, read once from a tile of row numbers (WMMA leaves the element layout
+// unspecified, not variable). The W streams are merged in warp order at the end, so the result
 // depends only on the selection's column positions and the shape (expanded and compact forms of one
 // selection give the same bits).
 #pragma once
@@ -35,23 +32,21 @@
 
 namespace selkv::qsa {
 
-inline constexpr int kMmaWarps = 4;  // the warps of one chunk stream (they split the head dims)
-
 // Every tile constant, from the head dimension.
 template <int D>
 struct MmaTile {
-  static constexpr int kCols = 32;                    // selection columns a chunk: the N of S
-  static constexpr int kHeads = 8;                    // the M: the G heads, zero rows above G
-  static constexpr int kDims = D / kMmaWarps;         // head dims a warp owns (64 or 32)
-  static constexpr int kLanesPerToken = kDims / 8;    // 16 bytes a lane
+  static constexpr int kCols = kQsaSimpleChunkCols;   // a chunk's tokens: the N of S, the K of P V
+  static constexpr int kHeads = 8;                    // O's rows: the G heads, zero above G
+  static constexpr int kLanesPerToken = D / 8;        // 16 bytes a lane
   static constexpr int kTokensPerRound = 32 / kLanesPerToken;
-  static constexpr int kRounds = kCols / kTokensPerRound;  // loads a lane issues for K, and for V
-  static constexpr int kSliceLd = kDims + 8;          // staged row stride (elements): 16-byte rows, 4 banks apart
-  static constexpr int kQLd = D + 8;
-  static constexpr int kOLd = kDims + 4;              // fp32 O slice staged for a rescale or the epilogue
+  static constexpr int kRounds = kCols / kTokensPerRound;  // copies a lane issues for K, and for V
+  static constexpr int kSliceLd = D + 8;              // staged row stride (elements): 16-byte rows, 4 banks apart
+  static constexpr int kQtLd = 8;                     // Q^T: the 8 heads of dim k at k * 8
   static constexpr int kSLd = kCols + 4;
   static constexpr int kPLd = kCols + 8;
-  static_assert(kDims % 32 == 0, "D: 128 or 256");
+  static constexpr int kOLd = D + 4;                  // fp32 O staged for the merge
+  static constexpr int kOFrags = D / 32;
+  static_assert(kCols == 16 && (D == 128 || D == 256), "16-column chunks; D: 128 or 256");
 };
 
 // One warp's shared memory. Every WMMA pointer into it is 32-byte aligned (row strides and offsets
@@ -60,124 +55,115 @@ template <int D>
 struct alignas(32) MmaWarpSmem {
   using Tile = MmaTile<D>;
   union {
-    uint16_t k[Tile::kCols][Tile::kSliceLd];  // the chunk's K slice
-    float o[Tile::kHeads][Tile::kOLd];        // the O slice, staged (K is consumed by then)
+    uint16_t k[Tile::kCols][Tile::kSliceLd];  // the chunk's K rows
+    float s[Tile::kCols][Tile::kSLd];         // its scores (rows: heads, 8 used), once K is read
+    float o[Tile::kHeads][Tile::kOLd];        // O, staged for the merge
   } kbuf;
-  uint16_t v[Tile::kCols][Tile::kSliceLd];    // the chunk's V slice
-};
-
-// One chunk stream's shared memory.
-template <int D>
-struct alignas(32) MmaStreamSmem {
-  MmaWarpSmem<D> warp[kMmaWarps];
-  float s[kMmaWarps][MmaTile<D>::kHeads][MmaTile<D>::kSLd];  // the warps' partial scores
-  uint16_t p[MmaTile<D>::kHeads][MmaTile<D>::kPLd];           // the chunk's probabilities, in the element type
-  float alpha[MmaTile<D>::kHeads];                             // this chunk's rescale factor of each head
-  int32_t rescale[MmaTile<D>::kHeads];                         // whether a head's O rows need it
+  uint16_t v[Tile::kCols][Tile::kSliceLd];    // the chunk's V rows
+  uint16_t p[Tile::kHeads][Tile::kPLd];       // its probabilities, in the element type
 };
 
 // The live-chunk bitmap: a row's chunks (kQsaSimpleMaxChunks of qsa_kernel_params.h) in 32-bit words.
 inline constexpr int kLiveWords = (kQsaSimpleMaxChunks + 31) / 32;
 inline constexpr int32_t kNoChunk = 32 * kLiveWords;  // past every chunk
+inline constexpr int kColGroups = (kQsaSimpleMaxChunks + 1) / 2;  // 32-column groups (two chunks each)
 
-template <int D, int kStreams>
-struct alignas(32) MmaSmem {
-  uint16_t q[MmaTile<D>::kHeads][MmaTile<D>::kQLd];
-  uint32_t live[kStreams * kMmaWarps][kLiveWords];  // each warp's chunks' bits (chunk k: a non-negative token)
-  int32_t first_words[kStreams * kMmaWarps][32];      // expanded: the selection words of chunk w, read by warp w
-  MmaStreamSmem<D> stream[kStreams];
-  float m[kStreams][MmaTile<D>::kHeads];  // each stream's final max and sum, for the merge
-  float l[kStreams][MmaTile<D>::kHeads];
-  uint32_t nan[kStreams][kMmaWarps];  // each warp's NaN heads
+template <int D, int W>
+struct alignas(128) MmaSmem {
+  // Q^T and 8 more elements: the score tile's rows 8-15 (heads past 8) read each dim's next 8
+  // elements, the next dim's heads, finite values whose score rows are never used.
+  uint16_t qt[D * MmaTile<D>::kQtLd + 16];
+  MmaWarpSmem<D> warp[W];
+  uint32_t live[kLiveWords];  // chunk k: a non-negative token in its columns
+  int32_t first_words[W][32];  // expanded: the selection words of chunks 2w, 2w + 1, read by warp w
+  float m[W][MmaTile<D>::kHeads];  // each warp's final max and sum, for the merge
+  float l[W][MmaTile<D>::kHeads];
+  uint32_t nan[W];  // each warp's NaN heads
 };
-static_assert(sizeof(MmaSmem<256, 1>) <= 48 * 1024, "one stream: static shared memory, at most 48 KiB");
 
-// The barrier of one chunk stream's 4 warps (the whole CTA when it is the only stream).
-template <int kStreams>
-__device__ __forceinline__ void stream_barrier(int stream) {
-  if constexpr (kStreams == 1) {
-    __syncthreads();
-  } else {
-    asm volatile("bar.sync %0, %1;" ::"r"(stream + 1), "r"(kMmaWarps * 32) : "memory");
-  }
-}
-
-template <typename T, int D, int G, int kStreams>
-__device__ __forceinline__ void mma_attend(const QsaSimpleParams& p, MmaSmem<D, kStreams>& sm) {
+template <typename T, int D, int G, int W>
+__device__ __forceinline__ void mma_attend(const QsaSimpleParams& p, MmaSmem<D, W>& sm) {
   namespace wmma = nvcuda::wmma;
   using Tile = MmaTile<D>;
   static_assert(G >= 1 && G <= Tile::kHeads, "G: 1 to 8 heads a kv head");
-  using FragA = wmma::fragment<wmma::matrix_a, 8, 32, 16, T, wmma::row_major>;
-  using FragKt = wmma::fragment<wmma::matrix_b, 8, 32, 16, T, wmma::col_major>;  // K^T: token n, dim k at n * ld + k
+  using FragQt = wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::col_major>;  // head m, dim k at k * 8 + m
+  using FragKt = wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major>;  // K^T: token n, dim k at n * ld + k
+  using FragS = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
+  using FragP = wmma::fragment<wmma::matrix_a, 8, 32, 16, T, wmma::row_major>;
   using FragV = wmma::fragment<wmma::matrix_b, 8, 32, 16, T, wmma::row_major>;
-  using FragAcc = wmma::fragment<wmma::accumulator, 8, 32, 16, float>;
-  constexpr int kOFrags = Tile::kDims / 32;
+  using FragO = wmma::fragment<wmma::accumulator, 8, 32, 16, float>;
+  static_assert(FragO::num_elements <= 10, "the O row map packs 3 bits an element");
+  constexpr int kOFrags = Tile::kOFrags;
   const float kNegInf = -__int_as_float(0x7F800000);
 
-  constexpr int kThreads = kStreams * kMmaWarps * 32;
-  const int lane = int(threadIdx.x) % 32, stream = int(threadIdx.x) / 32 / kMmaWarps;
-  const int warp = int(threadIdx.x) / 32 % kMmaWarps;  // within the stream: the head dims it owns
-  MmaStreamSmem<D>& ss = sm.stream[stream];
-  MmaWarpSmem<D>& ws = ss.warp[warp];
+  constexpr int kThreads = W * 32;
+  const int lane = int(threadIdx.x) % 32, warp = int(threadIdx.x) / 32;
+  MmaWarpSmem<D>& ws = sm.warp[warp];
   const int64_t cta = blockIdx.x;
   const int32_t r = int32_t(cta / p.num_kv_heads);
   const int32_t kvh = int32_t(cta - int64_t(r) * p.num_kv_heads);
   const RowSel rs = row_sel(p.sel, r);
 
-  // Q of the G heads, zero rows above G; P's rows above G stay zero.
+  // Q^T of the G heads, zero columns above G (and zero past the last dim).
   const T* qrow = static_cast<const T*>(p.io.q) + int64_t(r) * p.io.q_row_stride + int64_t(kvh) * G * p.io.q_head_stride;
   for (int i = int(threadIdx.x); i < Tile::kHeads * D / 8; i += kThreads) {
-    const int h = i / (D / 8), c = (i % (D / 8)) * 8;
+    const int h = i % Tile::kHeads, c = (i / Tile::kHeads) * 8;
     uint4 x = make_uint4(0u, 0u, 0u, 0u);
     if (h < G) x = __ldg(reinterpret_cast<const uint4*>(qrow + int64_t(h) * p.io.q_head_stride + c));
-    *reinterpret_cast<uint4*>(&sm.q[h][c]) = x;
+    const uint32_t w[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+    for (int j = 0; j < 8; ++j) sm.qt[(c + j) * Tile::kQtLd + h] = uint16_t(w[j / 2] >> (16 * (j % 2)));
   }
-  for (int i = warp * 32 + lane; i < Tile::kHeads * Tile::kPLd; i += kMmaWarps * 32) (&ss.p[0][0])[i] = 0;
-  if (warp == 0 && lane < Tile::kHeads) ss.alpha[lane] = 1.f;  // heads above G keep 1
-  // The live-chunk bitmap: the CTA's warps read the row's columns at once (warp w: chunks w, w + W,
-  // ... of W warps), so the chunks of an expanded selection without a non-negative token (a short
-  // selection's -1 padding) are never walked, each of which would cost the stream a dependent
+  if (threadIdx.x < 16) sm.qt[D * Tile::kQtLd + threadIdx.x] = 0;
+  if (threadIdx.x < kLiveWords) sm.live[threadIdx.x] = 0;
+  // The row of each element of an O fragment (3 bits each): a tile of row numbers, loaded as one.
+  uint32_t o_rows = 0;
+  {
+    float* t = &ws.kbuf.s[0][0];
+    for (int i = lane; i < Tile::kHeads * 32; i += 32) t[i] = float(i / 32);
+    __syncwarp();
+    FragO f;
+    wmma::load_matrix_sync(f, t, 32, wmma::mem_row_major);
+#pragma unroll
+    for (int i = 0; i < FragO::num_elements; ++i) o_rows |= uint32_t(f.x[i]) << (3 * i);
+    __syncwarp();
+  }
+  __syncthreads();
+  // The live-chunk bitmap: the CTA's warps read the row's columns at once (warp w: 32-column groups
+  // w, w + W, ...), so the chunks of an expanded selection without a non-negative token (a short
+  // selection's -1 padding) are never walked, each of which would cost its stream a dependent
   // selection load. Those chunks contribute nothing either way: skipping them changes no bit. A
   // compact selection has no padding (rs.cols is the row's own): every chunk is walked.
-  {
-    constexpr int W = kStreams * kMmaWarps;
-    const int cta_warp = int(threadIdx.x) / 32;
-    uint32_t bits[kLiveWords] = {};  // chunk w + W i is bit (W i) % 32 + w of word (W i) / 32 (W divides 32)
-    if (p.sel.compact) {
-#pragma unroll
-      for (int i = 0; i < (kQsaSimpleMaxChunks + W - 1) / W; ++i)
-        bits[(W * i) / 32] |= ((cta_warp + W * i) * Tile::kCols < rs.cols ? 1u : 0u) << ((W * i) % 32 + cta_warp);
-    } else {
-      // Unconditional loads (a column past the row reads column 0, which every row has), so no
-      // branch separates them and they are all in flight at once.
-#pragma unroll
-      for (int i = 0; i < (kQsaSimpleMaxChunks + W - 1) / W; ++i) {
-        const int32_t c = (cta_warp + W * i) * Tile::kCols + lane;
-        const int32_t t = rs.sel[c < rs.cols ? c : 0];
-        bits[(W * i) / 32] |= (c < rs.cols && t >= 0 ? 1u : 0u) << ((W * i) % 32 + cta_warp);
-        if (i == 0) sm.first_words[cta_warp][lane] = t;  // the streams' first chunks need no second read
-      }
+  if (p.sel.compact) {
+    if (threadIdx.x < kLiveWords) {
+      const int32_t n = (rs.cols + Tile::kCols - 1) / Tile::kCols - 32 * int32_t(threadIdx.x);  // chunks in this word
+      sm.live[threadIdx.x] = n >= 32 ? 0xFFFFFFFFu : n <= 0 ? 0u : (1u << n) - 1u;
     }
+  } else {
+    // Unconditional loads (a column past the row reads column 0, which every row has), so no
+    // branch separates them and they are all in flight at once.
+    constexpr int kGroups = (kColGroups + W - 1) / W;
+    int32_t t[kGroups];
 #pragma unroll
-    for (int j = 0; j < kLiveWords; ++j) {
+    for (int i = 0; i < kGroups; ++i) {
+      const int32_t c = (warp + W * i) * 32 + lane;
+      t[i] = rs.sel[c < rs.cols ? c : 0];
+    }
+    sm.first_words[warp][lane] = t[0];  // the first chunks need no second read
 #pragma unroll
-      for (int o = 16; o > 0; o >>= 1) bits[j] |= __shfl_xor_sync(0xFFFFFFFFu, bits[j], o);
-      if (lane == 0) sm.live[cta_warp][j] = bits[j];
+    for (int i = 0; i < kGroups; ++i) {
+      const int32_t g = warp + W * i, c = g * 32 + lane;
+      const uint32_t b = __ballot_sync(0xFFFFFFFFu, c < rs.cols && t[i] >= 0);
+      const uint32_t two = ((b & 0xFFFFu) != 0u ? 1u : 0u) | ((b >> 16) != 0u ? 2u : 0u);
+      if (lane == 0 && two != 0u && g < kColGroups) atomicOr(&sm.live[g / 16], two << (2 * g % 32));
     }
   }
   __syncthreads();
-  // This stream's live chunks (stream s takes chunks s, s + kStreams, ...).
-  constexpr uint32_t kStreamChunks = kStreams == 1 ? 0xFFFFFFFFu : kStreams == 2 ? 0x55555555u : 0x11111111u;
-  static_assert(kStreams == 1 || kStreams == 2 || kStreams == 4, "streams: 1, 2 or 4");
+  // This warp's live chunks (warp w takes chunks w, w + W, ...).
   uint32_t live[kLiveWords];
 #pragma unroll
-  for (int j = 0; j < kLiveWords; ++j) {
-    live[j] = 0;
-#pragma unroll
-    for (int w = 0; w < kStreams * kMmaWarps; ++w) live[j] |= sm.live[w][j];
-    live[j] &= kStreamChunks << stream;
-  }
-  // The first of this stream's live chunks at or after chunk k, or kNoChunk.
+  for (int j = 0; j < kLiveWords; ++j) live[j] = sm.live[j] & __ballot_sync(0xFFFFFFFFu, (32 * j + lane) % W == warp);
+  // The first of this warp's live chunks at or after chunk k, or kNoChunk.
   auto next_chunk = [&](int32_t k) -> int32_t {
 #pragma unroll
     for (int w = 0; w < kLiveWords; ++w) {
@@ -188,61 +174,60 @@ __device__ __forceinline__ void mma_attend(const QsaSimpleParams& p, MmaSmem<D, 
     return kNoChunk;
   };
 
-  FragAcc o_acc[kOFrags];
+  FragO o_acc[kOFrags];
 #pragma unroll
   for (int n = 0; n < kOFrags; ++n) wmma::fill_fragment(o_acc[n], 0.f);
-  // Warp w owns heads w, w + 4: their online softmax (the scores summed over the 4 warps' dims).
-  constexpr int kOwn = (G + kMmaWarps - 1) / kMmaWarps;
-  float m[kOwn];       // running max (base-2 scores) of an owned head, warp-uniform
-  float l_part[kOwn];  // its running sum, this lane's token's share (summed over the warp at the end)
-#pragma unroll
-  for (int j = 0; j < kOwn; ++j) {
-    m[j] = kNegInf;
-    l_part[j] = 0.f;
-  }
-  uint32_t nan_heads = 0;  // bit h: a NaN score reached owned head h (DESIGN §2: the head's out and lse are NaN)
-  // This lane's 16 bytes of a token's slice, and the token it takes in each round.
-  const int64_t dim_bytes = int64_t(warp * Tile::kDims + (lane % Tile::kLanesPerToken) * 8) * 2;
-  const char* kbase = static_cast<const char*>(p.io.k) + int64_t(kvh) * p.io.k_head_stride * 2 + dim_bytes;
-  const char* vbase = static_cast<const char*>(p.io.v) + int64_t(kvh) * p.io.v_head_stride * 2 + dim_bytes;
+  // Lanes 4h .. 4h + 3 own head h's softmax (tokens 4 (lane % 4) .. + 3 of a chunk); m is the same
+  // in the four lanes, l their shares.
+  const int own_head = lane / 4, own_col = (lane % 4) * 4;
+  float m_run = kNegInf, l_run = 0.f;
+  bool nan_seen = false;  // a NaN score reached the owned head (DESIGN §2: its out and lse are NaN)
+  // This lane's 16 bytes of a token's row, and the token it takes in each round.
   const int sub = lane / Tile::kLanesPerToken, piece = (lane % Tile::kLanesPerToken) * 8;
-  const T* q_smem = reinterpret_cast<const T*>(&sm.q[0][warp * Tile::kDims]);
+  const char* kbase = static_cast<const char*>(p.io.k) + (int64_t(kvh) * p.io.k_head_stride + piece) * 2;
+  const char* vbase = static_cast<const char*>(p.io.v) + (int64_t(kvh) * p.io.v_head_stride + piece) * 2;
+  const T* qt_smem = reinterpret_cast<const T*>(&sm.qt[0]);
   const T* k_smem = reinterpret_cast<const T*>(&ws.kbuf.k[0][0]);
   const T* v_smem = reinterpret_cast<const T*>(&ws.v[0][0]);
+  const T* p_smem = reinterpret_cast<const T*>(&ws.p[0][0]);
 
-  // Column `chunk` * 32 + lane resolved in three steps an iteration apart, each using a load the
-  // step before issued, so no warp waits on a selection or block-table read: its selection word
+  // Column `chunk` * 16 + lane % 16 resolved in three steps an iteration apart, each using a load
+  // the step before issued, so no warp waits on a selection or block-table read: its selection word
   // (load_word), its token's block-table entry (load_entry: the validity rule's checks before the
   // table, then the read of a live token's entry), then validity and the byte offsets of its K and
-  // V rows (finish: 0 when invalid).
+  // V rows (finish: 0 when invalid). Lanes 16-31 repeat lanes 0-15 (same addresses).
+  const int col = lane % Tile::kCols;
   struct Entry {
-    int32_t token;  // when live
-    int32_t page;   // the table entry (-1 when not live or past the table)
-    bool live;
+    int32_t slot;  // the live token's slot in its page
+    int32_t page;  // the table entry (-1 when not live or past the table)
   };
   auto load_word = [&](int32_t chunk) -> int32_t {
-    const int32_t c = chunk * Tile::kCols + lane;
-    if (!p.sel.compact && chunk < kStreams * kMmaWarps) return sm.first_words[chunk][lane];  // (unused when c >= cols)
+    const int32_t c = chunk * Tile::kCols + col;
+    if (!p.sel.compact && chunk < 2 * W) return sm.first_words[chunk / 2][(chunk % 2) * Tile::kCols + col];  // (unused when c >= cols)
     return c < rs.cols ? column_word(p.sel, rs, c) : 0;
   };
   auto load_entry = [&](int32_t chunk, int32_t word) -> Entry {
-    const int32_t c = chunk * Tile::kCols + lane;
+    const int32_t c = chunk * Tile::kCols + col;
     const int64_t t = c < rs.cols ? word_token(p.sel, rs, c, word) : -1;
     Entry e;
-    e.live = token_live(rs, t);
-    e.token = int32_t(t);
-    e.page = e.live ? table_entry(p.sel, rs, e.token) : -1;
+    if (token_live(rs, t)) {
+      const int32_t lp = int32_t(t) / p.sel.page_size;
+      e.slot = int32_t(t) - lp * p.sel.page_size;
+      e.page = lp < p.sel.block_table_width ? __ldg(rs.table + lp) : -1;
+    } else {
+      e.slot = 0;
+      e.page = -1;
+    }
     return e;
   };
   auto finish = [&](const Entry& e, int64_t* koff, int64_t* voff) -> bool {
-    const bool valid = e.live && e.page >= 0 && int64_t(e.page) < p.sel.num_pages;
-    const int32_t slot = e.token - (e.token / p.sel.page_size) * p.sel.page_size;
-    *koff = valid ? (int64_t(e.page) * p.io.k_page_stride + int64_t(slot) * p.io.k_slot_stride) * 2 : 0;
-    *voff = valid ? (int64_t(e.page) * p.io.v_page_stride + int64_t(slot) * p.io.v_slot_stride) * 2 : 0;
+    const bool valid = page_in_range(p.sel, e.page);  // -1 when the token is not live
+    *koff = valid ? (int64_t(e.page) * p.io.k_page_stride + int64_t(e.slot) * p.io.k_slot_stride) * 2 : 0;
+    *voff = valid ? (int64_t(e.page) * p.io.v_page_stride + int64_t(e.slot) * p.io.v_slot_stride) * 2 : 0;
     return valid;
   };
-  // The warp's slice of a chunk's tokens (`off`: the byte offsets its lanes resolved) into `rows`;
-  // invalid tokens zero-filled, nothing behind them read.
+  // A chunk's rows (`off`: the byte offsets lanes 0-15 resolved) into `rows`; invalid tokens
+  // zero-filled, nothing behind them read.
   auto stage = [&](uint16_t (*rows)[Tile::kSliceLd], const char* base, int64_t off, uint32_t mask) {
 #pragma unroll
     for (int i = 0; i < Tile::kRounds; ++i) {
@@ -250,117 +235,100 @@ __device__ __forceinline__ void mma_attend(const QsaSimpleParams& p, MmaSmem<D, 
       copy16(&rows[j][piece], base + __shfl_sync(0xFFFFFFFFu, off, j), (mask >> j) & 1u);
     }
   };
-  // Two chunks in flight a stream: chunk a (being computed) and b (the stream's next). The K slice
-  // of b loads while a's softmax and P V run, the V slice of b while b's scores and softmax run; the
-  // copies are warp-private (each warp its own dims), so only the warp waits for them. Copy batches
-  // in order K(a), V(a), then per chunk K(b), V(b): "all but the newest one landed" is always the
-  // slice needed next.
+  // Two chunks in flight: chunk a (being computed) and b (the warp's next). K(b) loads while a's
+  // softmax and P V run, V(b) while b's scores and softmax run. Copy batches in order K(a), V(a),
+  // then per chunk K(b), V(b): "all but the newest one landed" is always the rows needed next.
   // The columns of b's successor c are one step behind b's: c's word loads while b's entry does.
   int32_t chunk_a = next_chunk(0), chunk_b = next_chunk(chunk_a + 1), chunk_c = next_chunk(chunk_b + 1);
-  int64_t koff_a, voff_a, koff_b, voff_b;  // chunk a's offsets: the prologue's copies only
+  int64_t koff_a, voff_a, koff_b, voff_b;
   // The prologue's reads all at once: the three chunks' words, then a's and b's entries.
   const int32_t word_a = load_word(chunk_a), word_b = load_word(chunk_b);
   int32_t word_c = load_word(chunk_c);
   const Entry entry_a = load_entry(chunk_a, word_a);
   Entry entry_b = load_entry(chunk_b, word_b);
-  bool valid_a = finish(entry_a, &koff_a, &voff_a);
-  uint32_t mask_a = __ballot_sync(0xFFFFFFFFu, valid_a);  // the same in every warp of the stream
+  uint32_t mask_a = __ballot_sync(0xFFFFFFFFu, finish(entry_a, &koff_a, &voff_a)) & 0xFFFFu;
   if (mask_a != 0u) stage(ws.kbuf.k, kbase, koff_a, mask_a);
   copies_commit();
   if (mask_a != 0u) stage(ws.v, vbase, voff_a, mask_a);
   copies_commit();
-  bool valid_b = false;
   while (chunk_a != kNoChunk) {
-    FragAcc s_acc;
-    if (mask_a != 0u) {  // the warp's partial scores over its dims
+    float alpha = 1.f;  // this chunk's rescale factor of the owned head
+    if (mask_a != 0u) {
       copies_wait<1>();  // K(a)
       __syncwarp();
+      FragS s_acc;
       wmma::fill_fragment(s_acc, 0.f);
 #pragma unroll
-      for (int k = 0; k < Tile::kDims / 16; ++k) {
-        FragA a;
+      for (int k = 0; k < D / 16; ++k) {
+        FragQt a;
         FragKt b;
-        wmma::load_matrix_sync(a, q_smem + k * 16, Tile::kQLd);
+        wmma::load_matrix_sync(a, qt_smem + k * 16 * Tile::kQtLd, Tile::kQtLd);
         wmma::load_matrix_sync(b, k_smem + k * 16, Tile::kSliceLd);
         wmma::mma_sync(s_acc, a, b, s_acc);
       }
-      __syncwarp();  // every lane has read the K slice before it is refilled
+      __syncwarp();  // every lane has read K(a) before the scores take its place
+      wmma::store_matrix_sync(&ws.kbuf.s[0][0], s_acc, Tile::kSLd, wmma::mem_row_major);
+      __syncwarp();
+
+      // One online-softmax step of the owned head over its 4 tokens, then over the head's 4 lanes.
+      const float4 x = *reinterpret_cast<const float4*>(&ws.kbuf.s[own_head][own_col]);
+      float sc[4] = {x.x, x.y, x.z, x.w};
+      float cmax = kNegInf;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const bool used = own_head < G && ((mask_a >> (own_col + i)) & 1u) != 0u;
+        sc[i] = used ? sc[i] * p.io.scale_log2 : kNegInf;
+        nan_seen |= sc[i] != sc[i];
+        cmax = fmaxf(cmax, sc[i]);
+      }
+      cmax = fmaxf(cmax, __shfl_xor_sync(0xFFFFFFFFu, cmax, 1));
+      cmax = fmaxf(cmax, __shfl_xor_sync(0xFFFFFFFFu, cmax, 2));
+      const float m_new = fmaxf(m_run, cmax);
+      alpha = m_run == m_new ? 1.f : exp2f(m_run - m_new);
+      float psum = 0.f;
+      uint32_t pb[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float pr = m_new == kNegInf ? 0.f : exp2f(sc[i] - m_new);  // unused tokens: exp2(-inf) = 0
+        psum += pr;
+        pb[i] = Elem<T>::bits(pr);
+      }
+      l_run = l_run * alpha + psum;
+      m_run = m_new;
+      *reinterpret_cast<uint2*>(&ws.p[own_head][own_col]) = make_uint2(pb[0] | (pb[1] << 16), pb[2] | (pb[3] << 16));
+      __syncwarp();  // the scores are read before K(b) lands there; P is in
     }
-    valid_b = finish(entry_b, &koff_b, &voff_b);
-    const uint32_t mask_b = __ballot_sync(0xFFFFFFFFu, valid_b);
+    int64_t koff_n, voff_n;
+    const uint32_t mask_b = __ballot_sync(0xFFFFFFFFu, finish(entry_b, &koff_n, &voff_n)) & 0xFFFFu;
+    koff_b = koff_n;
+    voff_b = voff_n;
     if (mask_b != 0u) stage(ws.kbuf.k, kbase, koff_b, mask_b);
     copies_commit();
     if (mask_a != 0u) {
-      wmma::store_matrix_sync(&ss.s[warp][0][0], s_acc, Tile::kSLd, wmma::mem_row_major);
-      stream_barrier<kStreams>(stream);  // every warp's partials are in
-
-      // One online-softmax step of each owned head; lane j owns token j.
+      if (__any_sync(0xFFFFFFFFu, alpha != 1.f)) {  // some head's max grew: its O rows scale by alpha
+        float f[FragO::num_elements];
 #pragma unroll
-      for (int j = 0; j < kOwn; ++j) {
-        const int h = warp + kMmaWarps * j;
-        if (h >= G) break;  // warp-uniform
-        float dot = ss.s[0][h][lane];
+        for (int i = 0; i < FragO::num_elements; ++i) f[i] = __shfl_sync(0xFFFFFFFFu, alpha, 4 * int((o_rows >> (3 * i)) & 7u));
 #pragma unroll
-        for (int w = 1; w < kMmaWarps; ++w) dot += ss.s[w][h][lane];
-        const float s = valid_a ? dot * p.io.scale_log2 : kNegInf;
-        if (__any_sync(0xFFFFFFFFu, s != s)) nan_heads |= 1u << h;
-        const float m_new = fmaxf(m[j], warp_max(s));
-        const float alpha = m[j] == m_new ? 1.f : exp2f(m[j] - m_new);
-        const float pr = m_new == kNegInf ? 0.f : exp2f(s - m_new);  // invalid lanes: exp2(-inf) = 0
-        l_part[j] = l_part[j] * alpha + pr;
-        ss.p[h][lane] = Elem<T>::bits(pr);
-        if (lane == 0) {
-          ss.alpha[h] = alpha;
-          ss.rescale[h] = m[j] != m_new && m[j] != kNegInf;  // a head without tokens so far has zero O rows
-        }
-        m[j] = m_new;
+        for (int n = 0; n < kOFrags; ++n)
+#pragma unroll
+          for (int i = 0; i < FragO::num_elements; ++i) o_acc[n].x[i] *= f[i];
       }
-      stream_barrier<kStreams>(stream);  // P and the factors are in; the partials are read
-      bool rescale = false;
-#pragma unroll
-      for (int h = 0; h < G; ++h) rescale |= ss.rescale[h] != 0;
-      if (rescale) {  // warp-uniform; O staged a fragment at a time in the warp's (read) partial scores
-#pragma unroll
-        for (int n = 0; n < kOFrags; ++n) {
-          float* o = &ss.s[warp][0][0];
-          wmma::store_matrix_sync(o, o_acc[n], Tile::kSLd, wmma::mem_row_major);
-          __syncwarp();
-          for (int i = lane; i < Tile::kHeads * Tile::kCols / 4; i += 32) {
-            const int h = i / (Tile::kCols / 4), d = (i % (Tile::kCols / 4)) * 4;
-            float4* x = reinterpret_cast<float4*>(o + h * Tile::kSLd + d);
-            const float f = ss.alpha[h];
-            float4 v = *x;
-            v.x *= f;
-            v.y *= f;
-            v.z *= f;
-            v.w *= f;
-            *x = v;
-          }
-          __syncwarp();
-          wmma::load_matrix_sync(o_acc[n], o, Tile::kSLd, wmma::mem_row_major);
-          __syncwarp();  // every lane has read it before the next fragment is staged
-        }
-      }
-
-      // O += P V over the warp's dims.
+      // O += P V.
       copies_wait<1>();  // V(a)
       __syncwarp();
+      FragP pa;
+      wmma::load_matrix_sync(pa, p_smem, Tile::kPLd);
 #pragma unroll
-      for (int k = 0; k < Tile::kCols / 16; ++k) {
-        FragA pa;
-        wmma::load_matrix_sync(pa, reinterpret_cast<const T*>(&ss.p[0][k * 16]), Tile::kPLd);
-#pragma unroll
-        for (int n = 0; n < kOFrags; ++n) {
-          FragV b;
-          wmma::load_matrix_sync(b, v_smem + k * 16 * Tile::kSliceLd + n * 32, Tile::kSliceLd);
-          wmma::mma_sync(o_acc[n], pa, b, o_acc[n]);
-        }
+      for (int n = 0; n < kOFrags; ++n) {
+        FragV b;
+        wmma::load_matrix_sync(b, v_smem + n * 32, Tile::kSliceLd);
+        wmma::mma_sync(o_acc[n], pa, b, o_acc[n]);
       }
-      __syncwarp();  // every lane has read the V slice before it is refilled
+      __syncwarp();  // every lane has read V(a) and P before they are refilled
     }
     if (mask_b != 0u) stage(ws.v, vbase, voff_b, mask_b);
     copies_commit();
-    valid_a = valid_b;
     mask_a = mask_b;
     chunk_a = chunk_b;
     chunk_b = chunk_c;
@@ -368,65 +336,60 @@ __device__ __forceinline__ void mma_attend(const QsaSimpleParams& p, MmaSmem<D, 
     entry_b = load_entry(chunk_b, word_c);
     word_c = load_word(chunk_c);
   }
-  copies_wait<0>();  // nothing lands in the K slice once it stages O
+  (void)koff_a;
+  (void)voff_a;
+  copies_wait<0>();  // nothing lands in the K rows once they stage O
   __syncwarp();
 
-  // ---- epilogue: the streams merged in stream order; out = O / L (0 for an empty head, NaN after
-  // a NaN score), lse = ln(sum exp) ----
+  // ---- epilogue: the warps merged in warp order; out = O / L (0 for an empty head, NaN after a
+  // NaN score), lse = ln(sum exp) ----
 #pragma unroll
   for (int n = 0; n < kOFrags; ++n) wmma::store_matrix_sync(&ws.kbuf.o[0][n * 32], o_acc[n], Tile::kOLd, wmma::mem_row_major);
-#pragma unroll
-  for (int j = 0; j < kOwn; ++j) {
-    const int h = warp + kMmaWarps * j;
-    if (h >= G) break;
-    const float l = warp_sum(l_part[j]);
-    if (lane == 0) {
-      sm.m[stream][h] = m[j];
-      sm.l[stream][h] = l;
-    }
+  const float l_pair = l_run + __shfl_xor_sync(0xFFFFFFFFu, l_run, 1);
+  const float l_head = l_pair + __shfl_xor_sync(0xFFFFFFFFu, l_pair, 2);
+  const uint32_t nan_lanes = __ballot_sync(0xFFFFFFFFu, nan_seen);
+  if (lane % 4 == 0) {
+    sm.m[warp][own_head] = m_run;
+    sm.l[warp][own_head] = l_head;
   }
-  if (lane == 0) sm.nan[stream][warp] = nan_heads;
+  if (lane == 0) {
+    uint32_t heads = 0;
+#pragma unroll
+    for (int h = 0; h < Tile::kHeads; ++h) heads |= ((nan_lanes >> (4 * h)) & 0xFu) != 0u ? 1u << h : 0u;
+    sm.nan[warp] = heads;
+  }
   __syncthreads();
   uint32_t nan_all = 0;
 #pragma unroll
-  for (int st = 0; st < kStreams; ++st)
-#pragma unroll
-    for (int w = 0; w < kMmaWarps; ++w) nan_all |= sm.nan[st][w];
+  for (int w = 0; w < W; ++w) nan_all |= sm.nan[w];
   const int64_t head0 = int64_t(kvh) * G;
-  T* out_row = static_cast<T*>(p.io.out) + int64_t(r) * p.io.out_row_stride + warp * Tile::kDims;
-  // Stream `stream` writes heads stream, stream + kStreams, ... of its warp's dims.
-  for (int h = stream; h < G; h += kStreams) {
+  T* out_row = static_cast<T*>(p.io.out) + int64_t(r) * p.io.out_row_stride;
+  for (int i = int(threadIdx.x); i < G * (D / 2); i += kThreads) {
+    const int h = i / (D / 2), d = (i % (D / 2)) * 2;
     float mx = kNegInf;
 #pragma unroll
-    for (int st = 0; st < kStreams; ++st) mx = fmaxf(mx, sm.m[st][h]);
+    for (int w = 0; w < W; ++w) mx = fmaxf(mx, sm.m[w][h]);
     const bool nan = (nan_all >> h) & 1u, empty = mx == kNegInf;
-    float L = 0.f, wt[kStreams];
+    float L = 0.f, a = 0.f, b = 0.f;
 #pragma unroll
-    for (int st = 0; st < kStreams; ++st) {  // a stream without a token for the head weighs 0
-      wt[st] = sm.m[st][h] == kNegInf ? 0.f : exp2f(sm.m[st][h] - mx);
-      L += sm.l[st][h] * wt[st];
+    for (int w = 0; w < W; ++w) {  // a warp without a token for the head weighs 0
+      if (sm.m[w][h] == kNegInf) continue;  // its O rows hold only 0 * V (0, or NaN after a NaN V)
+      const float wt = exp2f(sm.m[w][h] - mx);
+      L += sm.l[w][h] * wt;
+      a += sm.warp[w].kbuf.o[h][d] * wt;
+      b += sm.warp[w].kbuf.o[h][d + 1] * wt;
     }
-    const float inv = 1.f / L;
-#pragma unroll
-    for (int d = 2 * lane; d < Tile::kDims; d += 64) {
-      float a = 0.f, b = 0.f;
-#pragma unroll
-      for (int st = 0; st < kStreams; ++st) {
-        if (wt[st] == 0.f) continue;  // its O rows hold only 0 * V (0, or NaN after a NaN V)
-        a += sm.stream[st].warp[warp].kbuf.o[h][d] * wt[st];
-        b += sm.stream[st].warp[warp].kbuf.o[h][d + 1] * wt[st];
-      }
-      if (nan) {
-        a = b = __int_as_float(0x7FC00000);
-      } else if (empty) {
-        a = b = 0.f;
-      } else {
-        a *= inv;
-        b *= inv;
-      }
-      *reinterpret_cast<uint32_t*>(out_row + (head0 + h) * p.io.out_head_stride + d) = Elem<T>::pack(a, b);
+    if (nan) {
+      a = b = __int_as_float(0x7FC00000);
+    } else if (empty) {
+      a = b = 0.f;
+    } else {
+      const float inv = 1.f / L;
+      a *= inv;
+      b *= inv;
     }
-    if (p.io.lse != nullptr && warp == 0 && lane == 0) {
+    *reinterpret_cast<uint32_t*>(out_row + (head0 + h) * p.io.out_head_stride + d) = Elem<T>::pack(a, b);
+    if (p.io.lse != nullptr && d == 0) {
       const float lse = nan ? __int_as_float(0x7FC00000) : empty ? kNegInf : mx * 0.69314718055994530942f + logf(L);
       p.io.lse[int64_t(r) * p.io.lse_row_stride + (head0 + h) * p.io.lse_head_stride] = lse;
     }
