@@ -23,7 +23,7 @@ cudaError_t pick_warps(int64_t ctas, int* warps) {
   int sms = 0, optin = 0;
   if (!detail::device_sm_count("qsa_simple", &sms).ok() || !detail::device_smem_optin("qsa_simple", &optin).ok())
     return cudaErrorInvalidDevice;
-  *warps = ctas <= int64_t(sms) && kSimpleSmemBytes<D, 12> <= size_t(optin) ? 12 : 4;
+  *warps = ctas <= 4 * int64_t(sms) && kSimpleSmemBytes<D, 12> <= size_t(optin) ? 12 : 4;
   return cudaSuccess;
 }
 

@@ -61,6 +61,7 @@ struct alignas(32) MmaWarpSmem {
   } kbuf;
   uint16_t v[Tile::kCols][Tile::kSliceLd];    // the chunk's V rows
   uint16_t p[Tile::kHeads][Tile::kPLd];       // its probabilities, in the element type
+  uint64_t bar[2];                            // bulk-copy rows (SM90): K's and V's landing barriers
 };
 
 // The live-chunk bitmap: a row's chunks (kQsaSimpleMaxChunks of qsa_kernel_params.h) in 32-bit words.
@@ -116,6 +117,10 @@ __device__ __forceinline__ void mma_attend(const QsaSimpleParams& p, MmaSmem<D, 
   }
   if (threadIdx.x < 16) sm.qt[D * Tile::kQtLd + threadIdx.x] = 0;
   if (threadIdx.x < kLiveWords) sm.live[threadIdx.x] = 0;
+  if (kBulkRows && lane == 0) {
+    row_bar_init(&ws.bar[0]);
+    row_bar_init(&ws.bar[1]);
+  }
   // The row of each element of an O fragment (3 bits each): a tile of row numbers, loaded as one.
   uint32_t o_rows = 0;
   {
@@ -184,18 +189,19 @@ __device__ __forceinline__ void mma_attend(const QsaSimpleParams& p, MmaSmem<D, 
   bool nan_seen = false;  // a NaN score reached the owned head (DESIGN §2: its out and lse are NaN)
   // This lane's 16 bytes of a token's row, and the token it takes in each round.
   const int sub = lane / Tile::kLanesPerToken, piece = (lane % Tile::kLanesPerToken) * 8;
-  const char* kbase = static_cast<const char*>(p.io.k) + (int64_t(kvh) * p.io.k_head_stride + piece) * 2;
-  const char* vbase = static_cast<const char*>(p.io.v) + (int64_t(kvh) * p.io.v_head_stride + piece) * 2;
+  const char* krow = static_cast<const char*>(p.io.k) + int64_t(kvh) * p.io.k_head_stride * 2;  // + a row's offset
+  const char* vrow = static_cast<const char*>(p.io.v) + int64_t(kvh) * p.io.v_head_stride * 2;
   const T* qt_smem = reinterpret_cast<const T*>(&sm.qt[0]);
   const T* k_smem = reinterpret_cast<const T*>(&ws.kbuf.k[0][0]);
   const T* v_smem = reinterpret_cast<const T*>(&ws.v[0][0]);
   const T* p_smem = reinterpret_cast<const T*>(&ws.p[0][0]);
 
   // Column `chunk` * 16 + lane % 16 resolved in three steps an iteration apart, each using a load
-  // the step before issued, so no warp waits on a selection or block-table read: its selection word
-  // (load_word), its token's block-table entry (load_entry: the validity rule's checks before the
-  // table, then the read of a live token's entry), then validity and the byte offsets of its K and
-  // V rows (finish: 0 when invalid). Lanes 16-31 repeat lanes 0-15 (same addresses).
+  // issued an iteration earlier, so no warp waits on a selection or block-table read: its selection
+  // word (load_word, three chunks ahead), its token's block-table entry (load_entry, two ahead: the
+  // validity rule's checks before the table, then the read of a live token's entry), then validity
+  // and the byte offsets of its K and V rows (finish, the next chunk: 0 when invalid). Lanes 16-31
+  // repeat lanes 0-15 (same addresses).
   const int col = lane % Tile::kCols;
   struct Entry {
     int32_t slot;  // the live token's slot in its page
@@ -220,41 +226,65 @@ __device__ __forceinline__ void mma_attend(const QsaSimpleParams& p, MmaSmem<D, 
     }
     return e;
   };
-  auto finish = [&](const Entry& e, int64_t* koff, int64_t* voff) -> bool {
-    const bool valid = page_in_range(p.sel, e.page);  // -1 when the token is not live
-    *koff = valid ? (int64_t(e.page) * p.io.k_page_stride + int64_t(e.slot) * p.io.k_slot_stride) * 2 : 0;
-    *voff = valid ? (int64_t(e.page) * p.io.v_page_stride + int64_t(e.slot) * p.io.v_slot_stride) * 2 : 0;
-    return valid;
+  auto finish = [&](const Entry& e) -> bool { return page_in_range(p.sel, e.page); };  // page -1: not live
+  // A valid entry's row in a cache view (bytes from the kv head's base).
+  auto row_offset = [&](const Entry& e, int64_t page_stride, int64_t slot_stride) -> int64_t {
+    return (int64_t(e.page) * page_stride + int64_t(e.slot) * slot_stride) * 2;
   };
-  // A chunk's rows (`off`: the byte offsets lanes 0-15 resolved) into `rows`; invalid tokens
-  // zero-filled, nothing behind them read.
-  auto stage = [&](uint16_t (*rows)[Tile::kSliceLd], const char* base, int64_t off, uint32_t mask) {
+  // A chunk's rows (lane j < 16: entry e of row j) from a cache view into `rows`; invalid tokens
+  // zero-filled, nothing behind them read. SM90: lane j copies row j in one bulk copy, landing on
+  // `bar`; below: 16-byte copies spread over the warp (landing at copies_wait).
+  auto stage = [&](uint16_t (*rows)[Tile::kSliceLd], const char* base, const Entry& e, int64_t page_stride,
+                   int64_t slot_stride, uint32_t mask, uint64_t* bar) {
+    const int64_t off = row_offset(e, page_stride, slot_stride);
+    if constexpr (kBulkRows) {
+      constexpr uint32_t kRowBytes = D * 2;
+      row_fence();  // the rows' earlier reads and writes (scores, zeros) before the bulk writes
+      if (lane == 0) row_bar_expect(bar, uint32_t(__popc(mask)) * kRowBytes);
+      __syncwarp();
+      if (lane < Tile::kCols && ((mask >> lane) & 1u) != 0u) copy_row(&rows[lane][0], base + off, kRowBytes, bar);
+      for (uint32_t zero = ~mask & 0xFFFFu; zero != 0u; zero &= zero - 1u) {
+        const int j = __ffs(int(zero)) - 1;
+        for (int e = lane * 8; e < D; e += 256) *reinterpret_cast<uint4*>(&rows[j][e]) = make_uint4(0u, 0u, 0u, 0u);
+      }
+    } else {
 #pragma unroll
-    for (int i = 0; i < Tile::kRounds; ++i) {
-      const int j = i * Tile::kTokensPerRound + sub;
-      copy16(&rows[j][piece], base + __shfl_sync(0xFFFFFFFFu, off, j), (mask >> j) & 1u);
+      for (int i = 0; i < Tile::kRounds; ++i) {
+        const int j = i * Tile::kTokensPerRound + sub;
+        copy16(&rows[j][piece], base + piece * 2 + __shfl_sync(0xFFFFFFFFu, off, j), (mask >> j) & 1u);
+      }
+    }
+  };
+  // Waits for the rows staged `pending` batches ago (bulk: the buffer's barrier, phases alternating).
+  uint32_t k_parity = 0, v_parity = 0;
+  auto wait_rows = [&](uint64_t* bar, uint32_t* parity) {
+    if constexpr (kBulkRows) {
+      row_bar_wait(bar, *parity);
+      *parity ^= 1u;
+    } else {
+      copies_wait<1>();
     }
   };
   // Two chunks in flight: chunk a (being computed) and b (the warp's next). K(b) loads while a's
   // softmax and P V run, V(b) while b's scores and softmax run. Copy batches in order K(a), V(a),
   // then per chunk K(b), V(b): "all but the newest one landed" is always the rows needed next.
-  // The columns of b's successor c are one step behind b's: c's word loads while b's entry does.
-  int32_t chunk_a = next_chunk(0), chunk_b = next_chunk(chunk_a + 1), chunk_c = next_chunk(chunk_b + 1);
-  int64_t koff_a, voff_a, koff_b, voff_b;
-  // The prologue's reads all at once: the three chunks' words, then a's and b's entries.
-  const int32_t word_a = load_word(chunk_a), word_b = load_word(chunk_b);
-  int32_t word_c = load_word(chunk_c);
+  // The columns of the chunks after b, c and d, are one and two steps behind b's.
+  int32_t chunk_a = next_chunk(0), chunk_b = next_chunk(chunk_a + 1), chunk_c = next_chunk(chunk_b + 1),
+          chunk_d = next_chunk(chunk_c + 1);
+  // The prologue's reads all at once: the four chunks' words, then a's, b's and c's entries.
+  const int32_t word_a = load_word(chunk_a), word_b = load_word(chunk_b), word_c = load_word(chunk_c);
+  int32_t word_d = load_word(chunk_d);
   const Entry entry_a = load_entry(chunk_a, word_a);
-  Entry entry_b = load_entry(chunk_b, word_b);
-  uint32_t mask_a = __ballot_sync(0xFFFFFFFFu, finish(entry_a, &koff_a, &voff_a)) & 0xFFFFu;
-  if (mask_a != 0u) stage(ws.kbuf.k, kbase, koff_a, mask_a);
+  Entry entry_b = load_entry(chunk_b, word_b), entry_c = load_entry(chunk_c, word_c);
+  uint32_t mask_a = __ballot_sync(0xFFFFFFFFu, finish(entry_a)) & 0xFFFFu;
+  if (mask_a != 0u) stage(ws.kbuf.k, krow, entry_a, p.io.k_page_stride, p.io.k_slot_stride, mask_a, &ws.bar[0]);
   copies_commit();
-  if (mask_a != 0u) stage(ws.v, vbase, voff_a, mask_a);
+  if (mask_a != 0u) stage(ws.v, vrow, entry_a, p.io.v_page_stride, p.io.v_slot_stride, mask_a, &ws.bar[1]);
   copies_commit();
   while (chunk_a != kNoChunk) {
     float alpha = 1.f;  // this chunk's rescale factor of the owned head
     if (mask_a != 0u) {
-      copies_wait<1>();  // K(a)
+      wait_rows(&ws.bar[0], &k_parity);  // K(a)
       __syncwarp();
       FragS s_acc;
       wmma::fill_fragment(s_acc, 0.f);
@@ -298,11 +328,8 @@ __device__ __forceinline__ void mma_attend(const QsaSimpleParams& p, MmaSmem<D, 
       *reinterpret_cast<uint2*>(&ws.p[own_head][own_col]) = make_uint2(pb[0] | (pb[1] << 16), pb[2] | (pb[3] << 16));
       __syncwarp();  // the scores are read before K(b) lands there; P is in
     }
-    int64_t koff_n, voff_n;
-    const uint32_t mask_b = __ballot_sync(0xFFFFFFFFu, finish(entry_b, &koff_n, &voff_n)) & 0xFFFFu;
-    koff_b = koff_n;
-    voff_b = voff_n;
-    if (mask_b != 0u) stage(ws.kbuf.k, kbase, koff_b, mask_b);
+    const uint32_t mask_b = __ballot_sync(0xFFFFFFFFu, finish(entry_b)) & 0xFFFFu;
+    if (mask_b != 0u) stage(ws.kbuf.k, krow, entry_b, p.io.k_page_stride, p.io.k_slot_stride, mask_b, &ws.bar[0]);
     copies_commit();
     if (mask_a != 0u) {
       if (__any_sync(0xFFFFFFFFu, alpha != 1.f)) {  // some head's max grew: its O rows scale by alpha
@@ -315,7 +342,7 @@ __device__ __forceinline__ void mma_attend(const QsaSimpleParams& p, MmaSmem<D, 
           for (int i = 0; i < FragO::num_elements; ++i) o_acc[n].x[i] *= f[i];
       }
       // O += P V.
-      copies_wait<1>();  // V(a)
+      wait_rows(&ws.bar[1], &v_parity);  // V(a)
       __syncwarp();
       FragP pa;
       wmma::load_matrix_sync(pa, p_smem, Tile::kPLd);
@@ -327,17 +354,17 @@ __device__ __forceinline__ void mma_attend(const QsaSimpleParams& p, MmaSmem<D, 
       }
       __syncwarp();  // every lane has read V(a) and P before they are refilled
     }
-    if (mask_b != 0u) stage(ws.v, vbase, voff_b, mask_b);
+    if (mask_b != 0u) stage(ws.v, vrow, entry_b, p.io.v_page_stride, p.io.v_slot_stride, mask_b, &ws.bar[1]);
     copies_commit();
     mask_a = mask_b;
     chunk_a = chunk_b;
     chunk_b = chunk_c;
-    chunk_c = next_chunk(chunk_c + 1);
-    entry_b = load_entry(chunk_b, word_c);
-    word_c = load_word(chunk_c);
+    chunk_c = chunk_d;
+    chunk_d = next_chunk(chunk_d + 1);
+    entry_b = entry_c;
+    entry_c = load_entry(chunk_c, word_d);
+    word_d = load_word(chunk_d);
   }
-  (void)koff_a;
-  (void)voff_a;
   copies_wait<0>();  // nothing lands in the K rows once they stage O
   __syncwarp();
 
