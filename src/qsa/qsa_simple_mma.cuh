@@ -1,7 +1,8 @@
 // C8 exact simple kernel, tensor-core form (selkv/qsa.h): the body of one CTA per (row, kv head)
 // with the scores and the P V products on WMMA tiles (fp32 accumulation). WMMA is the SM70 API: the
-// same source serves V100-class GPUs in fp16 and, from SM80, bf16 too (qsa_simple.cuh picks this
-// form or the SIMT one).
+// same source serves V100-class GPUs in fp16 and, from SM80, bf16 too. qsa_simple.cu takes this form
+// (warp streams) for selections of kQsaSimpleWarpMinBlocks blocks and more, split heads
+// (qsa_simple_mma_split.cuh) below.
 //
 // Every warp of the CTA is a chunk stream of its own: it walks the row's selection 16 columns (a
 // chunk) at a time, taking chunks w, w + W, ... of the CTA's W warps, with the whole head dimension
@@ -10,7 +11,8 @@
 // selection) are found by one read of the row and never walked. A chunk: lanes 0-15 resolve its
 // columns (the validity rule of qsa_select.cuh before any K / V read), the warp copies the valid
 // tokens' K and V rows to shared memory (invalid ones zero-filled, nothing behind them read), the
-// next chunk's in flight while this one is computed (cp.async from SM80); S = Q K^T on m16n16k16
+// next chunk's in flight while this one is computed (a bulk copy a row on SM90, 16-byte cp.async
+// copies on SM80-89, plain loads below); S = Q K^T on m16n16k16
 // tiles (heads in the rows); the softmax step (lanes 4h .. 4h + 3 own head h, 4 tokens each; P
 // rounded to the element type, as FlashMLA does); O += P V on m8n32k16 tiles. O stays in accumulator
 // fragments; a head whose running max grew has its O rows rescaled in place through a row map of
@@ -30,12 +32,12 @@
 #include "qsa/qsa_kernel_params.h"
 #include "qsa/qsa_select.cuh"
 
-namespace selkv::qsa {
+namespace selkv::qsa::warp_streams {
 
 // Every tile constant, from the head dimension.
 template <int D>
 struct MmaTile {
-  static constexpr int kCols = kQsaSimpleChunkCols;   // a chunk's tokens: the N of S, the K of P V
+  static constexpr int kCols = kQsaWarpChunkCols;   // a chunk's tokens: the N of S, the K of P V
   static constexpr int kHeads = 8;                    // O's rows: the G heads, zero above G
   static constexpr int kLanesPerToken = D / 8;        // 16 bytes a lane
   static constexpr int kTokensPerRound = 32 / kLanesPerToken;
@@ -64,10 +66,10 @@ struct alignas(32) MmaWarpSmem {
   uint64_t bar[2];                            // bulk-copy rows (SM90): K's and V's landing barriers
 };
 
-// The live-chunk bitmap: a row's chunks (kQsaSimpleMaxChunks of qsa_kernel_params.h) in 32-bit words.
-inline constexpr int kLiveWords = (kQsaSimpleMaxChunks + 31) / 32;
+// The live-chunk bitmap: a row's chunks (kQsaWarpMaxChunks of qsa_kernel_params.h) in 32-bit words.
+inline constexpr int kLiveWords = (kQsaWarpMaxChunks + 31) / 32;
 inline constexpr int32_t kNoChunk = 32 * kLiveWords;  // past every chunk
-inline constexpr int kColGroups = (kQsaSimpleMaxChunks + 1) / 2;  // 32-column groups (two chunks each)
+inline constexpr int kColGroups = (kQsaWarpMaxChunks + 1) / 2;  // 32-column groups (two chunks each)
 
 template <int D, int W>
 struct alignas(128) MmaSmem {
@@ -200,7 +202,7 @@ __device__ __forceinline__ void mma_attend(const QsaSimpleParams& p, MmaSmem<D, 
   // issued an iteration earlier, so no warp waits on a selection or block-table read: its selection
   // word (load_word, three chunks ahead), its token's block-table entry (load_entry, two ahead: the
   // validity rule's checks before the table, then the read of a live token's entry), then validity
-  // and the byte offsets of its K and V rows (finish, the next chunk: 0 when invalid). Lanes 16-31
+  // (finish, the next chunk; its rows' offsets are computed where they are staged). Lanes 16-31
   // repeat lanes 0-15 (same addresses).
   const int col = lane % Tile::kCols;
   struct Entry {
@@ -255,7 +257,8 @@ __device__ __forceinline__ void mma_attend(const QsaSimpleParams& p, MmaSmem<D, 
       }
     }
   };
-  // Waits for the rows staged `pending` batches ago (bulk: the buffer's barrier, phases alternating).
+  // Waits for a buffer's staged rows: bulk, its barrier's next phase (they alternate); else every
+  // copy batch but the newest.
   uint32_t k_parity = 0, v_parity = 0;
   auto wait_rows = [&](uint64_t* bar, uint32_t* parity) {
     if constexpr (kBulkRows) {
@@ -423,4 +426,4 @@ __device__ __forceinline__ void mma_attend(const QsaSimpleParams& p, MmaSmem<D, 
   }
 }
 
-}  // namespace selkv::qsa
+}  // namespace selkv::qsa::warp_streams

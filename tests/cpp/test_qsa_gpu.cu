@@ -69,79 +69,91 @@ void check_config(Config c, uint64_t seed) {
   EXPECT_TRUE(test::bits_equal(bits[0].lse, bits[1].lse)) << what << ": separate vs interleaved lse";
 }
 
+// Both tensor-core forms of the simple kernel: split heads (K = 16) and warp streams (K = 160, at
+// least kQsaSimpleWarpMinBlocks).
 TEST(QsaGpu, MatchesOracleAcrossDtypeHeadDimGroupAndPageSize) {
   SELKV_REQUIRE_GPU();
   const uint64_t seed = test::test_seed();
   SCOPED_TRACE("SELKV_TEST_SEED=" + std::to_string(seed));
-  for (QsaDtype dt : {QsaDtype::kFp16, QsaDtype::kBf16})
-    for (int D : {256, 128})
-      for (int G : {1, 2, 6, 8}) {
-        Config c;
-        c.dtype = dt;
-        c.D = D;
-        c.G = G;
-        c.Hkv = G == 8 ? 1 : 2;
-        c.P = (G % 2 == 0) ? 16 : 784;
-        if (!test::full_grid() && !(G == 2 && D == 256)) continue;
-        check_config(c, seed + uint64_t(G * 1000 + D + int(dt)));
-      }
+  for (int K : {16, 160})
+    for (QsaDtype dt : {QsaDtype::kFp16, QsaDtype::kBf16})
+      for (int D : {256, 128})
+        for (int G : {1, 2, 6, 8}) {
+          Config c;
+          c.K = K;
+          c.max_len = K == 16 ? c.max_len : 1600;
+          c.dtype = dt;
+          c.D = D;
+          c.G = G;
+          c.Hkv = G == 8 ? 1 : 2;
+          c.P = (G % 2 == 0) ? 16 : 784;
+          if (!test::full_grid() && !(G == 2 && D == 256)) continue;
+          check_config(c, seed + uint64_t(G * 1000 + D + int(dt) + K));
+        }
 }
 
 TEST(QsaGpu, PageSize784AndLongSelections) {
   SELKV_REQUIRE_GPU();
   const uint64_t seed = test::test_seed() + 7;
   SCOPED_TRACE("SELKV_TEST_SEED=" + std::to_string(test::test_seed()));
-  Config c;
-  c.P = 784;
-  c.K = 96;
-  c.max_len = 1600;
-  c.R = 40;
-  c.G = 4;
-  c.Hkv = 2;
-  check_config(c, seed);
-  c.P = 16;
-  c.dtype = QsaDtype::kBf16;
-  check_config(c, seed + 1);
+  for (int K : {96, 160}) {  // split heads, warp streams
+    Config c;
+    c.P = 784;
+    c.K = K;
+    c.max_len = 1600;
+    c.R = 40;
+    c.G = 4;
+    c.Hkv = 2;
+    check_config(c, seed + uint64_t(K));
+    c.P = 16;
+    c.dtype = QsaDtype::kBf16;
+    check_config(c, seed + uint64_t(K) + 1);
+  }
 }
 
-// The simple kernel's chunk streams: the launcher gives a CTA 4, 2 or 1 streams by its grid (rows x
-// kv heads) against the SM count (on an H200's 132 SMs: 80 CTAs take 4, 200 take 2, 600 one), with
-// selections long enough (13 chunks) that every stream has several.
+// The simple kernel's chunk streams in both tensor-core forms, whose CTA shape the launcher picks by
+// the grid (rows x kv heads) against the SM count: split heads (K = 96 < kQsaSimpleWarpMinBlocks)
+// 4, 2 or 1 streams of 4 warps (on an H200's 132 SMs: 80 CTAs take 4, 200 take 2, 600 one); warp
+// streams (K = 160) 12 or 4 warps (80 and 200 CTAs take 12, 600 take 4). The selections are long
+// enough that every stream has several chunks.
 TEST(QsaGpu, SimpleChunkStreamsAcrossGridSizes) {
   SELKV_REQUIRE_GPU();
   const uint64_t seed = test::test_seed() + 13;
   SCOPED_TRACE("SELKV_TEST_SEED=" + std::to_string(test::test_seed()));
-  for (int64_t R : {40, 100, 300}) {
-    Config c;
-    c.K = 96;
-    c.max_len = 1600;
-    c.R = R;
-    c.G = 3;
-    c.Hkv = 2;
-    c.dtype = R == 100 ? QsaDtype::kBf16 : QsaDtype::kFp16;
-    check_config(c, seed + uint64_t(R));
-  }
+  for (int32_t K : {96, 160})
+    for (int64_t R : {40, 100, 300}) {
+      Config c;
+      c.K = K;
+      c.max_len = 1600;
+      c.R = R;
+      c.G = 3;
+      c.Hkv = 2;
+      c.dtype = R == 100 ? QsaDtype::kBf16 : QsaDtype::kFp16;
+      check_config(c, seed + uint64_t(R) + uint64_t(K));
+    }
 }
 
-// The simple kernel never walks a 32-column chunk without a non-negative token (a short selection's
+// The simple kernel never walks a 16-column chunk without a non-negative token (a short selection's
 // -1 padding). 2051-column rows with a few live blocks in scattered chunks (the first, the last
 // partial one, random ones) and negative garbage (-1, -7, INT_MIN) everywhere else agree with the
 // oracle, and give the same bits as the same rows with the garbage replaced by stale tokens (>=
-// seq_len: those chunks are walked, nothing is read): skipping changes no bit. 64 rows run 4 chunk
-// streams a CTA, 300 one.
+// seq_len: those chunks are walked, nothing is read): skipping changes no bit. Both forms: warp
+// streams (K = 512; 64 rows run 12 warps a CTA, 600 run 4) and split heads (K = 64, 32-column
+// chunks; 64 rows run 4 streams, 600 one).
 TEST(QsaGpu, SimpleSkipsChunksWithoutTokens) {
   SELKV_REQUIRE_GPU();
-  for (int64_t R : {64, 300}) {
-    std::mt19937_64 rng(test::test_seed() + 31 + uint64_t(R));
+  for (int K : {512, 64})
+  for (int64_t R : {64, 600}) {
+    std::mt19937_64 rng(test::test_seed() + 31 + uint64_t(R) + uint64_t(K));
     Config c;
-    c.K = 512;
+    c.K = K;
     c.R = R;
     c.G = 6;
     c.Hkv = 1;
     c.num_req = 2;
     c.max_len = 3000;
     Problem pr = make_problem(c, rng);
-    const int64_t cols = qsa_expanded_cols(pr.K), chunks = (cols + 31) / 32;
+    const int64_t cols = qsa_expanded_cols(pr.K), chunks = (cols + 15) / 16;  // 16-column units: a warp-stream chunk, half a split-heads one
     const int32_t garbage[3] = {-1, -7, std::numeric_limits<int32_t>::min()};
     std::vector<int32_t> stale(pr.sel.size());
     for (int64_t r = 0; r < pr.R; ++r) {
@@ -154,7 +166,7 @@ TEST(QsaGpu, SimpleSkipsChunksWithoutTokens) {
       const int64_t picks[4] = {0, chunks - 1, int64_t(rng() % uint64_t(chunks)), int64_t(rng() % uint64_t(chunks))};
       for (int64_t ch : picks) {
         if (r % 2 == 1 && ch == 0) continue;  // some rows start past chunk 0
-        const int64_t first = ch * 32 + int64_t(rng() % 8) * 4;
+        const int64_t first = ch * 16 + int64_t(rng() % 4) * 4;
         const int32_t b = int32_t(rng() % uint64_t(c.max_len / 4));
         for (int64_t k = 0; k < 4 && first + k < cols; ++k) row[first + k] = 4 * b + int32_t(k);
       }

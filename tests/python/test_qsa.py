@@ -507,12 +507,12 @@ def test_plan_size(selkv):
 
 
 def test_page4_wanted(selkv, monkeypatch):
-    """The route rule's shape form (selkv::qsa_page4_wanted): R >= 4096 and K >= 192 ask for the
+    """The route rule's shape form (selkv::qsa_page4_wanted): R >= 4096 and K >= 256 ask for the
     page-4 route (a plan worth building), anything less does not, nor anything with
     SELKV_QSA_PAGE4=0."""
     monkeypatch.delenv("SELKV_QSA_PAGE4", raising=False)
-    for R, K, want in ((4096, 512, True), (4096, 192, True), (1 << 20, 192, True), (4095, 512, False),
-                       (4096, 191, False), (4096, 128, False), (0, 512, False), (-1, 512, False)):
+    for R, K, want in ((4096, 512, True), (4096, 256, True), (1 << 20, 256, True), (4095, 512, False),
+                       (4096, 255, False), (4096, 192, False), (0, 512, False), (-1, 512, False)):
         assert selkv.qsa_page4_wanted(R, K) is want, (R, K)
         assert torch.ops.selkv.qsa_page4_wanted(R, K) is want, (R, K)
     monkeypatch.setenv("SELKV_QSA_PAGE4", "0")
