@@ -90,62 +90,28 @@ __device__ __forceinline__ void copies_wait() {
 #endif
 }
 
-// Whole K / V rows by the bulk-copy engine (SM90): a row is one cp.async.bulk of contiguous bytes
-// into shared memory, completing on an mbarrier. A warp's 16-byte cp.async copies land in shared
-// rows whose padding offsets them from 128-byte lines, which splits the lines' L2 requests (half
-// again as many sectors as bytes); the bulk engine reads whole lines whatever the destination.
+// Whole K / V rows by the bulk-copy engine (SM90; sm90/device_ops.cuh's bulk_copy_g2s and mbarrier
+// primitives): a row is one cp.async.bulk of contiguous bytes into shared memory, completing on an
+// mbarrier. A warp's 16-byte cp.async copies land in shared rows whose padding offsets them from
+// 128-byte lines, which splits the lines' L2 requests (half again as many sectors as bytes); the
+// bulk engine reads whole lines whatever the destination.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 inline constexpr bool kBulkRows = true;
 #else
 inline constexpr bool kBulkRows = false;
 #endif
 
-__device__ __forceinline__ void row_bar_init(uint64_t* bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(uint32_t(__cvta_generic_to_shared(bar))) : "memory");
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-#endif
-}
-
-// One thread: the barrier's next phase completes when `bytes` have landed.
-__device__ __forceinline__ void row_bar_expect(uint64_t* bar, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(uint32_t(__cvta_generic_to_shared(bar))),
-               "r"(bytes)
-               : "memory");
-#endif
-}
-
-// Orders this thread's earlier shared-memory accesses before bulk copies it issues next.
-__device__ __forceinline__ void row_fence() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void copy_row(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                   uint32_t(__cvta_generic_to_shared(dst))),
-               "l"(src), "r"(bytes), "r"(uint32_t(__cvta_generic_to_shared(bar)))
-               : "memory");
-#endif
-}
-
-// Waits for the barrier's phase `parity` to complete.
-__device__ __forceinline__ void row_bar_wait(uint64_t* bar, uint32_t parity) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(uint32_t(__cvta_generic_to_shared(bar))), "r"(parity)
-        : "memory");
-  } while (done == 0);
-#endif
+// The first set bit at or after bit k of a bitmap of kWords 32-bit words (a live-chunk map), or
+// 32 * kWords when none is.
+template <int kWords>
+__device__ __forceinline__ int32_t next_set_bit(const uint32_t (&bits)[kWords], int32_t k) {
+#pragma unroll
+  for (int w = 0; w < kWords; ++w) {
+    const int32_t lo = k - 32 * w;
+    const uint32_t b = lo <= 0 ? bits[w] : lo >= 32 ? 0u : bits[w] & (0xFFFFFFFFu << lo);
+    if (b != 0u) return 32 * w + __ffs(int(b)) - 1;
+  }
+  return 32 * kWords;
 }
 
 // The smallest power of two >= n (n >= 1).

@@ -104,43 +104,6 @@ __device__ __forceinline__ P4Group p4_group(const QsaPage4Params& p, int32_t grp
   return pg;
 }
 
-namespace p4 {
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n"
-        "}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (done == 0);
-}
-
-// One arrival on the barrier once this thread's earlier cp.async copies have landed (counts
-// against the barrier's expected arrivals: .noinc).
-__device__ __forceinline__ void cp_async_arrive(uint32_t bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
-
-}  // namespace p4
-
 // The reader warp: tile t's descriptor is the group's blocks [8 t, 8 t + 8) of the plan. Lanes
 // 0-7 copy one block's token words each (16 bytes, zero-filled past the count, so the consumers'
 // words of unused slots are 0), lanes 8-15 its page and slot base (8 bytes); every lane's
@@ -152,19 +115,19 @@ __device__ __forceinline__ void p4_read(const QsaPage4Params& p, uint8_t* smem, 
   const int64_t R = p.num_rows, K = p.max_blocks;
   const uint4* tokw = reinterpret_cast<const uint4*>(p.md + group_tokw_offset(R, K)) + pg.first;
   const int2* pb = reinterpret_cast<const int2*>(p.md + group_blocks_offset(R)) + pg.first;
-  const uint32_t ring_full = p4::smem_addr(smem + L::kRingFull), ring_empty = p4::smem_addr(smem + L::kRingEmpty);
+  const uint32_t ring_full = sm90::smem_addr(smem + L::kRingFull), ring_empty = sm90::smem_addr(smem + L::kRingEmpty);
   const int tiles = (pg.count + kP4Blocks - 1) / kP4Blocks;
   for (int t = 0; t < tiles; ++t) {
     const int e = t % kP4Ring;
-    p4::mbar_wait(ring_empty + 8u * uint32_t(e), (uint32_t(t / kP4Ring) & 1u) ^ 1u);  // its last tile is done
+    sm90::mbar_wait(ring_empty + 8u * uint32_t(e), (uint32_t(t / kP4Ring) & 1u) ^ 1u);  // its last tile is done
     const int k = kP4Blocks * t + (lane % kP4Blocks);
     if (lane < kP4Blocks) {
-      selkv::sm90::cp_async_16(p4::smem_addr(smem + L::kTokw) + uint32_t((e * kP4Tokens + 4 * lane) * 4), tokw + k,
+      sm90::cp_async_16(sm90::smem_addr(smem + L::kTokw) + uint32_t((e * kP4Tokens + 4 * lane) * 4), tokw + k,
                                k < pg.count);
     } else if (lane < 2 * kP4Blocks && k < pg.count) {
-      selkv::sm90::cp_async_8(p4::smem_addr(smem + L::kBlkPb) + uint32_t((e * kP4Blocks + lane - kP4Blocks) * 8), pb + k);
+      sm90::cp_async_8(sm90::smem_addr(smem + L::kBlkPb) + uint32_t((e * kP4Blocks + lane - kP4Blocks) * 8), pb + k);
     }
-    p4::cp_async_arrive(ring_full + 8u * uint32_t(e));
+    sm90::cp_async_arrive(ring_full + 8u * uint32_t(e));
   }
 }
 
@@ -197,18 +160,18 @@ __device__ __forceinline__ void p4_load(const QsaPage4Params& p, uint8_t* smem, 
 #pragma unroll
     for (int odd = 0; odd < 2; ++odd) dst[odd][j] = wg::sw128_offset(kP4Tokens, 4 * odd + i, c);
   }
-  const uint32_t ring_full = p4::smem_addr(smem + L::kRingFull), ring_empty = p4::smem_addr(smem + L::kRingEmpty);
-  const uint32_t kv_full = p4::smem_addr(smem + L::kKvFull), kv_empty = p4::smem_addr(smem + L::kKvEmpty);
+  const uint32_t ring_full = sm90::smem_addr(smem + L::kRingFull), ring_empty = sm90::smem_addr(smem + L::kRingEmpty);
+  const uint32_t kv_full = sm90::smem_addr(smem + L::kKvFull), kv_empty = sm90::smem_addr(smem + L::kKvEmpty);
   const int tiles = (pg.count + kP4Blocks - 1) / kP4Blocks;
   uint32_t corrupt = 0u;
   for (int t = 0; t < tiles; ++t) {
     const int e = t % kP4Ring, s = t % kP4Stages;
-    p4::mbar_wait(ring_full + 8u * uint32_t(e), uint32_t(t / kP4Ring) & 1u);
+    sm90::mbar_wait(ring_full + 8u * uint32_t(e), uint32_t(t / kP4Ring) & 1u);
     const int nb = pg.count - kP4Blocks * t < kP4Blocks ? pg.count - kP4Blocks * t : kP4Blocks;
     const uint32_t* tokw = reinterpret_cast<const uint32_t*>(smem + L::kTokw) + e * kP4Tokens;
     const int2* blk_pb = reinterpret_cast<const int2*>(smem + L::kBlkPb) + e * kP4Blocks;
-    p4::mbar_wait(kv_empty + 8u * uint32_t(s), (uint32_t(t / kP4Stages) & 1u) ^ 1u);
-    const uint32_t kst = p4::smem_addr(smem + L::kK + s * L::kStageBytes);
+    sm90::mbar_wait(kv_empty + 8u * uint32_t(s), (uint32_t(t / kP4Stages) & 1u) ^ 1u);
+    const uint32_t kst = sm90::smem_addr(smem + L::kK + s * L::kStageBytes);
     const uint32_t vst = kst + uint32_t(L::kTileBytes);
 #pragma unroll 4
     for (int b = load_warp; b < nb; b += kP4LoadWarps) {  // this warp's blocks of the tile
@@ -231,14 +194,14 @@ __device__ __forceinline__ void p4_load(const QsaPage4Params& p, uint8_t* smem, 
         const uint32_t used = i == 0 ? w.x : i == 1 ? w.y : i == 2 ? w.z : w.w;
         if (used != 0u) {
           const uint32_t row = pair_base + ((b & 1) != 0 ? dst[1][j] : dst[0][j]);
-          selkv::sm90::cp_async_16(kst + row, reinterpret_cast<const void*>(kb + uint64_t(krow[j])), true);
-          selkv::sm90::cp_async_16(vst + row, reinterpret_cast<const void*>(vb + uint64_t(vrow[j])), true);
+          sm90::cp_async_16(kst + row, reinterpret_cast<const void*>(kb + uint64_t(krow[j])), true);
+          sm90::cp_async_16(vst + row, reinterpret_cast<const void*>(vb + uint64_t(vrow[j])), true);
         }
       }
     }
     if (corrupt != 0u && lane == 0) *reinterpret_cast<volatile uint32_t*>(smem + L::kCorrupt) = 1u;
-    p4::mbar_arrive(ring_empty + 8u * uint32_t(e));   // done with the descriptor
-    p4::cp_async_arrive(kv_full + 8u * uint32_t(s));  // the stage is full once this lane's copies land
+    sm90::mbar_arrive(ring_empty + 8u * uint32_t(e));   // done with the descriptor
+    sm90::cp_async_arrive(kv_full + 8u * uint32_t(s));  // the stage is full once this lane's copies land
   }
   // The consumers read the flag after this barrier (named barrier 2: consumers + the load warps).
   asm volatile("bar.arrive 2, %0;\n" ::"n"(kP4ConsumerThreads + kP4LoadThreads) : "memory");
@@ -265,19 +228,19 @@ __global__ void __launch_bounds__(kP4Threads, 1) qsa_page4_kernel(const QsaPage4
     const int s = i / (L::kTileBytes / 16), rem = i % (L::kTileBytes / 16);
     *reinterpret_cast<uint4*>(smem + L::kV + s * L::kStageBytes + rem * 16) = make_uint4(0, 0, 0, 0);
   }
-  const uint32_t kv_full = p4::smem_addr(smem + L::kKvFull), kv_empty = p4::smem_addr(smem + L::kKvEmpty);
-  const uint32_t ring_full = p4::smem_addr(smem + L::kRingFull), ring_empty = p4::smem_addr(smem + L::kRingEmpty);
+  const uint32_t kv_full = sm90::smem_addr(smem + L::kKvFull), kv_empty = sm90::smem_addr(smem + L::kKvEmpty);
+  const uint32_t ring_full = sm90::smem_addr(smem + L::kRingFull), ring_empty = sm90::smem_addr(smem + L::kRingEmpty);
   if (threadIdx.x == 0) {
     for (int s = 0; s < kP4Stages; ++s) {
-      p4::mbar_init(kv_full + 8u * uint32_t(s), kP4LoadThreads);  // the load warps' lanes, once their copies land
-      p4::mbar_init(kv_empty + 8u * uint32_t(s), uint32_t(kP4ConsumerThreads));
+      sm90::mbar_init(kv_full + 8u * uint32_t(s), kP4LoadThreads);  // the load warps' lanes, once their copies land
+      sm90::mbar_init(kv_empty + 8u * uint32_t(s), uint32_t(kP4ConsumerThreads));
     }
     for (int e = 0; e < kP4Ring; ++e) {
-      p4::mbar_init(ring_full + 8u * uint32_t(e), 32);                               // the reader warp's lanes
-      p4::mbar_init(ring_empty + 8u * uint32_t(e), uint32_t(kP4ConsumerThreads + kP4LoadThreads));  // consumers + load warps
+      sm90::mbar_init(ring_full + 8u * uint32_t(e), 32);                               // the reader warp's lanes
+      sm90::mbar_init(ring_empty + 8u * uint32_t(e), uint32_t(kP4ConsumerThreads + kP4LoadThreads));  // consumers + load warps
     }
     *reinterpret_cast<uint32_t*>(smem + L::kCorrupt) = 0u;
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    sm90::fence_mbarrier_init();
   }
   __syncthreads();
 
@@ -301,10 +264,10 @@ __global__ void __launch_bounds__(kP4Threads, 1) qsa_page4_kernel(const QsaPage4
       const int64_t row = row0 + pr / G, head = int64_t(kvh) * G + pr % G;
       src += row * p.io.q_row_stride + head * p.io.q_head_stride + c * 8;
     }
-    selkv::sm90::cp_async_16(p4::smem_addr(smem + L::kQ + wg::sw128_offset(kQsaPage4Pairs, pr, c)), src, pr < pairs);
+    sm90::cp_async_16(sm90::smem_addr(smem + L::kQ + wg::sw128_offset(kQsaPage4Pairs, pr, c)), src, pr < pairs);
   }
-  selkv::sm90::cp_async_wait_all();
-  wg::fence_proxy_async();  // Q and the V tiles' zeros (generic proxy) before wgmma reads them
+  sm90::cp_async_wait_all();
+  sm90::fence_proxy_async();  // Q and the V tiles' zeros (generic proxy) before wgmma reads them
   asm volatile("bar.sync 1, %0;\n" ::"n"(kP4ConsumerThreads) : "memory");
 
   const bool active = warp * 16 < pairs;
@@ -312,9 +275,9 @@ __global__ void __launch_bounds__(kP4Threads, 1) qsa_page4_kernel(const QsaPage4
   const uint32_t bit0 = pair0 < pairs ? 1u << (pair0 / G) : 0u;
   const uint32_t bit1 = pair1 < pairs ? 1u << (pair1 / G) : 0u;
   // Descriptors of Q and of stage 0's K and V tiles; the others are a 32-bit add away.
-  const wg::Desc q_desc = wg::desc_sw128(p4::smem_addr(smem + L::kQ), 16, 1024);
-  const wg::Desc k_desc = wg::desc_sw128(p4::smem_addr(smem + L::kK), 16, 1024);
-  const wg::Desc v_desc = wg::desc_sw128(p4::smem_addr(smem + L::kV), L::kPanelBytes, 1024);
+  const wg::Desc q_desc = wg::desc_sw128(sm90::smem_addr(smem + L::kQ), 16, 1024);
+  const wg::Desc k_desc = wg::desc_sw128(sm90::smem_addr(smem + L::kK), 16, 1024);
+  const wg::Desc v_desc = wg::desc_sw128(sm90::smem_addr(smem + L::kV), L::kPanelBytes, 1024);
 
   float o[D / 8][4];  // the m64nDk16 accumulator fragment: o[i] holds columns 8 i + 2 (lane % 4) + {0, 1}
 #pragma unroll
@@ -329,9 +292,9 @@ __global__ void __launch_bounds__(kP4Threads, 1) qsa_page4_kernel(const QsaPage4
   // D / 16 steps of 16 columns, 32 bytes into a panel each.
   auto issue_s = [&](int t) {
     const int s = t % kP4Stages, e = t % kP4Ring;
-    p4::mbar_wait(ring_full + 8u * uint32_t(e), uint32_t(t / kP4Ring) & 1u);
-    p4::mbar_wait(kv_full + 8u * uint32_t(s), uint32_t(t / kP4Stages) & 1u);
-    wg::fence_proxy_async();  // the stage's cp.async rows before wgmma reads them
+    sm90::mbar_wait(ring_full + 8u * uint32_t(e), uint32_t(t / kP4Ring) & 1u);
+    sm90::mbar_wait(kv_full + 8u * uint32_t(s), uint32_t(t / kP4Stages) & 1u);
+    sm90::fence_proxy_async();  // the stage's cp.async rows before wgmma reads them
     const wg::Desc kd = wg::desc_advance(k_desc, uint32_t(s * L::kStageBytes));
     wg::fence();
 #pragma unroll
@@ -383,16 +346,16 @@ __global__ void __launch_bounds__(kP4Threads, 1) qsa_page4_kernel(const QsaPage4
     // Rounding is monotonic: the scaled max is the max of the scaled scores, bit for bit.
     const float n0 = fmaxf(m0, mx0 * scale), n1 = fmaxf(m1, mx1 * scale);
     // A row still without a member keeps m = -inf, P = 0 (exp2(-inf - 0)) and O = 0.
-    a0 = n0 == kNegInf ? 1.f : selkv::sm90::exp2_ftz(m0 - n0);
-    a1 = n1 == kNegInf ? 1.f : selkv::sm90::exp2_ftz(m1 - n1);
+    a0 = n0 == kNegInf ? 1.f : sm90::exp2_ftz(m0 - n0);
+    a1 = n1 == kNegInf ? 1.f : sm90::exp2_ftz(m1 - n1);
     const float b0 = n0 == kNegInf ? 0.f : n0, b1 = n1 == kNegInf ? 0.f : n1;
     m0 = n0;
     m1 = n1;
     float sum0 = 0.f, sum1 = 0.f;
 #pragma unroll
     for (int j = 0; j < 2 * kP4Chunks; ++j) {
-      const float p00 = selkv::sm90::exp2_ftz(fmaf(x[j][0], scale, -b0)), p01 = selkv::sm90::exp2_ftz(fmaf(x[j][1], scale, -b0));
-      const float p10 = selkv::sm90::exp2_ftz(fmaf(x[j][2], scale, -b1)), p11 = selkv::sm90::exp2_ftz(fmaf(x[j][3], scale, -b1));
+      const float p00 = sm90::exp2_ftz(fmaf(x[j][0], scale, -b0)), p01 = sm90::exp2_ftz(fmaf(x[j][1], scale, -b0));
+      const float p10 = sm90::exp2_ftz(fmaf(x[j][2], scale, -b1)), p11 = sm90::exp2_ftz(fmaf(x[j][3], scale, -b1));
       sum0 += p00 + p01;
       sum1 += p10 + p11;
       out[j / 2][(j % 2) * 2 + 0] = Elem<T>::pack(p00, p01);
@@ -415,8 +378,8 @@ __global__ void __launch_bounds__(kP4Threads, 1) qsa_page4_kernel(const QsaPage4
     wg::wait<0>();
     wg::fence_regs<D / 2>(&o[0][0]);
     wg::fence_regs<4 * kP4Chunks>(&pt[0][0]);
-    p4::mbar_arrive(kv_empty + 8u * uint32_t(t % kP4Stages));
-    p4::mbar_arrive(ring_empty + 8u * uint32_t(t % kP4Ring));
+    sm90::mbar_arrive(kv_empty + 8u * uint32_t(t % kP4Stages));
+    sm90::mbar_arrive(ring_empty + 8u * uint32_t(t % kP4Ring));
   };
   // One step: S of t + 1 and P V of t (P in cur) in flight, the softmax of t + 1 into next under
   // P V, then O's rescale. Every step commits the same two groups, so the compiler sees which one

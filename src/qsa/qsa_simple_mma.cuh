@@ -119,9 +119,13 @@ __device__ __forceinline__ void mma_attend(const QsaSimpleParams& p, MmaSmem<D, 
   }
   if (threadIdx.x < 16) sm.qt[D * Tile::kQtLd + threadIdx.x] = 0;
   if (threadIdx.x < kLiveWords) sm.live[threadIdx.x] = 0;
-  if (kBulkRows && lane == 0) {
-    row_bar_init(&ws.bar[0]);
-    row_bar_init(&ws.bar[1]);
+  if constexpr (kBulkRows) {
+    if (lane == 0) {
+      sm90::mbar_init(sm90::smem_addr(&ws.bar[0]), 1);
+      sm90::fence_mbarrier_init();
+      sm90::mbar_init(sm90::smem_addr(&ws.bar[1]), 1);
+      sm90::fence_mbarrier_init();
+    }
   }
   // The row of each element of an O fragment (3 bits each): a tile of row numbers, loaded as one.
   uint32_t o_rows = 0;
@@ -171,15 +175,7 @@ __device__ __forceinline__ void mma_attend(const QsaSimpleParams& p, MmaSmem<D, 
 #pragma unroll
   for (int j = 0; j < kLiveWords; ++j) live[j] = sm.live[j] & __ballot_sync(0xFFFFFFFFu, (32 * j + lane) % W == warp);
   // The first of this warp's live chunks at or after chunk k, or kNoChunk.
-  auto next_chunk = [&](int32_t k) -> int32_t {
-#pragma unroll
-    for (int w = 0; w < kLiveWords; ++w) {
-      const int32_t lo = k - 32 * w;
-      const uint32_t bits = lo <= 0 ? live[w] : lo >= 32 ? 0u : live[w] & (0xFFFFFFFFu << lo);
-      if (bits != 0u) return 32 * w + __ffs(int(bits)) - 1;
-    }
-    return kNoChunk;
-  };
+  auto next_chunk = [&](int32_t k) -> int32_t { return next_set_bit(live, k); };
 
   FragO o_acc[kOFrags];
 #pragma unroll
@@ -241,10 +237,11 @@ __device__ __forceinline__ void mma_attend(const QsaSimpleParams& p, MmaSmem<D, 
     const int64_t off = row_offset(e, page_stride, slot_stride);
     if constexpr (kBulkRows) {
       constexpr uint32_t kRowBytes = D * 2;
-      row_fence();  // the rows' earlier reads and writes (scores, zeros) before the bulk writes
-      if (lane == 0) row_bar_expect(bar, uint32_t(__popc(mask)) * kRowBytes);
+      sm90::fence_proxy_async();  // the rows' earlier reads and writes (scores, zeros) before the bulk writes
+      if (lane == 0) sm90::mbar_expect_tx(sm90::smem_addr(bar), uint32_t(__popc(mask)) * kRowBytes);
       __syncwarp();
-      if (lane < Tile::kCols && ((mask >> lane) & 1u) != 0u) copy_row(&rows[lane][0], base + off, kRowBytes, bar);
+      if (lane < Tile::kCols && ((mask >> lane) & 1u) != 0u)
+        sm90::bulk_copy_g2s(sm90::smem_addr(&rows[lane][0]), base + off, kRowBytes, sm90::smem_addr(bar));
       for (uint32_t zero = ~mask & 0xFFFFu; zero != 0u; zero &= zero - 1u) {
         const int j = __ffs(int(zero)) - 1;
         for (int e = lane * 8; e < D; e += 256) *reinterpret_cast<uint4*>(&rows[j][e]) = make_uint4(0u, 0u, 0u, 0u);
@@ -262,7 +259,7 @@ __device__ __forceinline__ void mma_attend(const QsaSimpleParams& p, MmaSmem<D, 
   uint32_t k_parity = 0, v_parity = 0;
   auto wait_rows = [&](uint64_t* bar, uint32_t* parity) {
     if constexpr (kBulkRows) {
-      row_bar_wait(bar, *parity);
+      sm90::mbar_wait(sm90::smem_addr(bar), *parity);
       *parity ^= 1u;
     } else {
       copies_wait<1>();

@@ -179,15 +179,7 @@ __device__ __forceinline__ void mma_attend(const QsaSimpleParams& p, MmaSmem<D, 
     live[j] &= kStreamChunks << stream;
   }
   // The first of this stream's live chunks at or after chunk k, or kNoChunk.
-  auto next_chunk = [&](int32_t k) -> int32_t {
-#pragma unroll
-    for (int w = 0; w < kLiveWords; ++w) {
-      const int32_t lo = k - 32 * w;
-      const uint32_t bits = lo <= 0 ? live[w] : lo >= 32 ? 0u : live[w] & (0xFFFFFFFFu << lo);
-      if (bits != 0u) return 32 * w + __ffs(int(bits)) - 1;
-    }
-    return kNoChunk;
-  };
+  auto next_chunk = [&](int32_t k) -> int32_t { return next_set_bit(live, k); };
 
   FragAcc o_acc[kOFrags];
 #pragma unroll

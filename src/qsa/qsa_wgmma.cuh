@@ -39,8 +39,6 @@ template <int N>
 __device__ __forceinline__ void wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
-// Generic-proxy shared-memory writes (cp.async, st.shared) before async-proxy (wgmma) reads.
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 // Keeps the compiler from touching registers a wgmma in flight reads or writes: after a wait,
 // the registers are live here (accumulators ready, A operands kept until their MMA retired).
