@@ -90,17 +90,6 @@ __device__ __forceinline__ void copies_wait() {
 #endif
 }
 
-// Whole K / V rows by the bulk-copy engine (SM90; sm90/device_ops.cuh's bulk_copy_g2s and mbarrier
-// primitives): a row is one cp.async.bulk of contiguous bytes into shared memory, completing on an
-// mbarrier. A warp's 16-byte cp.async copies land in shared rows whose padding offsets them from
-// 128-byte lines, which splits the lines' L2 requests (half again as many sectors as bytes); the
-// bulk engine reads whole lines whatever the destination.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-inline constexpr bool kBulkRows = true;
-#else
-inline constexpr bool kBulkRows = false;
-#endif
-
 // The first set bit at or after bit k of a bitmap of kWords 32-bit words (a live-chunk map), or
 // 32 * kWords when none is.
 template <int kWords>

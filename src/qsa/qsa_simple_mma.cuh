@@ -1,7 +1,7 @@
 // C8 exact simple kernel, tensor-core form (selkv/qsa.h): the body of one CTA per (row, kv head)
-// with the scores and the P V products on WMMA tiles (fp32 accumulation). WMMA is the SM70 API: the
-// same source serves V100-class GPUs in fp16 and, from SM80, bf16 too. qsa_simple.cu takes this form
-// (warp streams) for selections of kQsaSimpleWarpMinBlocks blocks and more, split heads
+// with the scores and the P V products on tensor cores (fp32 accumulation): from SM80 mma.sync
+// m16n8k16 on rows read by ldmatrix, below (V100-class GPUs, fp16) WMMA tiles. qsa_simple.cu takes
+// this form (warp streams) for selections of kQsaSimpleWarpMinBlocks blocks and more, split heads
 // (qsa_simple_mma_split.cuh) below.
 //
 // Every warp of the CTA is a chunk stream of its own: it walks the row's selection 16 columns (a
@@ -11,13 +11,19 @@
 // selection) are found by one read of the row and never walked. A chunk: lanes 0-15 resolve its
 // columns (the validity rule of qsa_select.cuh before any K / V read), the warp copies the valid
 // tokens' K and V rows to shared memory (invalid ones zero-filled, nothing behind them read), the
-// next chunk's in flight while this one is computed (a bulk copy a row on SM90, 16-byte cp.async
-// copies on SM80-89, plain loads below); S = Q K^T on m16n16k16
-// tiles (heads in the rows); the softmax step (lanes 4h .. 4h + 3 own head h, 4 tokens each; P
-// rounded to the element type, as FlashMLA does); O += P V on m8n32k16 tiles. O stays in accumulator
-// fragments; a head whose running max grew has its O rows rescaled in place through a row map of
-// the fragment's elements, read once from a tile of row numbers (WMMA leaves the element layout
-// unspecified, not variable). The W streams are merged in warp order at the end, so the result
+// next chunk's in flight while this one is computed; the softmax step (lanes 4h .. 4h + 3 own head
+// h, 4 tokens each; P rounded to the element type, as FlashMLA does).
+//  - From SM80: 16-byte cp.async copies into rows of exactly D elements whose 16-byte units are
+//    swizzled by the row (qsa_warp_mma.cuh): a row starting on a 128-byte boundary keeps each global
+//    line one L2 request (rows padded for conflict-free reads split them: 2.6 requests a line, the
+//    loads' bound). Q in registers; S = Q K^T on m16n8k16 (heads in the rows, 8-15 zero); the
+//    owned head's scores are its accumulators, and its P is the B operand of O^T += V^T P^T
+//    (m16n8k16, dims in the rows), so S, P and O never leave registers until the merge.
+//  - Below SM80: plain loads into rows padded by 16 bytes; S on WMMA m16n16k16 tiles through shared
+//    memory (Q^T stored column-major), O += P V on m8n32k16 tiles; a head whose running max grew has
+//    its O rows rescaled in place through a row map of the fragment's elements, read once from a
+//    tile of row numbers (WMMA leaves the element layout unspecified, not variable).
+// The W streams are merged in warp order at the end, so the result
 // depends only on the selection's column positions and the shape (expanded and compact forms of one
 // selection give the same bits).
 #pragma once
@@ -31,6 +37,7 @@
 #include "qsa/qsa_device_util.cuh"
 #include "qsa/qsa_kernel_params.h"
 #include "qsa/qsa_select.cuh"
+#include "qsa/qsa_warp_mma.cuh"
 
 namespace selkv::qsa::warp_streams {
 
@@ -42,7 +49,8 @@ struct MmaTile {
   static constexpr int kLanesPerToken = D / 8;        // 16 bytes a lane
   static constexpr int kTokensPerRound = 32 / kLanesPerToken;
   static constexpr int kRounds = kCols / kTokensPerRound;  // copies a lane issues for K, and for V
-  static constexpr int kSliceLd = D + 8;              // staged row stride (elements): 16-byte rows, 4 banks apart
+  static constexpr int kSliceLd = D + 8;              // below SM80, staged row stride (elements): 4 banks apart
+  static constexpr int kRowBytes = D * 2;             // from SM80, a staged row (swizzled, 128-byte aligned)
   static constexpr int kQtLd = 8;                     // Q^T: the 8 heads of dim k at k * 8
   static constexpr int kSLd = kCols + 4;
   static constexpr int kPLd = kCols + 8;
@@ -52,18 +60,18 @@ struct MmaTile {
 };
 
 // One warp's shared memory. Every WMMA pointer into it is 32-byte aligned (row strides and offsets
-// are multiples of 32 bytes where a tile starts).
+// are multiples of 32 bytes where a tile starts); from SM80 the K and V rows start at the buffers'
+// 128-byte-aligned bases.
 template <int D>
-struct alignas(32) MmaWarpSmem {
+struct alignas(128) MmaWarpSmem {
   using Tile = MmaTile<D>;
   union {
-    uint16_t k[Tile::kCols][Tile::kSliceLd];  // the chunk's K rows
-    float s[Tile::kCols][Tile::kSLd];         // its scores (rows: heads, 8 used), once K is read
-    float o[Tile::kHeads][Tile::kOLd];        // O, staged for the merge
+    alignas(128) uint16_t k[Tile::kCols][Tile::kSliceLd];  // the chunk's K rows
+    float s[Tile::kCols][Tile::kSLd];                      // below SM80, its scores (rows: heads, 8 used)
+    float o[Tile::kHeads][Tile::kOLd];                     // O, staged for the merge
   } kbuf;
-  uint16_t v[Tile::kCols][Tile::kSliceLd];    // the chunk's V rows
-  uint16_t p[Tile::kHeads][Tile::kPLd];       // its probabilities, in the element type
-  uint64_t bar[2];                            // bulk-copy rows (SM90): K's and V's landing barriers
+  alignas(128) uint16_t v[Tile::kCols][Tile::kSliceLd];  // the chunk's V rows
+  uint16_t p[Tile::kHeads][Tile::kPLd];                  // below SM80, its probabilities
 };
 
 // The live-chunk bitmap: a row's chunks (kQsaWarpMaxChunks of qsa_kernel_params.h) in 32-bit words.
@@ -73,8 +81,8 @@ inline constexpr int kColGroups = (kQsaWarpMaxChunks + 1) / 2;  // 32-column gro
 
 template <int D, int W>
 struct alignas(128) MmaSmem {
-  // Q^T and 8 more elements: the score tile's rows 8-15 (heads past 8) read each dim's next 8
-  // elements, the next dim's heads, finite values whose score rows are never used.
+  // Below SM80, Q^T and 8 more elements: the score tile's rows 8-15 (heads past 8) read each dim's
+  // next 8 elements, the next dim's heads, finite values whose score rows are never used.
   uint16_t qt[D * MmaTile<D>::kQtLd + 16];
   MmaWarpSmem<D> warp[W];
   uint32_t live[kLiveWords];  // chunk k: a non-negative token in its columns
@@ -89,6 +97,8 @@ __device__ __forceinline__ void mma_attend(const QsaSimpleParams& p, MmaSmem<D, 
   namespace wmma = nvcuda::wmma;
   using Tile = MmaTile<D>;
   static_assert(G >= 1 && G <= Tile::kHeads, "G: 1 to 8 heads a kv head");
+  // From SM80: swizzled rows, ldmatrix and mma.sync (qsa_warp_mma.cuh); below: WMMA.
+  constexpr bool kSync = warp_mma::kHas;
   using FragQt = wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::col_major>;  // head m, dim k at k * 8 + m
   using FragKt = wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major>;  // K^T: token n, dim k at n * ld + k
   using FragS = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
@@ -97,6 +107,7 @@ __device__ __forceinline__ void mma_attend(const QsaSimpleParams& p, MmaSmem<D, 
   using FragO = wmma::fragment<wmma::accumulator, 8, 32, 16, float>;
   static_assert(FragO::num_elements <= 10, "the O row map packs 3 bits an element");
   constexpr int kOFrags = Tile::kOFrags;
+  constexpr int kKSteps = D / 16;  // mma.sync: 16-dim steps of S, 16-dim tiles of O^T
   const float kNegInf = -__int_as_float(0x7F800000);
 
   constexpr int kThreads = W * 32;
@@ -106,30 +117,32 @@ __device__ __forceinline__ void mma_attend(const QsaSimpleParams& p, MmaSmem<D, 
   const int32_t r = int32_t(cta / p.num_kv_heads);
   const int32_t kvh = int32_t(cta - int64_t(r) * p.num_kv_heads);
   const RowSel rs = row_sel(p.sel, r);
-
-  // Q^T of the G heads, zero columns above G (and zero past the last dim).
   const T* qrow = static_cast<const T*>(p.io.q) + int64_t(r) * p.io.q_row_stride + int64_t(kvh) * G * p.io.q_head_stride;
-  for (int i = int(threadIdx.x); i < Tile::kHeads * D / 8; i += kThreads) {
-    const int h = i % Tile::kHeads, c = (i / Tile::kHeads) * 8;
-    uint4 x = make_uint4(0u, 0u, 0u, 0u);
-    if (h < G) x = __ldg(reinterpret_cast<const uint4*>(qrow + int64_t(h) * p.io.q_head_stride + c));
-    const uint32_t w[4] = {x.x, x.y, x.z, x.w};
-#pragma unroll
-    for (int j = 0; j < 8; ++j) sm.qt[(c + j) * Tile::kQtLd + h] = uint16_t(w[j / 2] >> (16 * (j % 2)));
-  }
-  if (threadIdx.x < 16) sm.qt[D * Tile::kQtLd + threadIdx.x] = 0;
-  if (threadIdx.x < kLiveWords) sm.live[threadIdx.x] = 0;
-  if constexpr (kBulkRows) {
-    if (lane == 0) {
-      sm90::mbar_init(sm90::smem_addr(&ws.bar[0]), 1);
-      sm90::fence_mbarrier_init();
-      sm90::mbar_init(sm90::smem_addr(&ws.bar[1]), 1);
-      sm90::fence_mbarrier_init();
+
+  if constexpr (kSync) {
+    // mma.sync: Q's 8 rows (heads, zero above G) swizzled like the K rows, read by ldmatrix.
+    for (int i = int(threadIdx.x); i < Tile::kHeads * D / 8; i += kThreads) {
+      const int h = i / (D / 8), u = i % (D / 8);
+      uint4 x = make_uint4(0u, 0u, 0u, 0u);
+      if (h < G) x = __ldg(reinterpret_cast<const uint4*>(qrow + int64_t(h) * p.io.q_head_stride + u * 8));
+      *reinterpret_cast<uint4*>(reinterpret_cast<char*>(&sm.qt[0]) + warp_mma::swizzled<Tile::kRowBytes>(h, u)) = x;
     }
+  } else {
+    // WMMA: Q^T of the G heads in shared memory, zero columns above G (and zero past the last dim).
+    for (int i = int(threadIdx.x); i < Tile::kHeads * D / 8; i += kThreads) {
+      const int h = i % Tile::kHeads, c = (i / Tile::kHeads) * 8;
+      uint4 x = make_uint4(0u, 0u, 0u, 0u);
+      if (h < G) x = __ldg(reinterpret_cast<const uint4*>(qrow + int64_t(h) * p.io.q_head_stride + c));
+      const uint32_t w[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+      for (int j = 0; j < 8; ++j) sm.qt[(c + j) * Tile::kQtLd + h] = uint16_t(w[j / 2] >> (16 * (j % 2)));
+    }
+    if (threadIdx.x < 16) sm.qt[D * Tile::kQtLd + threadIdx.x] = 0;
   }
-  // The row of each element of an O fragment (3 bits each): a tile of row numbers, loaded as one.
+  if (threadIdx.x < kLiveWords) sm.live[threadIdx.x] = 0;
+  // WMMA: the row of each element of an O fragment (3 bits each): a tile of row numbers, loaded as one.
   uint32_t o_rows = 0;
-  {
+  if constexpr (!kSync) {
     float* t = &ws.kbuf.s[0][0];
     for (int i = lane; i < Tile::kHeads * 32; i += 32) t[i] = float(i / 32);
     __syncwarp();
@@ -177,22 +190,37 @@ __device__ __forceinline__ void mma_attend(const QsaSimpleParams& p, MmaSmem<D, 
   // The first of this warp's live chunks at or after chunk k, or kNoChunk.
   auto next_chunk = [&](int32_t k) -> int32_t { return next_set_bit(live, k); };
 
-  FragO o_acc[kOFrags];
+  FragO o_acc[kSync ? 1 : kOFrags];  // WMMA: O (heads x dims)
+  float o_t[kSync ? kKSteps : 1][4];  // mma.sync: O^T tile k, dims 16 k + lane / 4 (+ 8) x heads 2 (lane % 4) (+ 1)
+  if constexpr (kSync) {
 #pragma unroll
-  for (int n = 0; n < kOFrags; ++n) wmma::fill_fragment(o_acc[n], 0.f);
-  // Lanes 4h .. 4h + 3 own head h's softmax (tokens 4 (lane % 4) .. + 3 of a chunk); m is the same
-  // in the four lanes, l their shares.
-  const int own_head = lane / 4, own_col = (lane % 4) * 4;
+    for (int k = 0; k < kKSteps; ++k) o_t[k][0] = o_t[k][1] = o_t[k][2] = o_t[k][3] = 0.f;
+  } else {
+#pragma unroll
+    for (int n = 0; n < kOFrags; ++n) wmma::fill_fragment(o_acc[n], 0.f);
+  }
+  // Lanes 4h .. 4h + 3 own head h's softmax, 4 tokens each (mma.sync: the S accumulators' columns
+  // 2 (lane % 4) + {0, 1, 8, 9}; WMMA: 4 (lane % 4) + {0 .. 3}); m is the same in the four lanes, l
+  // their shares.
+  const int own_head = lane / 4;
+  int own_tok[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) own_tok[i] = kSync ? (lane % 4) * 2 + (i % 2) + 8 * (i / 2) : (lane % 4) * 4 + i;
   float m_run = kNegInf, l_run = 0.f;
   bool nan_seen = false;  // a NaN score reached the owned head (DESIGN §2: its out and lse are NaN)
-  // This lane's 16 bytes of a token's row, and the token it takes in each round.
-  const int sub = lane / Tile::kLanesPerToken, piece = (lane % Tile::kLanesPerToken) * 8;
+  // This lane's 16-byte unit of a token's row, and the token it takes in each round.
+  const int sub = lane / Tile::kLanesPerToken, unit = lane % Tile::kLanesPerToken;
+  // ldmatrix: lane l addresses row 8 (l / 16) + l % 8 of the chunk at unit 2 k + (l / 8) % 2.
+  const int mat_row = (lane / 16) * 8 + lane % 8, mat_unit = (lane / 8) % 2;
   const char* krow = static_cast<const char*>(p.io.k) + int64_t(kvh) * p.io.k_head_stride * 2;  // + a row's offset
   const char* vrow = static_cast<const char*>(p.io.v) + int64_t(kvh) * p.io.v_head_stride * 2;
   const T* qt_smem = reinterpret_cast<const T*>(&sm.qt[0]);
   const T* k_smem = reinterpret_cast<const T*>(&ws.kbuf.k[0][0]);
   const T* v_smem = reinterpret_cast<const T*>(&ws.v[0][0]);
   const T* p_smem = reinterpret_cast<const T*>(&ws.p[0][0]);
+  const uint32_t q_rows_addr = uint32_t(__cvta_generic_to_shared(&sm.qt[0]));
+  const uint32_t k_rows_addr = uint32_t(__cvta_generic_to_shared(&ws.kbuf.k[0][0]));
+  const uint32_t v_rows_addr = uint32_t(__cvta_generic_to_shared(&ws.v[0][0]));
 
   // Column `chunk` * 16 + lane % 16 resolved in three steps an iteration apart, each using a load
   // issued an iteration earlier, so no warp waits on a selection or block-table read: its selection
@@ -229,40 +257,18 @@ __device__ __forceinline__ void mma_attend(const QsaSimpleParams& p, MmaSmem<D, 
   auto row_offset = [&](const Entry& e, int64_t page_stride, int64_t slot_stride) -> int64_t {
     return (int64_t(e.page) * page_stride + int64_t(e.slot) * slot_stride) * 2;
   };
-  // A chunk's rows (lane j < 16: entry e of row j) from a cache view into `rows`; invalid tokens
-  // zero-filled, nothing behind them read. SM90: lane j copies row j in one bulk copy, landing on
-  // `bar`; below: 16-byte copies spread over the warp (landing at copies_wait).
+  // A chunk's rows (lane j < 16: entry e of row j) from a cache view into `rows`, 16 bytes a lane
+  // (cp.async from SM80, landing at copies_wait; plain loads below); invalid tokens zero-filled,
+  // nothing behind them read. From SM80 the rows are D elements long and swizzled.
   auto stage = [&](uint16_t (*rows)[Tile::kSliceLd], const char* base, const Entry& e, int64_t page_stride,
-                   int64_t slot_stride, uint32_t mask, uint64_t* bar) {
+                   int64_t slot_stride, uint32_t mask) {
     const int64_t off = row_offset(e, page_stride, slot_stride);
-    if constexpr (kBulkRows) {
-      constexpr uint32_t kRowBytes = D * 2;
-      sm90::fence_proxy_async();  // the rows' earlier reads and writes (scores, zeros) before the bulk writes
-      if (lane == 0) sm90::mbar_expect_tx(sm90::smem_addr(bar), uint32_t(__popc(mask)) * kRowBytes);
-      __syncwarp();
-      if (lane < Tile::kCols && ((mask >> lane) & 1u) != 0u)
-        sm90::bulk_copy_g2s(sm90::smem_addr(&rows[lane][0]), base + off, kRowBytes, sm90::smem_addr(bar));
-      for (uint32_t zero = ~mask & 0xFFFFu; zero != 0u; zero &= zero - 1u) {
-        const int j = __ffs(int(zero)) - 1;
-        for (int e = lane * 8; e < D; e += 256) *reinterpret_cast<uint4*>(&rows[j][e]) = make_uint4(0u, 0u, 0u, 0u);
-      }
-    } else {
 #pragma unroll
-      for (int i = 0; i < Tile::kRounds; ++i) {
-        const int j = i * Tile::kTokensPerRound + sub;
-        copy16(&rows[j][piece], base + piece * 2 + __shfl_sync(0xFFFFFFFFu, off, j), (mask >> j) & 1u);
-      }
-    }
-  };
-  // Waits for a buffer's staged rows: bulk, its barrier's next phase (they alternate); else every
-  // copy batch but the newest.
-  uint32_t k_parity = 0, v_parity = 0;
-  auto wait_rows = [&](uint64_t* bar, uint32_t* parity) {
-    if constexpr (kBulkRows) {
-      sm90::mbar_wait(sm90::smem_addr(bar), *parity);
-      *parity ^= 1u;
-    } else {
-      copies_wait<1>();
+    for (int i = 0; i < Tile::kRounds; ++i) {
+      const int j = i * Tile::kTokensPerRound + sub;
+      void* dst = kSync ? static_cast<void*>(reinterpret_cast<char*>(&rows[0][0]) + warp_mma::swizzled<Tile::kRowBytes>(j, unit))
+                        : static_cast<void*>(&rows[j][unit * 8]);
+      copy16(dst, base + unit * 16 + __shfl_sync(0xFFFFFFFFu, off, j), (mask >> j) & 1u);
     }
   };
   // Two chunks in flight: chunk a (being computed) and b (the warp's next). K(b) loads while a's
@@ -277,36 +283,60 @@ __device__ __forceinline__ void mma_attend(const QsaSimpleParams& p, MmaSmem<D, 
   const Entry entry_a = load_entry(chunk_a, word_a);
   Entry entry_b = load_entry(chunk_b, word_b), entry_c = load_entry(chunk_c, word_c);
   uint32_t mask_a = __ballot_sync(0xFFFFFFFFu, finish(entry_a)) & 0xFFFFu;
-  if (mask_a != 0u) stage(ws.kbuf.k, krow, entry_a, p.io.k_page_stride, p.io.k_slot_stride, mask_a, &ws.bar[0]);
+  if (mask_a != 0u) stage(ws.kbuf.k, krow, entry_a, p.io.k_page_stride, p.io.k_slot_stride, mask_a);
   copies_commit();
-  if (mask_a != 0u) stage(ws.v, vrow, entry_a, p.io.v_page_stride, p.io.v_slot_stride, mask_a, &ws.bar[1]);
+  if (mask_a != 0u) stage(ws.v, vrow, entry_a, p.io.v_page_stride, p.io.v_slot_stride, mask_a);
   copies_commit();
   while (chunk_a != kNoChunk) {
     float alpha = 1.f;  // this chunk's rescale factor of the owned head
+    uint32_t p_frag[2] = {0u, 0u};  // mma.sync: the owned head's P, the B fragment of O^T += V^T P^T
     if (mask_a != 0u) {
-      wait_rows(&ws.bar[0], &k_parity);  // K(a)
+      copies_wait<1>();  // K(a)
       __syncwarp();
-      FragS s_acc;
-      wmma::fill_fragment(s_acc, 0.f);
+      float sc[4];
+      if constexpr (kSync) {
+        // S (heads x 16 tokens) as two 16x8 tiles; the owned head's row is c0, c1 of each.
+        float s0[4] = {0.f, 0.f, 0.f, 0.f}, s1[4] = {0.f, 0.f, 0.f, 0.f};
+        uint32_t a[4];  // Q's rows (A's a0, a2) at units 2k, 2k + 1 and the next step's, for k even
 #pragma unroll
-      for (int k = 0; k < D / 16; ++k) {
-        FragQt a;
-        FragKt b;
-        wmma::load_matrix_sync(a, qt_smem + k * 16 * Tile::kQtLd, Tile::kQtLd);
-        wmma::load_matrix_sync(b, k_smem + k * 16, Tile::kSliceLd);
-        wmma::mma_sync(s_acc, a, b, s_acc);
+        for (int k = 0; k < kKSteps; ++k) {
+          uint32_t b[4];
+          if (k % 2 == 0) warp_mma::ldmatrix_x4(a, q_rows_addr + warp_mma::swizzled<Tile::kRowBytes>(lane % 8, 2 * k + lane / 8));
+          warp_mma::ldmatrix_x4(b, k_rows_addr + warp_mma::swizzled<Tile::kRowBytes>(mat_row, 2 * k + mat_unit));
+          const uint32_t a0 = a[2 * (k % 2)], a2 = a[2 * (k % 2) + 1];
+          warp_mma::mma_16816<T>(s0, a0, 0u, a2, 0u, b[0], b[1]);
+          warp_mma::mma_16816<T>(s1, a0, 0u, a2, 0u, b[2], b[3]);
+        }
+        sc[0] = s0[0];
+        sc[1] = s0[1];
+        sc[2] = s1[0];
+        sc[3] = s1[1];
+      } else {
+        FragS s_acc;
+        wmma::fill_fragment(s_acc, 0.f);
+#pragma unroll
+        for (int k = 0; k < D / 16; ++k) {
+          FragQt a;
+          FragKt b;
+          wmma::load_matrix_sync(a, qt_smem + k * 16 * Tile::kQtLd, Tile::kQtLd);
+          wmma::load_matrix_sync(b, k_smem + k * 16, Tile::kSliceLd);
+          wmma::mma_sync(s_acc, a, b, s_acc);
+        }
+        __syncwarp();  // every lane has read K(a) before the scores take its place
+        wmma::store_matrix_sync(&ws.kbuf.s[0][0], s_acc, Tile::kSLd, wmma::mem_row_major);
+        __syncwarp();
+        const float4 x = *reinterpret_cast<const float4*>(&ws.kbuf.s[own_head][own_tok[0]]);
+        sc[0] = x.x;
+        sc[1] = x.y;
+        sc[2] = x.z;
+        sc[3] = x.w;
       }
-      __syncwarp();  // every lane has read K(a) before the scores take its place
-      wmma::store_matrix_sync(&ws.kbuf.s[0][0], s_acc, Tile::kSLd, wmma::mem_row_major);
-      __syncwarp();
 
       // One online-softmax step of the owned head over its 4 tokens, then over the head's 4 lanes.
-      const float4 x = *reinterpret_cast<const float4*>(&ws.kbuf.s[own_head][own_col]);
-      float sc[4] = {x.x, x.y, x.z, x.w};
       float cmax = kNegInf;
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const bool used = own_head < G && ((mask_a >> (own_col + i)) & 1u) != 0u;
+        const bool used = own_head < G && ((mask_a >> own_tok[i]) & 1u) != 0u;
         sc[i] = used ? sc[i] * p.io.scale_log2 : kNegInf;
         nan_seen |= sc[i] != sc[i];
         cmax = fmaxf(cmax, sc[i]);
@@ -325,36 +355,65 @@ __device__ __forceinline__ void mma_attend(const QsaSimpleParams& p, MmaSmem<D, 
       }
       l_run = l_run * alpha + psum;
       m_run = m_new;
-      *reinterpret_cast<uint2*>(&ws.p[own_head][own_col]) = make_uint2(pb[0] | (pb[1] << 16), pb[2] | (pb[3] << 16));
-      __syncwarp();  // the scores are read before K(b) lands there; P is in
+      if constexpr (kSync) {
+        p_frag[0] = pb[0] | (pb[1] << 16);
+        p_frag[1] = pb[2] | (pb[3] << 16);
+      } else {
+        *reinterpret_cast<uint2*>(&ws.p[own_head][own_tok[0]]) = make_uint2(pb[0] | (pb[1] << 16), pb[2] | (pb[3] << 16));
+      }
+      __syncwarp();  // K(a) (or the scores) are read before K(b) lands there; P is in
     }
     const uint32_t mask_b = __ballot_sync(0xFFFFFFFFu, finish(entry_b)) & 0xFFFFu;
-    if (mask_b != 0u) stage(ws.kbuf.k, krow, entry_b, p.io.k_page_stride, p.io.k_slot_stride, mask_b, &ws.bar[0]);
+    if (mask_b != 0u) stage(ws.kbuf.k, krow, entry_b, p.io.k_page_stride, p.io.k_slot_stride, mask_b);
     copies_commit();
     if (mask_a != 0u) {
-      if (__any_sync(0xFFFFFFFFu, alpha != 1.f)) {  // some head's max grew: its O rows scale by alpha
-        float f[FragO::num_elements];
+      const bool rescale = __any_sync(0xFFFFFFFFu, alpha != 1.f);  // some head's max grew: its O rows scale by alpha
+      if constexpr (kSync) {
+        if (rescale) {
+          const float f0 = __shfl_sync(0xFFFFFFFFu, alpha, 8 * (lane % 4));  // head 2 (lane % 4)
+          const float f1 = __shfl_sync(0xFFFFFFFFu, alpha, 8 * (lane % 4) + 4);
 #pragma unroll
-        for (int i = 0; i < FragO::num_elements; ++i) f[i] = __shfl_sync(0xFFFFFFFFu, alpha, 4 * int((o_rows >> (3 * i)) & 7u));
+          for (int k = 0; k < kKSteps; ++k) {
+            o_t[k][0] *= f0;
+            o_t[k][1] *= f1;
+            o_t[k][2] *= f0;
+            o_t[k][3] *= f1;
+          }
+        }
+        // O^T += V^T P^T, a 16-dim tile at a time (V^T from V's rows by a transposing ldmatrix).
+        copies_wait<1>();  // V(a)
+        __syncwarp();
 #pragma unroll
-        for (int n = 0; n < kOFrags; ++n)
+        for (int k = 0; k < kKSteps; ++k) {
+          uint32_t a[4];
+          warp_mma::ldmatrix_x4_trans(a, v_rows_addr + warp_mma::swizzled<Tile::kRowBytes>(mat_row, 2 * k + mat_unit));
+          warp_mma::mma_16816<T>(o_t[k], a[0], a[1], a[2], a[3], p_frag[0], p_frag[1]);
+        }
+      } else {
+        if (rescale) {
+          float f[FragO::num_elements];
 #pragma unroll
-          for (int i = 0; i < FragO::num_elements; ++i) o_acc[n].x[i] *= f[i];
+          for (int i = 0; i < FragO::num_elements; ++i) f[i] = __shfl_sync(0xFFFFFFFFu, alpha, 4 * int((o_rows >> (3 * i)) & 7u));
+#pragma unroll
+          for (int n = 0; n < kOFrags; ++n)
+#pragma unroll
+            for (int i = 0; i < FragO::num_elements; ++i) o_acc[n].x[i] *= f[i];
+        }
+        // O += P V.
+        copies_wait<1>();  // V(a)
+        __syncwarp();
+        FragP pa;
+        wmma::load_matrix_sync(pa, p_smem, Tile::kPLd);
+#pragma unroll
+        for (int n = 0; n < kOFrags; ++n) {
+          FragV b;
+          wmma::load_matrix_sync(b, v_smem + n * 32, Tile::kSliceLd);
+          wmma::mma_sync(o_acc[n], pa, b, o_acc[n]);
+        }
       }
-      // O += P V.
-      wait_rows(&ws.bar[1], &v_parity);  // V(a)
-      __syncwarp();
-      FragP pa;
-      wmma::load_matrix_sync(pa, p_smem, Tile::kPLd);
-#pragma unroll
-      for (int n = 0; n < kOFrags; ++n) {
-        FragV b;
-        wmma::load_matrix_sync(b, v_smem + n * 32, Tile::kSliceLd);
-        wmma::mma_sync(o_acc[n], pa, b, o_acc[n]);
-      }
-      __syncwarp();  // every lane has read V(a) and P before they are refilled
+      __syncwarp();  // every lane has read V(a) (and P) before they are refilled
     }
-    if (mask_b != 0u) stage(ws.v, vrow, entry_b, p.io.v_page_stride, p.io.v_slot_stride, mask_b, &ws.bar[1]);
+    if (mask_b != 0u) stage(ws.v, vrow, entry_b, p.io.v_page_stride, p.io.v_slot_stride, mask_b);
     copies_commit();
     mask_a = mask_b;
     chunk_a = chunk_b;
@@ -370,8 +429,20 @@ __device__ __forceinline__ void mma_attend(const QsaSimpleParams& p, MmaSmem<D, 
 
   // ---- epilogue: the warps merged in warp order; out = O / L (0 for an empty head, NaN after a
   // NaN score), lse = ln(sum exp) ----
+  if constexpr (kSync) {
+    const int h = (lane % 4) * 2;
 #pragma unroll
-  for (int n = 0; n < kOFrags; ++n) wmma::store_matrix_sync(&ws.kbuf.o[0][n * 32], o_acc[n], Tile::kOLd, wmma::mem_row_major);
+    for (int k = 0; k < kKSteps; ++k) {
+      const int d = 16 * k + lane / 4;
+      ws.kbuf.o[h][d] = o_t[k][0];
+      ws.kbuf.o[h + 1][d] = o_t[k][1];
+      ws.kbuf.o[h][d + 8] = o_t[k][2];
+      ws.kbuf.o[h + 1][d + 8] = o_t[k][3];
+    }
+  } else {
+#pragma unroll
+    for (int n = 0; n < kOFrags; ++n) wmma::store_matrix_sync(&ws.kbuf.o[0][n * 32], o_acc[n], Tile::kOLd, wmma::mem_row_major);
+  }
   const float l_pair = l_run + __shfl_xor_sync(0xFFFFFFFFu, l_run, 1);
   const float l_head = l_pair + __shfl_xor_sync(0xFFFFFFFFu, l_pair, 2);
   const uint32_t nan_lanes = __ballot_sync(0xFFFFFFFFu, nan_seen);
