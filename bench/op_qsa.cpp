@@ -369,7 +369,7 @@ SELKV_BENCH_REGISTER(register_qsa) {
     for (int32_t ov : {0, 90}) cases.push_back({4096, 6, 1, 8192, true, true, 512, ov, rpc});
   for (int64_t rows : {int64_t(4096), int64_t(16384)}) cases.push_back({rows, 16, 2, 8192, false, true});
   // Selections at their top-k width (K = blocks): both kernels and the default route.
-  for (int32_t blocks : {16, 32, 64, 128, 192, 256})
+  for (int32_t blocks : {16, 32, 64, 128, 192, 256, 384})
     for (int mode = 0; mode < 3; ++mode)
       cases.push_back({4096, 6, 1, 8192, true, mode == 1, blocks, 0, 0, mode == 2, blocks});
   for (int32_t blocks : {16, 128}) cases.push_back({4096, 6, 1, 131072, true, false, blocks, 0, 0, true, blocks});

@@ -10,7 +10,7 @@ each row then attends to its selected blocks plus its own causal partial block
 (``selkv.qsa_sparse_prefill``, compact form), and an output projection closes the layer.
 
 One prefill step over a few requests' prompts: when the call will take the page-4 route
-(``selkv.qsa_page4_wanted``: 4096 rows or more selecting K >= 256 blocks) the plan is made once
+(``selkv.qsa_page4_wanted``: 4096 rows or more selecting K >= 384 blocks) the plan is made once
 (``selkv.qsa_plan``, outside a CUDA graph in an engine) and passed to the attention, which runs the
 page-4 kernel on an H200; other calls need no plan and run the exact simple kernel. The output is
 checked against a torch fp64 model of the same attention, and on CUDA the plan and the attention

@@ -2,7 +2,7 @@
 // cache, reading each selected block once per group of rows (DESIGN §3 C8, seed 002). Status: the
 // contract, the argument checks, the CPU oracle, the page-4 plan (CPU reference and GPU kernel),
 // the exact simple CUDA kernel and the SM90 page-4 kernel exist; qsa_route picks the page-4 kernel
-// for R >= 4096 rows selecting K >= 256 blocks with a plan on SM90, the simple kernel otherwise.
+// for R >= 4096 rows selecting K >= 384 blocks with a plan on SM90, the simple kernel otherwise.
 //
 // Rows. Row r (r < num_rows) is one query token of request req = req_ids[r] at causal position
 // p = positions[r]. q [R, Hq, D], out [R, Hq, D], lse [R, Hq] (optional, fp32, natural log).
@@ -148,9 +148,9 @@ enum class QsaKernel : int32_t { kSimple = 0, kPage4 = 1 };
 inline constexpr int64_t kQsaPage4MinRows = 4096;
 // Selection width (max_blocks) from which a call may take it: below it a row selects so few
 // tokens that the plan and the page-4 kernel's per-group costs exceed what sharing loads across
-// rows saves (on the H200 at 4096 rows the simple kernel is faster up to K = 192, the page-4 route
-// from K = 256; docs/perf-log.md).
-inline constexpr int32_t kQsaPage4MinBlocks = 256;
+// rows saves (on the H200 at 4096 rows the simple kernel is faster up to K = 256, the page-4 route
+// from K = 384; docs/perf-log.md).
+inline constexpr int32_t kQsaPage4MinBlocks = 384;
 // Whether p asks for the page-4 route: num_rows >= kQsaPage4MinRows, max_blocks >=
 // kQsaPage4MinBlocks, p.metadata given, not p.force_simple, and the environment variable
 // SELKV_QSA_PAGE4 is not "0". Host only, reads no device memory.

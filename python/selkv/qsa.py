@@ -17,7 +17,7 @@ Query head ``h`` reads KV head ``h // (Hq // Hkv)``. A row / head with no valid 
 
 Wraps the out-variant operator ``torch.ops.selkv.qsa_sparse_prefill`` (CPU: the fp64 reference;
 Meta: checks only; CUDA: the C++ API on the current stream: the SM90 page-4 kernel for batches of
-at least 4096 rows selecting K >= 256 blocks that pass a plan, the exact simple kernel otherwise).
+at least 4096 rows selecting K >= 384 blocks that pass a plan, the exact simple kernel otherwise).
 
 Plan / run (as FlashInfer's): the page-4 kernel reads a plan of the selection (its row groups' blocks),
 made by :func:`qsa_plan` (``torch.ops.selkv.qsa_plan``: CUDA the C++ ``selkv::qsa_plan`` kernel,
@@ -75,7 +75,7 @@ def qsa_sparse_prefill(
             ``block_table``, ``seq_lens``, ``req_ids``, ``positions`` and selection (uint8,
             ``qsa_metadata_size(R, K)`` bytes or more, on q's device; a smaller one is an error
             naming ``metadata``). ``None`` (default): no plan, the exact simple kernel. With a plan,
-            a CUDA call of ``R >= 4096`` rows and ``K >= 256`` on SM90 takes the page-4 kernel (below
+            a CUDA call of ``R >= 4096`` rows and ``K >= 384`` on SM90 takes the page-4 kernel (below
             that K the simple kernel is faster and the plan goes unread; ``force_simple=True``
             or ``SELKV_QSA_PAGE4=0`` keep the simple kernel). The page-4 kernel attends to the plan's selection, not the call's: re-plan
             whenever the selection, ``seq_lens`` or the block table change. CPU and Meta check the
@@ -110,7 +110,7 @@ def qsa_metadata_size(num_rows: int, max_blocks: int) -> int:
 
 def qsa_page4_wanted(num_rows: int, max_blocks: int) -> bool:
     """Whether a call of ``num_rows`` rows selecting up to ``max_blocks`` (K) blocks, given a plan,
-    asks for the page-4 route: ``R >= 4096``, ``K >= 256`` and ``SELKV_QSA_PAGE4`` not ``"0"``
+    asks for the page-4 route: ``R >= 4096``, ``K >= 384`` and ``SELKV_QSA_PAGE4`` not ``"0"``
     (``selkv::qsa_page4_wanted``; on SM90 the call then takes the page-4 kernel). A call that does
     not ask for it never reads a plan, so build one with :func:`qsa_plan` only when this is true.
     """

@@ -26,10 +26,8 @@
 
 namespace selkv {
 static_assert(qsa::kQsaWarpMaxChunks * qsa::kQsaWarpChunkCols >= qsa_expanded_cols(kQsaMaxBlocks) &&
-                  (qsa::kQsaWarpMaxChunks - 1) * qsa::kQsaWarpChunkCols < qsa_expanded_cols(kQsaMaxBlocks) &&
-                  qsa::kQsaSplitMaxChunks * 32 >= qsa_expanded_cols(kQsaMaxBlocks) &&
-                  (qsa::kQsaSplitMaxChunks - 1) * 32 < qsa_expanded_cols(kQsaMaxBlocks),
-              "the simple kernel's chunk bitmaps cover the widest selection");
+                  (qsa::kQsaWarpMaxChunks - 1) * qsa::kQsaWarpChunkCols < qsa_expanded_cols(kQsaMaxBlocks),
+              "the simple kernel's chunk bitmap covers the widest selection");
 namespace {
 
 qsa::QsaSelectionParams selection_params(const QsaSparsePrefillParams& p) {

@@ -46,17 +46,14 @@ struct QsaAttnIo {
   int64_t lse_row_stride, lse_head_stride;
 };
 
-// The simple kernel's two tensor-core forms and their chunks (selection columns walked at a time)
-// against the longest row, 4 * 512 + 3 expanded columns (qsa_api.cpp checks both against
-// selkv/qsa.h's kQsaMaxBlocks): warp streams (qsa_simple_mma.cuh: a warp a chunk stream, 16-column
-// chunks) for selections of at least kQsaSimpleWarpMinBlocks blocks (`max_blocks`), split heads
-// (qsa_simple_mma_split.cuh: 4 warps split the head dims, 32-column chunks) below, where the warp
-// streams' per-CTA work costs more than they save (H200, R 4K, G 6, D 256: K 64 244 / 250 us,
-// K 128 424 / 386).
+// The simple kernel's chunks (qsa_simple_mma.cuh: a warp a chunk stream, 16 selection columns a
+// chunk) against the longest row, 4 * 512 + 3 expanded columns (qsa_api.cpp checks them against
+// selkv/qsa.h's kQsaMaxBlocks), and its CTA size by selection width: 4 warps for selections of at
+// least kQsaSimpleWideMinBlocks blocks (`max_blocks`), 2 below, where a row's few chunks spread
+// over fewer warps and twice the CTAs an SM hide more of a CTA's prologue and merge.
 inline constexpr int kQsaWarpChunkCols = 16;
 inline constexpr int kQsaWarpMaxChunks = 129;
-inline constexpr int kQsaSplitMaxChunks = 65;
-inline constexpr int kQsaSimpleWarpMinBlocks = 128;
+inline constexpr int kQsaSimpleWideMinBlocks = 128;
 
 struct QsaSimpleParams {
   QsaSelectionParams sel;

@@ -1,8 +1,7 @@
 // C8 exact simple kernel, tensor-core form (selkv/qsa.h): the body of one CTA per (row, kv head)
 // with the scores and the P V products on tensor cores (fp32 accumulation): from SM80 mma.sync
-// m16n8k16 on rows read by ldmatrix, below (V100-class GPUs, fp16) WMMA tiles. qsa_simple.cu takes
-// this form (warp streams) for selections of kQsaSimpleWarpMinBlocks blocks and more, split heads
-// (qsa_simple_mma_split.cuh) below.
+// m16n8k16 on rows read by ldmatrix, below (V100-class GPUs, fp16) WMMA tiles. qsa_simple.cu picks
+// W (2, 4 or 12 warps) from the selection's width and the grid.
 //
 // Every warp of the CTA is a chunk stream of its own: it walks the row's selection 16 columns (a
 // chunk) at a time, taking chunks w, w + W, ... of the CTA's W warps, with the whole head dimension
@@ -15,17 +14,18 @@
 // h, 4 tokens each; P rounded to the element type, as FlashMLA does).
 //  - From SM80: 16-byte cp.async copies into rows of exactly D elements whose 16-byte units are
 //    swizzled by the row (qsa_warp_mma.cuh): a row starting on a 128-byte boundary keeps each global
-//    line one L2 request (rows padded for conflict-free reads split them: 2.6 requests a line, the
-//    loads' bound). Q in registers; S = Q K^T on m16n8k16 (heads in the rows, 8-15 zero); the
-//    owned head's scores are its accumulators, and its P is the B operand of O^T += V^T P^T
-//    (m16n8k16, dims in the rows), so S, P and O never leave registers until the merge.
+//    line one L2 request (rows padded for conflict-free reads split a line's request in two or
+//    three, and the L2's request rate bounds these loads). Q's rows swizzled the same way; S = Q K^T
+//    on m16n8k16 (heads in the rows, 8-15 zero); the owned head's scores are its accumulators, and
+//    its P is the B operand of O^T += V^T P^T (m16n8k16, dims in the rows), so S, P and O never
+//    leave registers until the merge.
 //  - Below SM80: plain loads into rows padded by 16 bytes; S on WMMA m16n16k16 tiles through shared
 //    memory (Q^T stored column-major), O += P V on m8n32k16 tiles; a head whose running max grew has
 //    its O rows rescaled in place through a row map of the fragment's elements, read once from a
 //    tile of row numbers (WMMA leaves the element layout unspecified, not variable).
-// The W streams are merged in warp order at the end, so the result
-// depends only on the selection's column positions and the shape (expanded and compact forms of one
-// selection give the same bits).
+// The W streams are merged in warp order at the end, so the result depends only on the selection's
+// column positions, the shape and W (expanded and compact forms of one selection give the same
+// bits).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -85,7 +85,7 @@ struct alignas(128) MmaSmem {
   // next 8 elements, the next dim's heads, finite values whose score rows are never used.
   uint16_t qt[D * MmaTile<D>::kQtLd + 16];
   MmaWarpSmem<D> warp[W];
-  uint32_t live[kLiveWords];  // chunk k: a non-negative token in its columns
+  uint8_t group_live[kColGroups];  // expanded: 32-column group g's two chunks, a non-negative token in them
   int32_t first_words[W][32];  // expanded: the selection words of chunks 2w, 2w + 1, read by warp w
   float m[W][MmaTile<D>::kHeads];  // each warp's final max and sum, for the merge
   float l[W][MmaTile<D>::kHeads];
@@ -119,74 +119,85 @@ __device__ __forceinline__ void mma_attend(const QsaSimpleParams& p, MmaSmem<D, 
   const RowSel rs = row_sel(p.sel, r);
   const T* qrow = static_cast<const T*>(p.io.q) + int64_t(r) * p.io.q_row_stride + int64_t(kvh) * G * p.io.q_head_stride;
 
-  if constexpr (kSync) {
-    // mma.sync: Q's 8 rows (heads, zero above G) swizzled like the K rows, read by ldmatrix.
-    for (int i = int(threadIdx.x); i < Tile::kHeads * D / 8; i += kThreads) {
-      const int h = i / (D / 8), u = i % (D / 8);
-      uint4 x = make_uint4(0u, 0u, 0u, 0u);
-      if (h < G) x = __ldg(reinterpret_cast<const uint4*>(qrow + int64_t(h) * p.io.q_head_stride + u * 8));
-      *reinterpret_cast<uint4*>(reinterpret_cast<char*>(&sm.qt[0]) + warp_mma::swizzled<Tile::kRowBytes>(h, u)) = x;
-    }
-  } else {
-    // WMMA: Q^T of the G heads in shared memory, zero columns above G (and zero past the last dim).
-    for (int i = int(threadIdx.x); i < Tile::kHeads * D / 8; i += kThreads) {
-      const int h = i % Tile::kHeads, c = (i / Tile::kHeads) * 8;
-      uint4 x = make_uint4(0u, 0u, 0u, 0u);
-      if (h < G) x = __ldg(reinterpret_cast<const uint4*>(qrow + int64_t(h) * p.io.q_head_stride + c));
-      const uint32_t w[4] = {x.x, x.y, x.z, x.w};
+  // ---- prologue: Q and the live-chunk map, their global reads in flight together, one barrier ----
+  // Q's 8 rows (heads, zero above G) in 16-byte units: from SM80 swizzled like the K rows (read by
+  // ldmatrix), below as Q^T (column-major, for WMMA). Loaded first, stored after the selection's
+  // reads are issued.
+  constexpr int kQUnits = Tile::kHeads * D / 8, kQLoads = (kQUnits + kThreads - 1) / kThreads;
+  uint4 q_units[kQLoads];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) sm.qt[(c + j) * Tile::kQtLd + h] = uint16_t(w[j / 2] >> (16 * (j % 2)));
-    }
-    if (threadIdx.x < 16) sm.qt[D * Tile::kQtLd + threadIdx.x] = 0;
+  for (int i = 0; i < kQLoads; ++i) {
+    const int idx = int(threadIdx.x) + i * kThreads;
+    const int h = kSync ? idx / (D / 8) : idx % Tile::kHeads, u = kSync ? idx % (D / 8) : idx / Tile::kHeads;
+    q_units[i] = make_uint4(0u, 0u, 0u, 0u);
+    if (idx < kQUnits && h < G) q_units[i] = __ldg(reinterpret_cast<const uint4*>(qrow + int64_t(h) * p.io.q_head_stride + u * 8));
   }
-  if (threadIdx.x < kLiveWords) sm.live[threadIdx.x] = 0;
-  // WMMA: the row of each element of an O fragment (3 bits each): a tile of row numbers, loaded as one.
-  uint32_t o_rows = 0;
-  if constexpr (!kSync) {
-    float* t = &ws.kbuf.s[0][0];
-    for (int i = lane; i < Tile::kHeads * 32; i += 32) t[i] = float(i / 32);
-    __syncwarp();
-    FragO f;
-    wmma::load_matrix_sync(f, t, 32, wmma::mem_row_major);
-#pragma unroll
-    for (int i = 0; i < FragO::num_elements; ++i) o_rows |= uint32_t(f.x[i]) << (3 * i);
-    __syncwarp();
-  }
-  __syncthreads();
-  // The live-chunk bitmap: the CTA's warps read the row's columns at once (warp w: 32-column groups
+  // The live-chunk map: the CTA's warps read the row's columns at once (warp w: 32-column groups
   // w, w + W, ...), so the chunks of an expanded selection without a non-negative token (a short
   // selection's -1 padding) are never walked, each of which would cost its stream a dependent
   // selection load. Those chunks contribute nothing either way: skipping them changes no bit. A
   // compact selection has no padding (rs.cols is the row's own): every chunk is walked.
-  if (p.sel.compact) {
-    if (threadIdx.x < kLiveWords) {
-      const int32_t n = (rs.cols + Tile::kCols - 1) / Tile::kCols - 32 * int32_t(threadIdx.x);  // chunks in this word
-      sm.live[threadIdx.x] = n >= 32 ? 0xFFFFFFFFu : n <= 0 ? 0u : (1u << n) - 1u;
-    }
-  } else {
-    // Unconditional loads (a column past the row reads column 0, which every row has), so no
-    // branch separates them and they are all in flight at once.
-    constexpr int kGroups = (kColGroups + W - 1) / W;
-    int32_t t[kGroups];
+  // Unconditional loads (a column past the row reads column 0, which every row has), so no branch
+  // separates them and they are all in flight at once.
+  constexpr int kGroups = (kColGroups + W - 1) / W;
+  int32_t t[kGroups];
+  if (!p.sel.compact) {
 #pragma unroll
     for (int i = 0; i < kGroups; ++i) {
       const int32_t c = (warp + W * i) * 32 + lane;
       t[i] = rs.sel[c < rs.cols ? c : 0];
     }
+  }
+#pragma unroll
+  for (int i = 0; i < kQLoads; ++i) {
+    const int idx = int(threadIdx.x) + i * kThreads;
+    if (idx >= kQUnits) continue;
+    if constexpr (kSync) {
+      *reinterpret_cast<uint4*>(reinterpret_cast<char*>(&sm.qt[0]) + warp_mma::swizzled<Tile::kRowBytes>(idx / (D / 8), idx % (D / 8))) =
+          q_units[i];
+    } else {
+      const int h = idx % Tile::kHeads, c = (idx / Tile::kHeads) * 8;
+      const uint32_t w[4] = {q_units[i].x, q_units[i].y, q_units[i].z, q_units[i].w};
+#pragma unroll
+      for (int j = 0; j < 8; ++j) sm.qt[(c + j) * Tile::kQtLd + h] = uint16_t(w[j / 2] >> (16 * (j % 2)));
+    }
+  }
+  if (!kSync && threadIdx.x < 16) sm.qt[D * Tile::kQtLd + threadIdx.x] = 0;
+  if (!p.sel.compact) {
     sm.first_words[warp][lane] = t[0];  // the first chunks need no second read
 #pragma unroll
-    for (int i = 0; i < kGroups; ++i) {
+    for (int i = 0; i < kGroups; ++i) {  // group g's two chunks: bits 0, 1 of group_live[g]
       const int32_t g = warp + W * i, c = g * 32 + lane;
       const uint32_t b = __ballot_sync(0xFFFFFFFFu, c < rs.cols && t[i] >= 0);
-      const uint32_t two = ((b & 0xFFFFu) != 0u ? 1u : 0u) | ((b >> 16) != 0u ? 2u : 0u);
-      if (lane == 0 && two != 0u && g < kColGroups) atomicOr(&sm.live[g / 16], two << (2 * g % 32));
+      if (lane == 0 && g < kColGroups) sm.group_live[g] = uint8_t(((b & 0xFFFFu) != 0u ? 1u : 0u) | ((b >> 16) != 0u ? 2u : 0u));
     }
+  }
+  // WMMA: the row of each element of an O fragment (3 bits each): a tile of row numbers, loaded as one.
+  uint32_t o_rows = 0;
+  if constexpr (!kSync) {
+    float* rows = &ws.kbuf.s[0][0];
+    for (int i = lane; i < Tile::kHeads * 32; i += 32) rows[i] = float(i / 32);
+    __syncwarp();
+    FragO f;
+    wmma::load_matrix_sync(f, rows, 32, wmma::mem_row_major);
+#pragma unroll
+    for (int i = 0; i < FragO::num_elements; ++i) o_rows |= uint32_t(f.x[i]) << (3 * i);
+    __syncwarp();
   }
   __syncthreads();
   // This warp's live chunks (warp w takes chunks w, w + W, ...).
   uint32_t live[kLiveWords];
 #pragma unroll
-  for (int j = 0; j < kLiveWords; ++j) live[j] = sm.live[j] & __ballot_sync(0xFFFFFFFFu, (32 * j + lane) % W == warp);
+  for (int j = 0; j < kLiveWords; ++j) {
+    const int32_t chunk = 32 * j + lane;
+    bool on;
+    if (p.sel.compact) {
+      on = chunk < (rs.cols + Tile::kCols - 1) / Tile::kCols;
+    } else {
+      on = chunk / 2 < kColGroups && ((sm.group_live[chunk / 2] >> (chunk % 2)) & 1u) != 0u;
+    }
+    live[j] = __ballot_sync(0xFFFFFFFFu, on && chunk % W == warp);
+  }
   // The first of this warp's live chunks at or after chunk k, or kNoChunk.
   auto next_chunk = [&](int32_t k) -> int32_t { return next_set_bit(live, k); };
 

@@ -69,8 +69,9 @@ void check_config(Config c, uint64_t seed) {
   EXPECT_TRUE(test::bits_equal(bits[0].lse, bits[1].lse)) << what << ": separate vs interleaved lse";
 }
 
-// Both tensor-core forms of the simple kernel: split heads (K = 16) and warp streams (K = 160, at
-// least kQsaSimpleWarpMinBlocks).
+// Selections narrower and wider than kQsaSimpleWideMinBlocks (K = 16, 160). These small grids run
+// 12 warps a CTA on an H200; SimpleChunkStreamsAcrossGridSizes and SimpleSkipsChunksWithoutTokens
+// run the 2- and 4-warp CTAs.
 TEST(QsaGpu, MatchesOracleAcrossDtypeHeadDimGroupAndPageSize) {
   SELKV_REQUIRE_GPU();
   const uint64_t seed = test::test_seed();
@@ -96,7 +97,7 @@ TEST(QsaGpu, PageSize784AndLongSelections) {
   SELKV_REQUIRE_GPU();
   const uint64_t seed = test::test_seed() + 7;
   SCOPED_TRACE("SELKV_TEST_SEED=" + std::to_string(test::test_seed()));
-  for (int K : {96, 160}) {  // split heads, warp streams
+  for (int K : {96, 160}) {  // below and above kQsaSimpleWideMinBlocks
     Config c;
     c.P = 784;
     c.K = K;
@@ -111,11 +112,10 @@ TEST(QsaGpu, PageSize784AndLongSelections) {
   }
 }
 
-// The simple kernel's chunk streams in both tensor-core forms, whose CTA shape the launcher picks by
-// the grid (rows x kv heads) against the SM count: split heads (K = 96 < kQsaSimpleWarpMinBlocks)
-// 4, 2 or 1 streams of 4 warps (on an H200's 132 SMs: 80 CTAs take 4, 200 take 2, 600 one); warp
-// streams (K = 160) 12 or 4 warps (80 and 200 CTAs take 12, 600 take 4). The selections are long
-// enough that every stream has several chunks.
+// The simple kernel's warp streams in every CTA size, which the launcher picks by the grid (rows x
+// kv heads) against the SM count and by the selection's width: on an H200's 132 SMs 80 and 200 CTAs
+// take 12 warps, 600 take 2 (K = 96 < kQsaSimpleWideMinBlocks) or 4 (K = 160). The selections are
+// long enough that every warp has several chunks.
 TEST(QsaGpu, SimpleChunkStreamsAcrossGridSizes) {
   SELKV_REQUIRE_GPU();
   const uint64_t seed = test::test_seed() + 13;
@@ -128,7 +128,7 @@ TEST(QsaGpu, SimpleChunkStreamsAcrossGridSizes) {
       c.R = R;
       c.G = 3;
       c.Hkv = 2;
-      c.dtype = R == 100 ? QsaDtype::kBf16 : QsaDtype::kFp16;
+      c.dtype = R == 100 || (R == 300 && K == 96) ? QsaDtype::kBf16 : QsaDtype::kFp16;  // both types in 2-warp CTAs
       check_config(c, seed + uint64_t(R) + uint64_t(K));
     }
 }
@@ -137,9 +137,8 @@ TEST(QsaGpu, SimpleChunkStreamsAcrossGridSizes) {
 // -1 padding). 2051-column rows with a few live blocks in scattered chunks (the first, the last
 // partial one, random ones) and negative garbage (-1, -7, INT_MIN) everywhere else agree with the
 // oracle, and give the same bits as the same rows with the garbage replaced by stale tokens (>=
-// seq_len: those chunks are walked, nothing is read): skipping changes no bit. Both forms: warp
-// streams (K = 512; 64 rows run 12 warps a CTA, 600 run 4) and split heads (K = 64, 32-column
-// chunks; 64 rows run 4 streams, 600 one).
+// seq_len: those chunks are walked, nothing is read): skipping changes no bit. Every CTA size: 64
+// rows run 12 warps a CTA, 600 run 4 (K = 512) or 2 (K = 64).
 TEST(QsaGpu, SimpleSkipsChunksWithoutTokens) {
   SELKV_REQUIRE_GPU();
   for (int K : {512, 64})
@@ -153,7 +152,7 @@ TEST(QsaGpu, SimpleSkipsChunksWithoutTokens) {
     c.num_req = 2;
     c.max_len = 3000;
     Problem pr = make_problem(c, rng);
-    const int64_t cols = qsa_expanded_cols(pr.K), chunks = (cols + 15) / 16;  // 16-column units: a warp-stream chunk, half a split-heads one
+    const int64_t cols = qsa_expanded_cols(pr.K), chunks = (cols + 15) / 16;  // 16-column chunks
     const int32_t garbage[3] = {-1, -7, std::numeric_limits<int32_t>::min()};
     std::vector<int32_t> stale(pr.sel.size());
     for (int64_t r = 0; r < pr.R; ++r) {

@@ -28,9 +28,9 @@ def test_qsa_layer_cpu(selkv, capsys):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
 def test_qsa_layer_cuda_both_routes(selkv, capsys):
     mod = load("qsa_layer")
-    # 384 rows: the simple kernel; 4096 rows of 256 blocks: the page-4 kernel with its plan.
+    # 384 rows: the simple kernel; 4096 rows of 384 blocks: the page-4 kernel with its plan.
     assert mod.main(["--device", "cuda", "--prompt-len", "192", "--head-dim", "256"]) == 0
-    assert mod.main(["--device", "cuda", "--prompt-len", "2048", "--blocks", "256", "--head-dim", "256",
+    assert mod.main(["--device", "cuda", "--prompt-len", "2048", "--blocks", "384", "--head-dim", "256",
                      "--check-rows", "32"]) == 0
     out = capsys.readouterr().out
     assert out.count("OK") == 2 and "(simple)" in out

@@ -507,12 +507,12 @@ def test_plan_size(selkv):
 
 
 def test_page4_wanted(selkv, monkeypatch):
-    """The route rule's shape form (selkv::qsa_page4_wanted): R >= 4096 and K >= 256 ask for the
+    """The route rule's shape form (selkv::qsa_page4_wanted): R >= 4096 and K >= 384 ask for the
     page-4 route (a plan worth building), anything less does not, nor anything with
     SELKV_QSA_PAGE4=0."""
     monkeypatch.delenv("SELKV_QSA_PAGE4", raising=False)
-    for R, K, want in ((4096, 512, True), (4096, 256, True), (1 << 20, 256, True), (4095, 512, False),
-                       (4096, 255, False), (4096, 192, False), (0, 512, False), (-1, 512, False)):
+    for R, K, want in ((4096, 512, True), (4096, 384, True), (1 << 20, 384, True), (4095, 512, False),
+                       (4096, 383, False), (4096, 256, False), (0, 512, False), (-1, 512, False)):
         assert selkv.qsa_page4_wanted(R, K) is want, (R, K)
         assert torch.ops.selkv.qsa_page4_wanted(R, K) is want, (R, K)
     monkeypatch.setenv("SELKV_QSA_PAGE4", "0")
@@ -807,7 +807,7 @@ def test_cuda_plan_irregular_rows(selkv, cuda_device):
     assert md.view(torch.int32)[8:12].tolist() == [0, 2, 0b110, 0]  # rows 1 and 2 bad
 
 
-def _large_problem(device, R=4096, K=256, Hq=8, Hkv=1, D=128, P=64, num_req=4, dtype=torch.bfloat16):
+def _large_problem(device, R=4096, K=384, Hq=8, Hkv=1, D=128, P=64, num_req=4, dtype=torch.bfloat16):
     """A batch at the page-4 route's row threshold (kQsaPage4MinRows), selections wide enough for
     it (K >= kQsaPage4MinBlocks), built on the device:
     causal compact selections of K blocks per row (duplicates allowed), the expanded form of the
