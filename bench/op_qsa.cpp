@@ -169,7 +169,9 @@ class QsaWorkload final : public Workload {
       return;
     }
     const int rows = s_.rows_per_cta != 0 ? s_.rows_per_cta : qsa::qsa_page4_max_rows(s_.q_heads / s_.kv_heads);
-    throw_if_error(qsa::qsa_group_plan(p, rows, md_.get(), md_bytes_, stream));
+    // The route's plan (groups that share too little handed to the fix-up) at the default grouping;
+    // the rows/cta sweep lists every group.
+    throw_if_error(qsa::qsa_group_plan(p, rows, md_.get(), md_bytes_, stream, /*hand_over=*/s_.rows_per_cta == 0));
     throw_if_error(qsa::qsa_sparse_prefill_page4(p, stream, s_.rows_per_cta));
   }
 
@@ -361,6 +363,9 @@ SELKV_BENCH_REGISTER(register_qsa) {
     for (int32_t blocks : {128, 16}) cases.push_back({4096, 6, 1, ctx, true, false, blocks});  // simple, same
   for (int32_t ctx : {8192, 131072})
     for (int32_t ov : {90, 95, 99}) cases.push_back({4096, 6, 1, ctx, true, true, 512, ov});
+  // Contexts between: where a group's sharing (8K ~2.6, 128K ~1.0) crosses the plan's threshold.
+  for (int32_t ctx : {16384, 32768})
+    for (bool page4 : {false, true}) cases.push_back({4096, 6, 1, ctx, true, page4, 512});
   // Below the route's 4096 rows: the simple kernel (the route's choice) beside the page-4 kernel.
   for (int64_t rows : {int64_t(64), int64_t(256), int64_t(511)})
     for (bool page4 : {false, true}) cases.push_back({rows, 6, 1, 8192, true, page4, 512});

@@ -150,6 +150,15 @@ Status qsa_sparse_prefill_page4(const QsaSparsePrefillParams& p, cudaStream_t st
   return run_page4(kOp, p, rows_per_cta, stream);
 }
 
+Status qsa_sparse_prefill_simt(const QsaSparsePrefillParams& p, cudaStream_t stream) {
+  constexpr const char* kOp = "selkv::qsa_sparse_prefill (SIMT)";
+  Work work;
+  SELKV_RETURN_IF_ERROR(check_params(kOp, p, Use::kAttention, /*device=*/true, &work));
+  if (work == Work::kNone) return Status::Ok();
+  SELKV_CUDA_RETURN(launch_qsa_simple_simt(simple_params(p), p.dtype == QsaDtype::kBf16, p.head_dim, stream), kOp);
+  return Status::Ok();
+}
+
 }  // namespace qsa
 
 Status qsa_sparse_prefill(const QsaSparsePrefillParams& p, cudaStream_t stream) {
@@ -171,31 +180,31 @@ namespace {
 // The argument checks of qsa_plan (metadata_bytes against qsa_metadata_size, the group plan's
 // size), then the group plan kernel; rows_per_group 0: the page-4 route's grouping
 // (qsa_page4_max_rows of p's Hq / Hkv, known once the checks passed).
-Status plan_groups(const char* kOp, const QsaSparsePrefillParams& p, int rows_per_group, void* group_plan,
+Status plan_groups(const char* kOp, const QsaSparsePrefillParams& p, int rows_per_group, bool hand_over, void* group_plan,
                    size_t group_plan_bytes, cudaStream_t stream) {
   Work work;
   SELKV_RETURN_IF_ERROR(check_params(kOp, p, Use::kPlan, /*device=*/true, &work, group_plan, group_plan_bytes));
   if (work == Work::kNone) return Status::Ok();
   if (rows_per_group == 0) rows_per_group = qsa_page4_max_rows(int(p.num_q_heads / p.num_kv_heads));
-  SELKV_CUDA_RETURN(launch_qsa_group_plan(selection_params(p), rows_per_group, static_cast<int32_t*>(group_plan), stream),
-                    kOp);
+  SELKV_CUDA_RETURN(
+      launch_qsa_group_plan(selection_params(p), rows_per_group, hand_over, static_cast<int32_t*>(group_plan), stream), kOp);
   return Status::Ok();
 }
 
 }  // namespace
 
 Status qsa_group_plan(const QsaSparsePrefillParams& p, int rows_per_group, void* group_plan, size_t group_plan_bytes,
-                      cudaStream_t stream) {
+                      cudaStream_t stream, bool hand_over) {
   constexpr const char* kOp = "selkv::qsa_group_plan";
   SELKV_CHECK_ARG(rows_per_group >= 1 && rows_per_group <= kGroupMaxRows, "rows_per_group", "must be in [1, ",
                   kGroupMaxRows, "], got ", rows_per_group);
-  return plan_groups(kOp, p, rows_per_group, group_plan, group_plan_bytes, stream);
+  return plan_groups(kOp, p, rows_per_group, hand_over, group_plan, group_plan_bytes, stream);
 }
 
 }  // namespace qsa
 
 Status qsa_plan(const QsaSparsePrefillParams& p, void* metadata, size_t metadata_bytes, cudaStream_t stream) {
-  return qsa::plan_groups("selkv::qsa_plan", p, 0, metadata, metadata_bytes, stream);
+  return qsa::plan_groups("selkv::qsa_plan", p, 0, /*hand_over=*/true, metadata, metadata_bytes, stream);
 }
 
 }  // namespace selkv

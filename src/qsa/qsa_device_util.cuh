@@ -90,6 +90,20 @@ __device__ __forceinline__ void copies_wait() {
 #endif
 }
 
+// The fix-up pass after the page-4 kernel (p.only_nonfinite; qsa_api.cpp): the page-4 kernel leaves
+// a NaN in element 0 of the heads of a (row, kv head) it did not serve exactly. Whether this CTA's
+// has one (CTA-wide; a CTA without one has nothing to do). Every thread calls it.
+template <typename T, int G, typename Params>
+__device__ __forceinline__ bool fixup_flagged(const Params& p, int32_t r, int32_t kvh) {
+  bool flagged = false;
+  if (threadIdx.x < unsigned(G)) {
+    const uint16_t x = *reinterpret_cast<const uint16_t*>(static_cast<const T*>(p.io.out) + int64_t(r) * p.io.out_row_stride +
+                                                          (int64_t(kvh) * G + threadIdx.x) * p.io.out_head_stride);
+    flagged = (x & Elem<T>::kExp) == Elem<T>::kExp;
+  }
+  return __syncthreads_or(flagged) != 0;
+}
+
 // The first set bit at or after bit k of a bitmap of kWords 32-bit words (a live-chunk map), or
 // 32 * kWords when none is.
 template <int kWords>

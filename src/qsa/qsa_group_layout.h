@@ -15,8 +15,13 @@
 // within a request ascending logical block (so the causal partial block of each row comes after
 // its complete blocks). A row is bad (mask bit set, no token bits; the fix-up pass computes it)
 // when an expanded group of its selection is not distinct tokens of one block, or it selects a
-// block twice. Every other word (blocks past a group's count, the table past the last group, the
-// padding) is 0, on the GPU as in the CPU reference.
+// block twice. In the route's plan (qsa_plan; `hand_over` of the group plan) a group whose rows
+// share too little (the (row, block) uses of its blocks fewer than kGroupSharingNum /
+// kGroupSharingDen times its block count) lists no blocks and has every row bad: the page-4 kernel
+// would multiply each block of the union against every row of the group, so the fix-up pass (the
+// simple kernel, which reads each row's blocks once for that row) serves it for less. Every other
+// word (blocks past a group's count, the table past the last group, the padding) is 0, on the GPU
+// as in the CPU reference.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +31,9 @@ namespace selkv::qsa {
 inline constexpr int32_t kGroupMagic = 0x47534134;  // "4ASG" little endian
 inline constexpr int32_t kGroupHeaderWords = 8;
 inline constexpr int kGroupMaxRows = 32;  // rows of a group: one bit each in a token word
+// Row uses a listed block needs on average (7 / 4) for the group to take the page-4 kernel: on the
+// H200 a union block costs the page-4 kernel ~1 ns, a row's block the simple kernel 0.5-0.7 ns.
+inline constexpr int32_t kGroupSharingNum = 7, kGroupSharingDen = 4;
 
 inline constexpr int64_t group_capacity(int64_t max_blocks) { return max_blocks + 1; }  // blocks a row adds at most
 inline constexpr int64_t group_table_offset() { return kGroupHeaderWords; }

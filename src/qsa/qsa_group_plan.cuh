@@ -144,7 +144,7 @@ __device__ __forceinline__ int nth_set_bit(uint32_t m, int n) {
 }
 
 __global__ void __launch_bounds__(kGpThreads, 2) qsa_group_plan_kernel(const QsaSelectionParams s, int32_t rows_per_group,
-                                                                     int32_t win_words, int32_t* gp) {
+                                                                     int32_t win_words, bool hand_over, int32_t* gp) {
   extern __shared__ __align__(16) uint8_t gp_smem_raw[];
   GroupPlanSmem& sm = *reinterpret_cast<GroupPlanSmem*>(gp_smem_raw);
   const int W = win_words, bits_stride = win_words + 1;
@@ -345,17 +345,35 @@ __global__ void __launch_bounds__(kGpThreads, 2) qsa_group_plan_kernel(const Qsa
       win = kWin;
     }
   }
+  // hand_over: the group's sharing, its blocks' row uses (each block's rows, partial or whole)
+  // against its block count; under kGroupSharingNum / kGroupSharingDen the group lists nothing and
+  // every row goes to the fix-up.
+  int32_t uses = 0;
+  for (int32_t k = tid; k < sm.count; k += kGpThreads) {
+    const uint4 tw = out_tw[k];
+    uses += __popc(tw.x | tw.y | tw.z | tw.w);
+  }
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) uses += __shfl_xor_sync(~0u, uses, d);
+  if (lane == 0) sm.warp_sums[warp] = uses;
+  __syncthreads();
+  uses = 0;
+  for (int v = 0; v < kGpThreads / 32; ++v) uses += sm.warp_sums[v];
+  const bool shared_enough =
+      !hand_over || sm.count == 0 || int64_t(uses) * kGroupSharingDen >= int64_t(kGroupSharingNum) * sm.count;
+  const int32_t count = shared_enough ? sm.count : 0;
+  const uint32_t bad = shared_enough ? sm.bad : rows >= 32 ? ~0u : (1u << rows) - 1u;
   if (tid == 0) {
     int32_t* ge = gp + group_table_offset() + 4 * g;
     ge[0] = int32_t(first);
-    ge[1] = sm.count;
-    ge[2] = int32_t(sm.bad);
+    ge[1] = count;
+    ge[2] = int32_t(bad);
     ge[3] = 0;
   }
   // Every other word zero (the group's room past its blocks; CTA 0 also the group table past the
   // last group and the padding before the token words): the plan is the same bytes whatever the
   // buffer held, the CPU reference's.
-  for (int64_t k = sm.count + tid; k < int64_t(rows) * C; k += kGpThreads) {
+  for (int64_t k = count + tid; k < int64_t(rows) * C; k += kGpThreads) {
     out_pb[k] = make_int2(0, 0);
     out_tw[k] = make_uint4(0u, 0u, 0u, 0u);
   }

@@ -44,10 +44,11 @@ cudaError_t launch_warps(const QsaSimpleParams& p, dim3 grid, cudaStream_t strea
   return cudaSuccess;
 }
 
-template <typename T, int D, int G, bool kFixup>
+// kSimt: qsa_simple_simt_kernel (launch_qsa_simple_simt), else the warp-stream kernel of `warps`.
+template <typename T, int D, int G, bool kSimt>
 cudaError_t launch_one(const QsaSimpleParams& p, dim3 grid, int warps, cudaStream_t stream) {
-  if constexpr (kFixup) {
-    qsa_fixup_kernel<T, D, G><<<grid, dim3{unsigned(kFixupThreads)}, 0, stream>>>(p);
+  if constexpr (kSimt) {
+    qsa_simple_simt_kernel<T, D, G><<<grid, dim3{unsigned(kSimtThreads)}, 0, stream>>>(p);
     return cudaSuccess;
   } else {
     switch (warps) {
@@ -58,44 +59,48 @@ cudaError_t launch_one(const QsaSimpleParams& p, dim3 grid, int warps, cudaStrea
   }
 }
 
-template <typename T, int D, bool kFixup>
+template <typename T, int D, bool kSimt>
 cudaError_t launch_group(const QsaSimpleParams& p, int64_t ctas, cudaStream_t stream) {
   const dim3 grid{unsigned(ctas)};
   int warps = 0;
-  if constexpr (!kFixup) {
+  if constexpr (!kSimt) {
     if (const cudaError_t err = pick_warps<D>(p, ctas, &warps); err != cudaSuccess) return err;
   }
   cudaError_t err = cudaSuccess;
   switch (p.group) {
-    case 1: err = launch_one<T, D, 1, kFixup>(p, grid, warps, stream); break;
-    case 2: err = launch_one<T, D, 2, kFixup>(p, grid, warps, stream); break;
-    case 3: err = launch_one<T, D, 3, kFixup>(p, grid, warps, stream); break;
-    case 4: err = launch_one<T, D, 4, kFixup>(p, grid, warps, stream); break;
-    case 5: err = launch_one<T, D, 5, kFixup>(p, grid, warps, stream); break;
-    case 6: err = launch_one<T, D, 6, kFixup>(p, grid, warps, stream); break;
-    case 7: err = launch_one<T, D, 7, kFixup>(p, grid, warps, stream); break;
-    case 8: err = launch_one<T, D, 8, kFixup>(p, grid, warps, stream); break;
+    case 1: err = launch_one<T, D, 1, kSimt>(p, grid, warps, stream); break;
+    case 2: err = launch_one<T, D, 2, kSimt>(p, grid, warps, stream); break;
+    case 3: err = launch_one<T, D, 3, kSimt>(p, grid, warps, stream); break;
+    case 4: err = launch_one<T, D, 4, kSimt>(p, grid, warps, stream); break;
+    case 5: err = launch_one<T, D, 5, kSimt>(p, grid, warps, stream); break;
+    case 6: err = launch_one<T, D, 6, kSimt>(p, grid, warps, stream); break;
+    case 7: err = launch_one<T, D, 7, kSimt>(p, grid, warps, stream); break;
+    case 8: err = launch_one<T, D, 8, kSimt>(p, grid, warps, stream); break;
     default: return cudaErrorInvalidValue;
   }
   return err != cudaSuccess ? err : cudaGetLastError();
 }
 
-template <typename T, int D>
-cudaError_t launch_dim(const QsaSimpleParams& p, int64_t ctas, cudaStream_t stream) {
-  return p.only_nonfinite ? launch_group<T, D, true>(p, ctas, stream) : launch_group<T, D, false>(p, ctas, stream);
+template <bool kSimt>
+cudaError_t launch(const QsaSimpleParams& p, bool bf16, int head_dim, cudaStream_t stream) {
+  const int64_t ctas = int64_t(p.sel.num_rows) * p.num_kv_heads;
+  if (ctas <= 0) return cudaSuccess;
+  if (ctas > 0x7FFFFFFF) return cudaErrorInvalidConfiguration;
+  if (head_dim == 256)
+    return bf16 ? launch_group<__nv_bfloat16, 256, kSimt>(p, ctas, stream) : launch_group<__half, 256, kSimt>(p, ctas, stream);
+  if (head_dim == 128)
+    return bf16 ? launch_group<__nv_bfloat16, 128, kSimt>(p, ctas, stream) : launch_group<__half, 128, kSimt>(p, ctas, stream);
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace
 
 cudaError_t launch_qsa_simple(const QsaSimpleParams& p, bool bf16, int head_dim, cudaStream_t stream) {
-  const int64_t ctas = int64_t(p.sel.num_rows) * p.num_kv_heads;
-  if (ctas <= 0) return cudaSuccess;
-  if (ctas > 0x7FFFFFFF) return cudaErrorInvalidConfiguration;
-  if (head_dim == 256)
-    return bf16 ? launch_dim<__nv_bfloat16, 256>(p, ctas, stream) : launch_dim<__half, 256>(p, ctas, stream);
-  if (head_dim == 128)
-    return bf16 ? launch_dim<__nv_bfloat16, 128>(p, ctas, stream) : launch_dim<__half, 128>(p, ctas, stream);
-  return cudaErrorInvalidValue;
+  return launch<false>(p, bf16, head_dim, stream);
+}
+
+cudaError_t launch_qsa_simple_simt(const QsaSimpleParams& p, bool bf16, int head_dim, cudaStream_t stream) {
+  return launch<true>(p, bf16, head_dim, stream);
 }
 
 }  // namespace selkv::qsa

@@ -12,4 +12,7 @@ namespace selkv::qsa {
 // p.only_nonfinite: the fix-up pass after the page-4 kernel (only flagged (row, kv head)s run).
 cudaError_t launch_qsa_simple(const QsaSimpleParams& p, bool bf16, int head_dim, cudaStream_t stream);
 
+// The same in the SIMT form on any GPU (the form bf16 takes below SM80; qsa_sparse_prefill_simt).
+cudaError_t launch_qsa_simple_simt(const QsaSimpleParams& p, bool bf16, int head_dim, cudaStream_t stream);
+
 }  // namespace selkv::qsa

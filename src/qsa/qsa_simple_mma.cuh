@@ -116,6 +116,7 @@ __device__ __forceinline__ void mma_attend(const QsaSimpleParams& p, MmaSmem<D, 
   const int64_t cta = blockIdx.x;
   const int32_t r = int32_t(cta / p.num_kv_heads);
   const int32_t kvh = int32_t(cta - int64_t(r) * p.num_kv_heads);
+  if (p.only_nonfinite && !fixup_flagged<T, G>(p, r, kvh)) return;
   const RowSel rs = row_sel(p.sel, r);
   const T* qrow = static_cast<const T*>(p.io.q) + int64_t(r) * p.io.q_row_stride + int64_t(kvh) * G * p.io.q_head_stride;
 

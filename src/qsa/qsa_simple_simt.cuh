@@ -84,9 +84,7 @@ __device__ __forceinline__ float warp_sums_scatter(float (&v)[P], int lane) {
   return x;
 }
 
-// kFixup: the fix-up pass after the page-4 kernel (qsa_api.cpp): the page-4 kernel leaves a NaN in
-// element 0 of the heads it did not serve exactly, and a CTA without one has nothing to do.
-template <typename T, int D, int G, int kWarps, bool kFixup>
+template <typename T, int D, int G, int kWarps>
 __device__ __forceinline__ void simt_attend(const QsaSimpleParams& p) {
   constexpr int kThreads = kWarps * 32;
   constexpr int E = D / 32;  // elements per lane
@@ -96,15 +94,7 @@ __device__ __forceinline__ void simt_attend(const QsaSimpleParams& p) {
   const int64_t cta = blockIdx.x;
   const int32_t r = int32_t(cta / p.num_kv_heads);
   const int32_t kvh = int32_t(cta - int64_t(r) * p.num_kv_heads);
-  if constexpr (kFixup) {
-    bool flagged = false;
-    if (threadIdx.x < unsigned(G)) {
-      const uint16_t x = *reinterpret_cast<const uint16_t*>(static_cast<const T*>(p.io.out) + int64_t(r) * p.io.out_row_stride +
-                                                            (int64_t(kvh) * G + threadIdx.x) * p.io.out_head_stride);
-      flagged = (x & Elem<T>::kExp) == Elem<T>::kExp;
-    }
-    if (__syncthreads_or(flagged) == 0) return;
-  }
+  if (p.only_nonfinite && !fixup_flagged<T, G>(p, r, kvh)) return;
   const RowSel rs = row_sel(p.sel, r);
 
   // q of the G heads, this lane's E elements, in fp32.

@@ -189,7 +189,8 @@ Status qsa_plan(const QsaSparsePrefillParams& p, void* metadata, size_t metadata
 
 // CPU reference of the page-4 group plan (layout src/qsa/qsa_group_layout.h) for groups of
 // rows_per_group (1..32) consecutive rows: group_plan_words(num_rows, max_blocks) int32 words,
-// every one written (unused 0). No argument check: p must have passed the oracle's checks.
-std::vector<int32_t> qsa_group_plan(const QsaSparsePrefillParams& p, int rows_per_group);
+// every one written (unused 0). hand_over: groups whose rows share too little list nothing and
+// flag every row (qsa_plan's rule). No argument check: p must have passed the oracle's checks.
+std::vector<int32_t> qsa_group_plan(const QsaSparsePrefillParams& p, int rows_per_group, bool hand_over = false);
 
 }  // namespace selkv::ref

@@ -3,6 +3,7 @@
 // through the one validity rule of selkv/qsa.h before anything is read.
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -182,12 +183,12 @@ Status qsa_plan(const QsaSparsePrefillParams& p, void* metadata, size_t metadata
                                           metadata, metadata_bytes));
   if (work == qsa::Work::kNone) return Status::Ok();
   const std::vector<int32_t> w =
-      qsa_group_plan(p, qsa::qsa_page4_max_rows(int(p.num_q_heads / p.num_kv_heads)));
+      qsa_group_plan(p, qsa::qsa_page4_max_rows(int(p.num_q_heads / p.num_kv_heads)), /*hand_over=*/true);
   std::memcpy(metadata, w.data(), w.size() * sizeof(int32_t));
   return Status::Ok();
 }
 
-std::vector<int32_t> qsa_group_plan(const QsaSparsePrefillParams& p, int rows_per_group) {
+std::vector<int32_t> qsa_group_plan(const QsaSparsePrefillParams& p, int rows_per_group, bool hand_over) {
   const int64_t R = p.num_rows, K = p.max_blocks, C = qsa::group_capacity(K);
   std::vector<int32_t> w(size_t(qsa::group_plan_words(R, K)), 0);
   if (R <= 0 || rows_per_group < 1 || rows_per_group > qsa::kGroupMaxRows) return w;
@@ -219,7 +220,7 @@ std::vector<int32_t> qsa_group_plan(const QsaSparsePrefillParams& p, int rows_pe
       if (q >= 0 && q < p.num_req && std::find(reqs.begin(), reqs.end(), q) == reqs.end()) reqs.push_back(q);
     }
     const int64_t first = row0 * C;
-    int64_t count = 0;
+    int64_t count = 0, uses = 0;
     for (const int32_t q : reqs) {
       std::map<int64_t, std::array<uint32_t, 4>> blocks;
       for (int j = 0; j < rows; ++j) {
@@ -238,8 +239,15 @@ std::vector<int32_t> qsa_group_plan(const QsaSparsePrefillParams& p, int rows_pe
         pb[1] = int32_t(t % p.page_size);
         uint32_t* words = reinterpret_cast<uint32_t*>(w.data() + qsa::group_tokw_offset(R, K) + 4 * (first + count));
         std::copy(tw.begin(), tw.end(), words);
+        uses += std::popcount(tw[0] | tw[1] | tw[2] | tw[3]);
         ++count;
       }
+    }
+    if (hand_over && count > 0 && uses * qsa::kGroupSharingDen < qsa::kGroupSharingNum * count) {  // too little sharing: the fix-up pass takes every row
+      std::fill(w.begin() + qsa::group_blocks_offset(R) + 2 * first, w.begin() + qsa::group_blocks_offset(R) + 2 * (first + count), 0);
+      std::fill(w.begin() + qsa::group_tokw_offset(R, K) + 4 * first, w.begin() + qsa::group_tokw_offset(R, K) + 4 * (first + count), 0);
+      count = 0;
+      bad = rows >= 32 ? ~0u : (1u << rows) - 1u;
     }
     int32_t* ge = w.data() + qsa::group_table_offset() + 4 * g;
     ge[0] = int32_t(first);

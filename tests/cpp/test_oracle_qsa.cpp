@@ -377,7 +377,7 @@ std::vector<int32_t> make_plan(Problem& pr) {
 }
 
 // The public plan is the group plan of the page-4 route's grouping (qsa_page4_max_rows of Hq /
-// Hkv), every word of qsa_metadata_size written.
+// Hkv) with groups that share too little handed over, every word of qsa_metadata_size written.
 TEST(OracleQsaPlan, IsTheGroupPlanOfTheRouteGrouping) {
   std::mt19937_64 rng(5);
   std::uniform_int_distribution<int> u(0, 1 << 20);
@@ -400,7 +400,7 @@ TEST(OracleQsaPlan, IsTheGroupPlanOfTheRouteGrouping) {
     for (auto form : {QsaSelectionForm::kExpanded, QsaSelectionForm::kCompact}) {
       pr.p.form = form;
       const auto md = make_plan(pr);
-      const auto gp = ref::qsa_group_plan(pr.p, qsa::qsa_page4_max_rows(hq / hkv));
+      const auto gp = ref::qsa_group_plan(pr.p, qsa::qsa_page4_max_rows(hq / hkv), /*hand_over=*/true);
       ASSERT_EQ(md.size(), gp.size());
       EXPECT_EQ(md, gp) << "Hq " << hq << " Hkv " << hkv;
       EXPECT_EQ(md[3], qsa::qsa_page4_max_rows(hq / hkv));
@@ -423,7 +423,7 @@ TEST(OracleQsaPlan, IrregularExpandedRowsAreBad) {
   s[2 * cols + 0] = 6, s[2 * cols + 1] = -1, s[2 * cols + 2] = 4;  // row 2: block 1, tokens 6 and 4
   s[2 * cols + 4] = 0;                                            // and block 0, token 0
   pr.pos[2] = 30;  // causal partial block 7: not selected
-  const auto md = make_plan(pr);
+  const auto md = ref::qsa_group_plan(pr.p, qsa::qsa_page4_max_rows(pr.Hq / pr.Hkv));
   EXPECT_TRUE(irregular_row(pr, 0));
   EXPECT_TRUE(irregular_row(pr, 1));
   EXPECT_FALSE(irregular_row(pr, 2));
@@ -440,6 +440,42 @@ TEST(OracleQsaPlan, IrregularExpandedRowsAreBad) {
 }
 
 // ---- the group plan itself ----
+
+// hand_over (qsa_plan's rule): a group whose blocks' row uses are under kGroupSharingNum /
+// kGroupSharingDen of its block count lists nothing and flags every row; one that shares enough
+// is listed as without it. Rows 0-3 select the same 3 blocks (12 uses, 3 blocks), rows 4-7 3
+// blocks each, all different (12 uses, 12 blocks); groups of 4.
+TEST(OracleQsaGroupPlan, GroupsThatShareLittleAreHandedOver) {
+  Problem pr;
+  pr.R = 8;
+  pr.num_req = 1;
+  pr.width = 6;
+  pr.pages = 6;
+  pr.K = 3;
+  pr.build();
+  pr.lens = {96};
+  for (int64_t r = 0; r < pr.R; ++r) {
+    const int32_t b0 = r < 4 ? 0 : 3 * int32_t(r - 4);
+    pr.select(r, 0, 95, {b0, b0 + 1, b0 + 2});
+  }
+  for (auto form : {QsaSelectionForm::kExpanded, QsaSelectionForm::kCompact}) {
+    pr.p.form = form;
+    const auto all = ref::qsa_group_plan(pr.p, 4);
+    const auto route = ref::qsa_group_plan(pr.p, 4, /*hand_over=*/true);
+    int32_t bad;
+    // The causal partial block of position 95 is empty (96 tokens = 24 complete blocks).
+    EXPECT_EQ(group_blocks(all, pr.R, pr.K, 0, &bad).size(), 3u);
+    EXPECT_EQ(group_blocks(route, pr.R, pr.K, 0, &bad).size(), 3u);
+    EXPECT_EQ(bad, 0);
+    EXPECT_EQ(group_blocks(all, pr.R, pr.K, 1, &bad).size(), 12u);
+    EXPECT_EQ(bad, 0);
+    EXPECT_TRUE(group_blocks(route, pr.R, pr.K, 1, &bad).empty());
+    EXPECT_EQ(bad, 0xF);
+    // The handed-over group's room is all zero, as if it had listed nothing.
+    for (int64_t k = 2 * (pr.K + 1) * 2; k < 2 * (pr.K + 1) * 4; ++k)
+      EXPECT_EQ(route[size_t(qsa::group_blocks_offset(pr.R) + k)], 0) << k;
+  }
+}
 
 // plan_example: row 0's blocks in ascending logical order (0, 1, 5, 9, then its causal partial block
 // 10 with 3 tokens), row 1 with nothing valid, row 2 bad (block 7 selected, and its causal partial

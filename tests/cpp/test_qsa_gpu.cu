@@ -25,6 +25,7 @@
 #include "gpu_test_util.h"
 #include "qsa/qsa_group_layout.h"
 #include "qsa/qsa_group_plan.h"
+#include "qsa/qsa_page4.h"
 #include "qsa_gpu_util.h"
 #include "qsa_test_util.h"
 #include "reference/oracle.h"
@@ -91,6 +92,38 @@ TEST(QsaGpu, MatchesOracleAcrossDtypeHeadDimGroupAndPageSize) {
           if (!test::full_grid() && !(G == 2 && D == 256)) continue;
           check_config(c, seed + uint64_t(G * 1000 + D + int(dt) + K));
         }
+}
+
+// The SIMT form (what bf16 takes below SM80, which the H200 never routes to) on Hopper through
+// qsa_sparse_prefill_simt: against the oracle, both forms of the selection the same bits.
+TEST(QsaGpu, SimtFormMatchesOracle) {
+  SELKV_REQUIRE_GPU();
+  const uint64_t seed = test::test_seed() + 3;
+  SCOPED_TRACE("SELKV_TEST_SEED=" + std::to_string(test::test_seed()));
+  for (QsaDtype dt : {QsaDtype::kFp16, QsaDtype::kBf16})
+    for (int D : {256, 128})
+      for (int G : {1, 6}) {
+        Config c;
+        c.dtype = dt;
+        c.D = D;
+        c.G = G;
+        c.K = 96;
+        c.max_len = 1600;
+        c.interleaved = G == 6;
+        std::mt19937_64 rng(seed + uint64_t(D + G + int(dt)));
+        Problem pr = make_problem(c, rng);
+        poison_unused(pr);
+        DeviceProblem dp(pr);
+        const std::string w = c.name() + " SIMT";
+        pr.p.form = QsaSelectionForm::kExpanded;
+        const Result ref = run_oracle(pr);
+        const auto simt = [](QsaSparsePrefillParams p) { return qsa::qsa_sparse_prefill_simt(p, nullptr); };
+        const Result ge = run_gpu_with(dp, pr, QsaSelectionForm::kExpanded, w + " expanded", simt);
+        const Result gc = run_gpu_with(dp, pr, QsaSelectionForm::kCompact, w + " compact", simt);
+        EXPECT_GT(expect_close(pr, ge, ref, w + " expanded"), 0) << w << ": the problem should hold empty rows";
+        EXPECT_TRUE(test::bits_equal(ge.out, gc.out)) << w << ": expanded vs compact out";
+        EXPECT_TRUE(test::bits_equal(ge.lse, gc.lse)) << w << ": expanded vs compact lse";
+      }
 }
 
 TEST(QsaGpu, PageSize784AndLongSelections) {
@@ -211,6 +244,7 @@ TEST(QsaGpu, IrregularExpandedRowsStayExact) {
                               {3, -1, 77, 5000, 101, 100, 99, 98}};  // garbage, then a reversed group
   for (int r = 0; r < 4; ++r)
     for (int i = 0; i < 8; ++i) s0[r * cols + i] = rows[r][i];
+  for (int i = 0; i < 8; ++i) s0[4 * cols + i] = rows[2][i];  // row 4 shares row 2's blocks: the group is listed
   poison_unused(pr);
   DeviceProblem dp(pr);
   const Result ref = run_oracle(pr);
@@ -219,8 +253,8 @@ TEST(QsaGpu, IrregularExpandedRowsStayExact) {
   expect_plan_equal(dp, pr, QsaSelectionForm::kExpanded, "irregular plan");
   std::vector<int32_t> md(qsa_metadata_size(pr.R, pr.K) / 4);
   ASSERT_TRUE(ref::qsa_plan(pr.p, md.data(), md.size() * 4).ok());
-  // Group 0 (all 8 rows): rows 0, 1 and 3 are bad (row 3's groups each span two blocks), row 2 and
-  // the empty rows 4-7 are not.
+  // Group 0 (all 8 rows): rows 0, 1 and 3 are bad (row 3's groups each span two blocks), rows 2, 4
+  // and the empty rows 5-7 are not.
   EXPECT_EQ(md[size_t(qsa::group_table_offset() + 2)], 0x0B);
 }
 
@@ -405,19 +439,20 @@ TEST(QsaGpu, GroupPlanMatchesReference) {
     DevBuf gp(bytes);
     for (QsaSelectionForm form : {QsaSelectionForm::kExpanded, QsaSelectionForm::kCompact}) {
       if (sh.partial && form == QsaSelectionForm::kCompact) continue;  // the holes are in the expanded form
-      for (int rpg : {1, 6, 10, 32}) {
-        const std::string w = "len " + std::to_string(sh.max_len) + (sh.partial ? " partial" : "") +
-                              (form == QsaSelectionForm::kCompact ? " compact" : " expanded") + " rpg " +
-                              std::to_string(rpg);
-        QsaSparsePrefillParams p = dp.p;
-        p.form = form;
-        CUDA_OK(cudaMemset(gp.ptr, 0x55, bytes));
-        const Status st = qsa::qsa_group_plan(p, rpg, gp.ptr, bytes, nullptr);
-        ASSERT_TRUE(st.ok()) << w << ": " << st.to_string();
-        ASSERT_TRUE(test::sync_or_abort(nullptr, w.c_str()));
-        pr.p.form = form;
-        EXPECT_TRUE(test::bits_equal(test::down<int32_t>(gp, bytes / 4), ref::qsa_group_plan(pr.p, rpg))) << w;
-      }
+      for (int rpg : {1, 6, 10, 32})
+        for (bool hand_over : {false, true}) {
+          const std::string w = "len " + std::to_string(sh.max_len) + (sh.partial ? " partial" : "") +
+                                (form == QsaSelectionForm::kCompact ? " compact" : " expanded") + " rpg " +
+                                std::to_string(rpg) + (hand_over ? " hand_over" : "");
+          QsaSparsePrefillParams p = dp.p;
+          p.form = form;
+          CUDA_OK(cudaMemset(gp.ptr, 0x55, bytes));
+          const Status st = qsa::qsa_group_plan(p, rpg, gp.ptr, bytes, nullptr, hand_over);
+          ASSERT_TRUE(st.ok()) << w << ": " << st.to_string();
+          ASSERT_TRUE(test::sync_or_abort(nullptr, w.c_str()));
+          pr.p.form = form;
+          EXPECT_TRUE(test::bits_equal(test::down<int32_t>(gp, bytes / 4), ref::qsa_group_plan(pr.p, rpg, hand_over))) << w;
+        }
     }
   }
 }

@@ -42,15 +42,29 @@ int group_rows(const QsaSparsePrefillParams& p, int rows_per_cta) {
   return rows_per_cta != 0 ? rows_per_cta : qsa::qsa_page4_max_rows(p.num_q_heads / p.num_kv_heads);
 }
 
-// The GPU group plan of dp's selection in `form` for the page-4 route's grouping.
-std::unique_ptr<DevBuf> gpu_plan(const DeviceProblem& dp, QsaSelectionForm form, size_t* bytes, int rows_per_cta = 0) {
+// The GPU group plan of dp's selection in `form` for the page-4 route's grouping (hand_over: the
+// route's rule for groups that share too little; without it every group is listed).
+std::unique_ptr<DevBuf> gpu_plan(const DeviceProblem& dp, QsaSelectionForm form, size_t* bytes, int rows_per_cta = 0,
+                                 bool hand_over = false) {
   QsaSparsePrefillParams p = dp.p;
   p.form = form;
   *bytes = size_t(qsa::group_plan_words(p.num_rows, p.max_blocks)) * 4;
   auto md = std::make_unique<DevBuf>(*bytes);
-  const Status st = qsa::qsa_group_plan(p, group_rows(p, rows_per_cta), md->ptr, *bytes, nullptr);
+  const Status st = qsa::qsa_group_plan(p, group_rows(p, rows_per_cta), md->ptr, *bytes, nullptr, hand_over);
   EXPECT_TRUE(st.ok()) << st.to_string();
   return md;
+}
+
+// Groups of dp's expanded-form GPU plan with the route's rule that list blocks.
+int64_t listed_groups(const DeviceProblem& dp) {
+  size_t bytes = 0;
+  const auto md = gpu_plan(dp, QsaSelectionForm::kExpanded, &bytes, 0, /*hand_over=*/true);
+  if (!test::sync_or_abort(nullptr, "listed_groups")) return 0;
+  const std::vector<int32_t> plan = test::down<int32_t>(*md, bytes / 4);
+  const int64_t groups = plan[4];
+  int64_t n = 0;
+  for (int64_t g = 0; g < groups; ++g) n += plan[size_t(qsa::group_table_offset() + 4 * g + 1)] > 0 ? 1 : 0;
+  return n;
 }
 
 // The page-4 route on dp in `form`, over `md` (null: a fresh GPU group plan of the same form and
@@ -205,6 +219,15 @@ TEST(QsaPage4Gpu, MergeWindowsAndPartialBlocks) {
       std::mt19937_64 rng(seed + uint64_t(D + G));
       Problem pr = make_problem(c, rng);
       const int64_t cols = qsa_expanded_cols(c.K);
+      // Rows of one request in a group select the group's first such row's complete blocks (their
+      // own partial blocks kept), so the groups share enough to be listed (kGroupSharingNum).
+      const int rows = qsa::qsa_page4_max_rows(G);
+      for (int64_t r = 0; r < c.R; ++r)
+        for (int64_t r0 = r - r % rows; r0 < r; ++r0)
+          if (pr.req[size_t(r0)] == pr.req[size_t(r)]) {
+            std::copy_n(pr.sel.begin() + r0 * cols, 4 * c.K, pr.sel.begin() + r * cols);
+            break;
+          }
       for (int64_t r = 8; r < 24; ++r)
         for (int k = 0; k < c.K; ++k) pr.sel[size_t(r * cols + 4 * k + 3)] = -1;
       poison_unused(pr);
@@ -216,7 +239,72 @@ TEST(QsaPage4Gpu, MergeWindowsAndPartialBlocks) {
       const Result simple = run_gpu(dp, pr, QsaSelectionForm::kExpanded, w + " simple", true);
       expect_close(pr, g, ref, w + " page4 vs oracle");
       expect_close(pr, g, simple, w + " page4 vs simple");
+      expect_plan_equal(dp, pr, QsaSelectionForm::kExpanded, w + " plan");
+      EXPECT_GT(listed_groups(dp), 0) << w << ": some groups should be listed";
     }
+}
+
+// A group whose rows share too little (row uses of its blocks under kGroupSharingNum /
+// kGroupSharingDen times its block count) lists no block and flags every row: the fix-up pass (the simple kernel) serves it
+// whole and exactly. Random 64-block selections of ~5000-block contexts (sharing ~1) beside one
+// group whose rows all select the same blocks: the plan (GPU == CPU reference) lists that group
+// alone; page-4 route == oracle and == the simple kernel.
+TEST(QsaPage4Gpu, GroupsThatShareLittleGoToTheFixUpWhole) {
+  SELKV_REQUIRE_GPU();
+  const uint64_t seed = test::test_seed() + 41;
+  SCOPED_TRACE("SELKV_TEST_SEED=" + std::to_string(test::test_seed()));
+  for (QsaDtype dt : {QsaDtype::kFp16, QsaDtype::kBf16}) {
+    Config c;
+    c.dtype = dt;
+    c.D = 256;
+    c.G = 6;
+    c.Hkv = 1;
+    c.P = 16;
+    c.K = 64;
+    c.num_req = 2;
+    c.max_len = 20000;
+    c.R = 40;
+    std::mt19937_64 rng(seed + uint64_t(dt));
+    Problem pr = make_problem(c, rng);
+    const int64_t cols = qsa_expanded_cols(c.K);
+    const int rows = qsa::qsa_page4_max_rows(c.G);
+    // Group 1: the longest request's last position, K blocks spread over its context, the partial block.
+    const int q = pr.lens[0] >= pr.lens[1] ? 0 : 1;
+    const int32_t pos = pr.lens[size_t(q)] - 1, nblk = (pos + 1) / 4;
+    ASSERT_GE(nblk, c.K) << "the generator's longest request should hold K blocks";
+    for (int64_t r = rows; r < 2 * rows; ++r) {
+      pr.req[size_t(r)] = q;
+      pr.pos[size_t(r)] = pos;
+      int32_t* row = pr.sel.data() + r * cols;
+      for (int k = 0; k < c.K; ++k)
+        for (int i = 0; i < 4; ++i) row[4 * k + i] = 4 * (k * (nblk / c.K)) + i;
+      for (int i = 0; i < 3; ++i) row[4 * c.K + i] = 4 * nblk + i <= pos ? 4 * nblk + i : -1;
+    }
+    poison_unused(pr);
+    DeviceProblem dp(pr);
+    pr.p.form = QsaSelectionForm::kExpanded;
+    const std::string w = c.name();
+    expect_plan_equal(dp, pr, QsaSelectionForm::kExpanded, w + " plan");
+    size_t bytes = 0;
+    const auto md = gpu_plan(dp, QsaSelectionForm::kExpanded, &bytes, 0, /*hand_over=*/true);
+    ASSERT_TRUE(test::sync_or_abort(nullptr, w));
+    const std::vector<int32_t> plan = test::down<int32_t>(*md, bytes / 4);
+    for (int64_t g = 0; g * rows < c.R; ++g) {
+      const int32_t* ge = plan.data() + qsa::group_table_offset() + 4 * g;
+      const int n = int(std::min<int64_t>(rows, c.R - g * rows));
+      if (g == 1) {
+        EXPECT_GT(ge[1], 0) << w << ": the sharing group is listed";
+      } else {
+        EXPECT_EQ(ge[1], 0) << w << ": group " << g << " shares too little to be listed";
+        EXPECT_EQ(uint32_t(ge[2]), (1u << n) - 1u) << w << ": group " << g << " all rows to the fix-up";
+      }
+    }
+    const Result ref = run_oracle(pr);
+    const Result g4 = run_page4(dp, pr, QsaSelectionForm::kExpanded, w + " page4", 0, md.get());
+    const Result simple = run_gpu(dp, pr, QsaSelectionForm::kExpanded, w + " simple", true);
+    expect_close(pr, g4, ref, w + " page4 vs oracle");
+    expect_close(pr, g4, simple, w + " page4 vs simple");
+  }
 }
 
 // Rows the page-4 kernel cannot serve go through the fix-up pass and stay exact: rows the group

@@ -466,7 +466,7 @@ def plan_model(pb, form, num_pages, P, Hq, Hkv):
             q = int(pb["req_ids"][r])
             if 0 <= q < num_req and q not in reqs:
                 reqs.append(q)
-        first, n = g * rpg * C, 0
+        first, n, uses = g * rpg * C, 0, 0
         for q in reqs:
             union = {}
             for j, r in enumerate(rows):
@@ -482,7 +482,13 @@ def plan_model(pb, form, num_pages, P, Hq, Hkv):
                 k = first + n
                 w[blocks_at + 2 * k], w[blocks_at + 2 * k + 1] = int(pb["table"][q, t // P]), t % P
                 w[words_at + 4 * k : words_at + 4 * k + 4] = [x - (1 << 32) if x >= 1 << 31 else x for x in union[b]]
+                uses += bin(union[b][0] | union[b][1] | union[b][2] | union[b][3]).count("1")
                 n += 1
+        if n > 0 and 4 * uses < 7 * n:  # too little sharing: the fix-up pass takes every row (kGroupSharingNum / Den)
+            for k in range(first, first + n):
+                w[blocks_at + 2 * k : blocks_at + 2 * k + 2] = [0, 0]
+                w[words_at + 4 * k : words_at + 4 * k + 4] = [0, 0, 0, 0]
+            n, bad = 0, (1 << len(rows)) - 1
         w[8 + 4 * g : 8 + 4 * g + 4] = [first, n, bad - (1 << 32) if bad >= 1 << 31 else bad, 0]
     return torch.tensor(w, dtype=torch.int32)
 
@@ -555,26 +561,27 @@ def test_cpu_plan_irregular_rows(selkv):
     """Expanded groups that are not one block's distinct tokens make the row bad (its bit in the
     group's bad mask, no token bits); the other rows keep their blocks."""
     P, K = 16, 2
-    sel = torch.full((4, 4 * K + 3), -1, dtype=torch.int32)
+    sel = torch.full((5, 4 * K + 3), -1, dtype=torch.int32)
     sel[0, :4] = torch.tensor([8, 9, 10, 11])   # block 2: regular
     sel[0, 4:6] = torch.tensor([0, 1])          # block 0, partial group: regular
     sel[1, :4] = torch.tensor([2, 3, 4, 5])     # blocks 0 and 1 in one group
     sel[2, :2] = torch.tensor([5, 5])           # a repeated token
     sel[3, :4] = torch.tensor([-1, 40, 41, -1])  # block 10, past the live length: dropped
+    sel[4] = sel[0]                             # row 0's blocks again: the group shares enough to be listed
     pb = dict(selection=sel, table=torch.tensor([[1, 0, 2]], dtype=torch.int32),
-              seq_lens=torch.tensor([24], dtype=torch.int32), req_ids=torch.zeros(4, dtype=torch.int32),
-              positions=torch.tensor([9, 9, 9, 9], dtype=torch.int32),
-              q=torch.empty((4, 2, 128)), kv=torch.empty((3, 2, P, 1, 128)))
+              seq_lens=torch.tensor([24], dtype=torch.int32), req_ids=torch.zeros(5, dtype=torch.int32),
+              positions=torch.tensor([9, 9, 9, 9, 9], dtype=torch.int32),
+              q=torch.empty((5, 2, 128)), kv=torch.empty((3, 2, P, 1, 128)))
     md = make_plan(selkv, pb, "expanded")
     words = md.view(torch.int32)
     assert torch.equal(words, plan_model(pb, "expanded", 3, P, 2, 1))
-    R, K = 4, 2
-    assert words[8:12].tolist() == [0, 2, 0b0110, 0]  # group 0 (all 4 rows): 2 blocks, rows 1 and 2 bad
+    R, K = 5, 2
+    assert words[8:12].tolist() == [0, 2, 0b00110, 0]  # group 0 (all 5 rows): 2 blocks, rows 1 and 2 bad
     blocks_at = 8 + 4 * R
     words_at = (blocks_at + 2 * R * (K + 1) + 3) // 4 * 4
     # row 0's blocks 0 and 2 (its causal partial block, position 9, after block 0), page 1 (table[0, 0])
     assert words[blocks_at : blocks_at + 4].tolist() == [1, 0, 1, 8]
-    assert words[words_at : words_at + 8].tolist() == [1, 1, 0, 0, 1, 1, 1, 1]
+    assert words[words_at : words_at + 8].tolist() == [17, 17, 0, 0, 17, 17, 17, 17]  # rows 0 and 4
     assert (words[words_at + 8 :] == 0).all()
 
 
@@ -794,12 +801,15 @@ def test_cuda_plan_equals_cpu_plan(selkv, cuda_device, gen, P, form):
 
 
 def test_cuda_plan_irregular_rows(selkv, cuda_device):
-    sel = torch.full((3, 11), -1, dtype=torch.int32)
+    # Row 3 selects row 0's blocks, so the group shares enough to be listed (qsa_plan hands a group
+    # whose rows share too little to the fix-up whole).
+    sel = torch.full((4, 11), -1, dtype=torch.int32)
     sel[0, :6] = torch.tensor([8, 9, 10, 11, 0, 1])
     sel[1, :4] = torch.tensor([2, 3, 4, 5])
     sel[2, :2] = torch.tensor([5, 5])
+    sel[3, :6] = sel[0, :6]
     args = (torch.tensor([[1, 0, 2]], dtype=torch.int32), torch.tensor([24], dtype=torch.int32),
-            torch.zeros(3, dtype=torch.int32), torch.tensor([9, 9, 9], dtype=torch.int32))
+            torch.zeros(4, dtype=torch.int32), torch.tensor([9, 9, 9, 9], dtype=torch.int32))
     kw = dict(num_q_heads=2, num_kv_heads=1, head_dim=128, num_pages=3, page_size=16)
     cpu_md = selkv.qsa_plan(*args, selection=sel, **kw)
     md = selkv.qsa_plan(*(a.to(cuda_device) for a in args), selection=sel.to(cuda_device), **kw)
