@@ -10,11 +10,9 @@
 //   cp_async_commit / cp_async_wait_group<N> / cp_async_wait_all  this thread's cp.async groups
 //   cp_async_arrive      an mbarrier arrival once this thread's earlier cp.async copies land
 //   smem_addr            a shared-memory pointer as a 32-bit shared address
-//   mbar_init / mbar_arrive / mbar_expect_tx / mbar_wait   mbarrier phases (shared::cta);
-//                        fence_mbarrier_init makes initialized barriers visible to the async proxy
-//   fence_proxy_async    generic-proxy shared-memory accesses before async-proxy ones (wgmma reads,
-//                        bulk-copy writes)
-//   bulk_copy_g2s        cp.async.bulk global -> shared, its bytes completing on an mbarrier
+//   mbar_init / mbar_arrive / mbar_wait   mbarrier phases (shared::cta); fence_mbarrier_init
+//                        makes initialized barriers visible to the async proxy
+//   fence_proxy_async    generic-proxy shared-memory accesses before async-proxy ones (wgmma reads)
 #pragma once
 
 #include <cuda_bf16.h>
@@ -87,11 +85,6 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
 
-// One arrival that also expects `bytes` more transaction bytes in the current phase.
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-
 // Waits for the barrier's phase `parity` to complete.
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   uint32_t done = 0;
@@ -109,13 +102,5 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 }
 
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-
-// `bytes` (a multiple of 16; both addresses 16-byte aligned) from global to shared memory by the
-// bulk-copy engine, completing on the mbarrier `bar`.
-__device__ __forceinline__ void bulk_copy_g2s(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-               "l"(src), "r"(bytes), "r"(bar)
-               : "memory");
-}
 
 }  // namespace selkv::sm90
