@@ -81,8 +81,9 @@ inline constexpr int kColGroups = (kQsaWarpMaxChunks + 1) / 2;  // 32-column gro
 
 template <int D, int W>
 struct alignas(128) MmaSmem {
-  // Below SM80, Q^T and 8 more elements: the score tile's rows 8-15 (heads past 8) read each dim's
-  // next 8 elements, the next dim's heads, finite values whose score rows are never used.
+  // Q: from SM80 its 8 rows, swizzled like the K rows; below, Q^T and 8 more elements (the score
+  // tile's rows 8-15, heads past 8, read each dim's next 8 elements, the next dim's heads: finite
+  // values whose score rows are never used).
   uint16_t qt[D * MmaTile<D>::kQtLd + 16];
   MmaWarpSmem<D> warp[W];
   uint8_t group_live[kColGroups];  // expanded: 32-column group g's two chunks, a non-negative token in them
