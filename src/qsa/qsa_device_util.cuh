@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "qsa/qsa_kernel_params.h"
 #include "sm90/device_ops.cuh"  // cp.async copies and groups (emitted only from SM80)
 
 namespace selkv::qsa {
@@ -93,8 +94,8 @@ __device__ __forceinline__ void copies_wait() {
 // The fix-up pass after the page-4 kernel (p.only_nonfinite; qsa_api.cpp): the page-4 kernel leaves
 // a NaN in element 0 of the heads of a (row, kv head) it did not serve exactly. Whether this CTA's
 // has one (CTA-wide; a CTA without one has nothing to do). Every thread calls it.
-template <typename T, int G, typename Params>
-__device__ __forceinline__ bool fixup_flagged(const Params& p, int32_t r, int32_t kvh) {
+template <typename T, int G>
+__device__ __forceinline__ bool fixup_flagged(const QsaSimpleParams& p, int32_t r, int32_t kvh) {
   bool flagged = false;
   if (threadIdx.x < unsigned(G)) {
     const uint16_t x = *reinterpret_cast<const uint16_t*>(static_cast<const T*>(p.io.out) + int64_t(r) * p.io.out_row_stride +

@@ -28,8 +28,4 @@ extern template cudaError_t launch_qsa_page4<__nv_bfloat16, 128>(const QsaPage4P
 // default qsa_page4_max_rows(Hq / Hkv), else in [1, qsa_page4_max_rows(Hq / Hkv)]. SM90 only.
 Status qsa_sparse_prefill_page4(const QsaSparsePrefillParams& p, cudaStream_t stream, int rows_per_cta = 0);
 
-// The simple kernel in its SIMT form whatever the GPU (the form bf16 takes below SM80; the tests run
-// it on Hopper): the argument checks, then one SIMT CTA per (row, kv head).
-Status qsa_sparse_prefill_simt(const QsaSparsePrefillParams& p, cudaStream_t stream);
-
 }  // namespace selkv::qsa

@@ -231,9 +231,9 @@ __device__ __forceinline__ void mma_attend(const QsaSimpleParams& p, MmaSmem<D, 
   const T* k_smem = reinterpret_cast<const T*>(&ws.kbuf.k[0][0]);
   const T* v_smem = reinterpret_cast<const T*>(&ws.v[0][0]);
   const T* p_smem = reinterpret_cast<const T*>(&ws.p[0][0]);
-  const uint32_t q_rows_addr = uint32_t(__cvta_generic_to_shared(&sm.qt[0]));
-  const uint32_t k_rows_addr = uint32_t(__cvta_generic_to_shared(&ws.kbuf.k[0][0]));
-  const uint32_t v_rows_addr = uint32_t(__cvta_generic_to_shared(&ws.v[0][0]));
+  const uint32_t q_rows_addr = sm90::smem_addr(&sm.qt[0]);
+  const uint32_t k_rows_addr = sm90::smem_addr(&ws.kbuf.k[0][0]);
+  const uint32_t v_rows_addr = sm90::smem_addr(&ws.v[0][0]);
 
   // Column `chunk` * 16 + lane % 16 resolved in three steps an iteration apart, each using a load
   // issued an iteration earlier, so no warp waits on a selection or block-table read: its selection

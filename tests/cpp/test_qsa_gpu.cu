@@ -25,7 +25,7 @@
 #include "gpu_test_util.h"
 #include "qsa/qsa_group_layout.h"
 #include "qsa/qsa_group_plan.h"
-#include "qsa/qsa_page4.h"
+#include "qsa/qsa_simple.h"
 #include "qsa_gpu_util.h"
 #include "qsa_test_util.h"
 #include "reference/oracle.h"
