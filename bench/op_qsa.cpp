@@ -16,7 +16,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <numeric>
 
 #include "cache_common.h"
@@ -135,6 +137,13 @@ class QsaWorkload final : public Workload {
     // plan), built once here and passed along (the simple kernel does not read it).
     md_bytes_ = qsa_metadata_size(s.rows, s.max_blocks);
     md_ = DeviceBuffer(md_bytes_);
+    // The page-4 route's workspace; SELKV_BENCH_QSA_NO_WORKSPACE=1 leaves it out (whole groups a
+    // CTA), for A/B runs.
+    const char* no_ws = std::getenv("SELKV_BENCH_QSA_NO_WORKSPACE");
+    if (no_ws == nullptr || std::string(no_ws) != "1") {
+      ws_bytes_ = qsa_workspace_size(s.dim);
+      ws_ = DeviceBuffer(ws_bytes_);
+    }
     const QsaSparsePrefillParams p = params(q_.get(), kv_.get(), table_d_.as<int32_t>(), lens_d_.as<int32_t>(),
                                             req_d_.as<int32_t>(), pos_d_.as<int32_t>(), sel_d_.as<int32_t>(),
                                             out_.get(), lse_.as<float>(), s.rows);
@@ -278,6 +287,8 @@ class QsaWorkload final : public Workload {
                                       lse_.as<float>(), s_.rows);
     p.metadata = md_.get();
     p.metadata_bytes = md_bytes_;
+    p.workspace = ws_bytes_ > 0 ? ws_.get() : nullptr;
+    p.workspace_bytes = ws_bytes_;
     return p;
   }
 
@@ -286,8 +297,8 @@ class QsaWorkload final : public Workload {
   int32_t num_req_ = 0;
   int64_t unique_tokens_ = 0, gathered_tokens_ = 0;
   std::vector<int32_t> table_, lens_, req_, pos_, sel_;
-  DeviceBuffer q_, kv_, table_d_, lens_d_, req_d_, pos_d_, sel_d_, out_, lse_, md_;
-  size_t md_bytes_ = 0;
+  DeviceBuffer q_, kv_, table_d_, lens_d_, req_d_, pos_d_, sel_d_, out_, lse_, md_, ws_;
+  size_t md_bytes_ = 0, ws_bytes_ = 0;
 };
 
 QsaShape shape_from(const Params& p) {

@@ -128,6 +128,13 @@ struct QsaSparsePrefillParams {
   // the oracle. Null: the launcher cannot take the page-4 route.
   const void* metadata = nullptr;
   size_t metadata_bytes = 0;
+  // Scratch of the page-4 route (qsa_workspace_size(head_dim) bytes, 16-byte aligned, device
+  // memory; no initial contents), or null. With it the page-4 kernel gives every SM an equal share
+  // of the call's tiles, splitting a group between two SMs where a share ends; without it a CTA
+  // takes whole groups (the last wave of groups runs on few SMs). Written by every page-4 call:
+  // calls that can run at the same time need distinct workspaces. Unused by the simple kernel.
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
 };
 
 // Argument validation only (no launch), with the GPU's alignment rules; qsa_sparse_prefill runs
@@ -169,6 +176,10 @@ QsaKernel qsa_route(const QsaSparsePrefillParams& p);
 // sizes or zero rows): 4 * (round_up(8 + 4 R + 2 R (K + 1), 4) + 4 R (K + 1)). Layout:
 // src/qsa/qsa_group_layout.h.
 size_t qsa_metadata_size(int64_t num_rows, int64_t max_blocks);
+
+// Bytes of the page-4 route's workspace (QsaSparsePrefillParams::workspace) for head_dim (128 or
+// 256; 0 otherwise): the same on every GPU and for every call of that head dim.
+size_t qsa_workspace_size(int64_t head_dim);
 
 // Builds the plan of p's selection into `metadata` (device memory, qsa_metadata_size bytes,
 // 16-byte aligned) for p's Hq / Hkv (the grouping depends on it). Reads the selection, req_ids,

@@ -14,7 +14,7 @@ Modules:
     :mod:`selkv.merge`      -- LSE merge of partial attention results (and vLLM's form)
     :mod:`selkv.packed`     -- packed selected-KV buffers: pack the selected records, patch entries
     :mod:`selkv.qsa`        -- QSA sparse prefill over selected 4-token blocks of a paged fp16 / bf16
-                               cache, and its page-4 plan (qsa_plan / qsa_metadata_size / qsa_page4_wanted)
+                               cache, and its page-4 plan (qsa_plan / qsa_metadata_size / qsa_page4_wanted / qsa_workspace_size)
     :mod:`selkv.flash_mla`  -- FlashMLA-compatible names (drop-in import)
     :mod:`selkv.dsa`        -- one DSA attention step for a mixed batch (plan / run)
     :mod:`selkv.dcp`        -- decode context parallelism: sharded cache, all-gather + C9 merge
@@ -44,7 +44,7 @@ from .decode import (  # noqa: E402
 )
 from .dsa import DsaAttention, DsaPlan, DsaPolicy  # noqa: E402
 from .merge import merge_attn_states, merge_attn_states_vllm  # noqa: E402
-from .qsa import qsa_metadata_size, qsa_page4_wanted, qsa_plan, qsa_sparse_prefill  # noqa: E402
+from .qsa import qsa_metadata_size, qsa_page4_wanted, qsa_plan, qsa_sparse_prefill, qsa_workspace_size  # noqa: E402
 from .packed import pack_selected_kv, packed_kv_workspace_size, patch_packed_kv  # noqa: E402
 from .prefill import dequant_prefill_workspace_size, dequant_selected, dequant_selected_workspace_rows, dequant_sparse_prefill, gather_prefill_workspace_size, gather_sparse_prefill, sparse_prefill  # noqa: E402,E501
 from .formats import (  # noqa: E402
@@ -100,6 +100,7 @@ __all__ = [
     "qsa_page4_wanted",
     "qsa_plan",
     "qsa_sparse_prefill",
+    "qsa_workspace_size",
     "record_bytes",
     "sparse_mla_decode",
     "sparse_mla_decode_packed",

@@ -34,7 +34,7 @@ import torch
 
 from ._ops import ops as _ops
 
-__all__ = ["qsa_metadata_size", "qsa_page4_wanted", "qsa_plan", "qsa_sparse_prefill"]
+__all__ = ["qsa_metadata_size", "qsa_page4_wanted", "qsa_plan", "qsa_sparse_prefill", "qsa_workspace_size"]
 
 
 def qsa_sparse_prefill(
@@ -54,6 +54,7 @@ def qsa_sparse_prefill(
     out: torch.Tensor | None = None,
     return_lse: bool = False,
     metadata: torch.Tensor | None = None,
+    workspace: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Sparse attention of each query row over its selected cache tokens (C8).
 
@@ -80,6 +81,11 @@ def qsa_sparse_prefill(
             or ``SELKV_QSA_PAGE4=0`` keep the simple kernel). The page-4 kernel attends to the plan's selection, not the call's: re-plan
             whenever the selection, ``seq_lens`` or the block table change. CPU and Meta check the
             plan's size and ignore its contents.
+        workspace: the page-4 route's scratch (uint8, :func:`qsa_workspace_size` ``(D)`` bytes or
+            more, on q's device, no initial contents): with it the page-4 kernel gives every SM an
+            equal share of the call's tiles. ``None`` (default): a CUDA call that takes the page-4
+            route allocates one from torch's caching allocator (pass a reused one to avoid that);
+            other calls need none. Written by the call: concurrent calls need distinct workspaces.
 
     Returns:
         ``out``, or ``(out, lse)`` when ``return_lse``.
@@ -91,11 +97,29 @@ def qsa_sparse_prefill(
     lse = None
     if return_lse:
         lse = torch.empty(tuple(q.shape[:2]), dtype=torch.float32, device=q.device)
+    if (workspace is None and metadata is not None and not force_simple and q.is_cuda and q.dim() == 3
+            and qsa_page4_wanted(q.shape[0], _max_blocks(selection, block_ids))):
+        workspace = torch.empty(qsa_workspace_size(q.shape[2]), dtype=torch.uint8, device=q.device)
     _ops.qsa_sparse_prefill(
         q, k_cache, v_cache, block_table, seq_lens, req_ids, positions,
-        selection, block_ids, block_counts, float(scale), bool(force_simple), out, lse, metadata,
+        selection, block_ids, block_counts, float(scale), bool(force_simple), out, lse, metadata, workspace,
     )
     return (out, lse) if return_lse else out
+
+
+def _max_blocks(selection: torch.Tensor | None, block_ids: torch.Tensor | None) -> int:
+    """K of a call from its selection's shape (expanded: (cols - 3) / 4; compact: block_ids' width)."""
+    if selection is not None and selection.dim() == 2:
+        return (selection.shape[1] - 3) // 4
+    if block_ids is not None and block_ids.dim() == 2:
+        return block_ids.shape[1]
+    return 0
+
+
+def qsa_workspace_size(head_dim: int) -> int:
+    """Bytes of the page-4 route's workspace for ``head_dim`` (128 or 256; 0 otherwise), the same
+    for every call and GPU (``selkv::qsa_workspace_size``)."""
+    return int(_ops.qsa_workspace_size(int(head_dim)))
 
 
 def qsa_metadata_size(num_rows: int, max_blocks: int) -> int:

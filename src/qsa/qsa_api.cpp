@@ -15,6 +15,7 @@
 #include "common/arch.h"
 #include "common/check.h"
 #include "common/cuda_check.h"
+#include "common/resident_ctas.h"  // device_sm_count
 #include "common/sm_scale.h"
 #include "qsa/qsa_checks.h"
 #include "qsa/qsa_group_layout.h"
@@ -106,9 +107,11 @@ QsaSimpleParams simple_params(const QsaSparsePrefillParams& p) {
   return k;
 }
 
-cudaError_t launch_page4(const QsaPage4Params& k, bool bf16, int head_dim, cudaStream_t stream) {
-  if (head_dim == 256) return bf16 ? launch_qsa_page4<__nv_bfloat16, 256>(k, stream) : launch_qsa_page4<__half, 256>(k, stream);
-  if (head_dim == 128) return bf16 ? launch_qsa_page4<__nv_bfloat16, 128>(k, stream) : launch_qsa_page4<__half, 128>(k, stream);
+cudaError_t launch_page4(const QsaPage4Params& k, int ctas, bool bf16, int head_dim, cudaStream_t stream) {
+  if (head_dim == 256)
+    return bf16 ? launch_qsa_page4<__nv_bfloat16, 256>(k, ctas, stream) : launch_qsa_page4<__half, 256>(k, ctas, stream);
+  if (head_dim == 128)
+    return bf16 ? launch_qsa_page4<__nv_bfloat16, 128>(k, ctas, stream) : launch_qsa_page4<__half, 128>(k, ctas, stream);
   return cudaErrorInvalidValue;
 }
 
@@ -127,7 +130,14 @@ Status run_page4(const char* kOp, const QsaSparsePrefillParams& p, int rows_per_
   k.page_size = p.page_size;
   k.num_pages = p.num_pages;
   k.io = attn_io(p);
-  SELKV_CUDA_RETURN(launch_page4(k, bf16, p.head_dim, stream), kOp);
+  k.split_ws = p.workspace;
+  // One CTA an SM; without a workspace no more than the units (a CTA takes whole ones).
+  int sms = 0;
+  SELKV_RETURN_IF_ERROR(detail::device_sm_count(kOp, &sms));
+  const int64_t units = (p.num_rows + k.rows_per_cta - 1) / k.rows_per_cta * p.num_kv_heads;
+  int64_t ctas = sms < kQsaPage4MaxCtas ? sms : kQsaPage4MaxCtas;
+  if (k.split_ws == nullptr && units < ctas) ctas = units;
+  SELKV_CUDA_RETURN(launch_page4(k, int(ctas), bf16, p.head_dim, stream), kOp);
   QsaSimpleParams fix = simple_params(p);
   fix.only_nonfinite = true;
   SELKV_CUDA_RETURN(launch_qsa_simple(fix, bf16, p.head_dim, stream), kOp);

@@ -9,6 +9,7 @@
 #include "common/overlap.h"
 #include "common/sm_scale.h"
 #include "qsa/qsa_group_layout.h"
+#include "qsa/qsa_kernel_params.h"  // qsa_page4_split_bytes
 
 namespace selkv {
 namespace {
@@ -18,6 +19,10 @@ bool aligned(const void* p, uintptr_t a) { return (reinterpret_cast<uintptr_t>(p
 int64_t elem_bytes(QsaDtype) { return 2; }
 
 }  // namespace
+
+size_t qsa_workspace_size(int64_t head_dim) {
+  return head_dim == 128 || head_dim == 256 ? size_t(qsa::qsa_page4_split_bytes(head_dim)) : 0;
+}
 
 size_t qsa_metadata_size(int64_t num_rows, int64_t max_blocks) {
   if (num_rows <= 0 || num_rows >= (int64_t(1) << 31) || max_blocks < 1 || max_blocks > kQsaMaxBlocks) return 0;
@@ -102,6 +107,13 @@ Status check_params(const char* op, const QsaSparsePrefillParams& p, Use use, bo
                       detail::concat(kOp, ": metadata_bytes: needs ", need, " bytes (qsa_metadata_size(",
                                      p.num_rows, ", ", p.max_blocks, ")), got ", p.metadata_bytes));
     }
+    if (p.workspace != nullptr) {
+      const size_t need = qsa_workspace_size(p.head_dim);
+      if (p.workspace_bytes < need)
+        return Status(StatusCode::kWorkspaceTooSmall,
+                      detail::concat(kOp, ": workspace_bytes: needs ", need, " bytes (qsa_workspace_size(",
+                                     p.head_dim, ")), got ", p.workspace_bytes));
+    }
   } else {
     const size_t need = qsa_metadata_size(p.num_rows, p.max_blocks);
     if (metadata_bytes < need)
@@ -135,6 +147,7 @@ Status check_params(const char* op, const QsaSparsePrefillParams& p, Use use, bo
                         c.slot_stride, ", ", c.head_stride, ")");
       }
       SELKV_CHECK_ARG(aligned(p.metadata, 16), "metadata", "must be 16-byte aligned");
+      SELKV_CHECK_ARG(aligned(p.workspace, 16), "workspace", "must be 16-byte aligned");
     } else {
       SELKV_CHECK_ARG(aligned(metadata, 16), "metadata", "must be 16-byte aligned");
     }
@@ -188,14 +201,22 @@ Status check_params(const char* op, const QsaSparsePrefillParams& p, Use use, bo
   const Extent e_md = p.metadata != nullptr
                           ? detail::byte_range(p.metadata, int64_t(qsa_metadata_size(R, p.max_blocks)))
                           : Extent{};
+  const Extent e_ws =
+      p.workspace != nullptr ? detail::byte_range(p.workspace, int64_t(qsa_workspace_size(D))) : Extent{};
   SELKV_RETURN_IF_ERROR(detail::check_disjoint(kOp, "lse", e_lse, "out", e_out));
   for (const auto& [name, ext] : {std::pair<const char*, const Extent&>{"out", e_out}, {"lse", e_lse}}) {
     SELKV_RETURN_IF_ERROR(detail::check_disjoint_from(
         kOp, name, ext,
         {{"q", e_q}, {"k_cache", e_k}, {"v_cache", e_v}, {"req_ids", e_req}, {"positions", e_pos},
          {sel_name, e_sel}, {"block_counts", e_cnt}, {"seq_lens", e_len}, {"block_table", e_tab},
-         {"metadata", e_md}}));
+         {"metadata", e_md}, {"workspace", e_ws}}));
   }
+  // The workspace is written too: apart from every input.
+  SELKV_RETURN_IF_ERROR(detail::check_disjoint_from(
+      kOp, "workspace", e_ws,
+      {{"q", e_q}, {"k_cache", e_k}, {"v_cache", e_v}, {"req_ids", e_req}, {"positions", e_pos},
+       {sel_name, e_sel}, {"block_counts", e_cnt}, {"seq_lens", e_len}, {"block_table", e_tab},
+       {"metadata", e_md}}));
   *work = Work::kLaunch;
   return Status::Ok();
 }

@@ -65,10 +65,13 @@ struct QsaSimpleParams {
   bool only_nonfinite;
 };
 
-// The SM90 page-4 kernel (qsa_page4.cuh): one CTA per group of rows_per_cta consecutive rows and
-// kv head, reading the plan of qsa_plan.
+// The SM90 page-4 kernel (qsa_page4.cuh): a persistent grid over the units (group of rows_per_cta
+// consecutive rows, kv head) of the plan of qsa_plan, each CTA a contiguous share of their tiles.
 struct QsaPage4Params {
   const int32_t* md;       // the group plan (src/qsa/qsa_group_layout.h)
+  // Scratch for units split between CTAs (qsa_page4_split_bytes(D)), or null: then every CTA
+  // takes whole units (shares cut at unit boundaries, less even).
+  void* split_ws;
   int32_t num_rows;        // R
   int32_t max_blocks;      // K
   int32_t num_kv_heads;
@@ -82,6 +85,18 @@ struct QsaPage4Params {
 // (row, head) pairs of one page-4 CTA (the M of its warpgroup MMA tiles) and rows it may group:
 // as many as fill them, at most kGroupMaxRows (one bit each in the plan's token words).
 inline constexpr int kQsaPage4Pairs = 64;
+// The page-4 grid: one CTA an SM, at most kQsaPage4MaxCtas. A unit split between CTAs leaves a
+// partial result (its consumer threads' O fragments and (m, l), unnormalized) in a slot of the
+// split scratch; the last of its pieces to finish merges them in piece order (so the bits do
+// not depend on which one). Scratch: an arrival counter a CTA, then two slots a CTA (its first
+// and its last unit may both be split).
+inline constexpr int kQsaPage4MaxCtas = 160;
+inline constexpr int64_t kQsaPage4CounterBytes = 1024;
+static_assert(4 * kQsaPage4MaxCtas <= kQsaPage4CounterBytes, "one counter a CTA");
+inline constexpr int64_t qsa_page4_slot_bytes(int64_t head_dim) { return (head_dim / 8 + 1) * 2 * kQsaPage4Pairs * 16 + 256; }
+inline constexpr int64_t qsa_page4_split_bytes(int64_t head_dim) {
+  return kQsaPage4CounterBytes + 2 * kQsaPage4MaxCtas * qsa_page4_slot_bytes(head_dim);
+}
 inline constexpr int qsa_page4_max_rows(int group) {
   return group < 1 ? 0 : (kQsaPage4Pairs / group < kGroupMaxRows ? kQsaPage4Pairs / group : kGroupMaxRows);
 }

@@ -12,14 +12,15 @@
 
 namespace selkv::qsa {
 
-// One CTA per (group of p.rows_per_cta rows, kv head) on `stream`; the caller has checked p.
+// A persistent grid of `ctas` CTAs over the units (group of p.rows_per_cta rows, kv head) on
+// `stream` (qsa_page4.cuh); the caller has checked p.
 template <typename T, int D>
-cudaError_t launch_qsa_page4(const QsaPage4Params& p, cudaStream_t stream);
+cudaError_t launch_qsa_page4(const QsaPage4Params& p, int ctas, cudaStream_t stream);
 
-extern template cudaError_t launch_qsa_page4<__half, 256>(const QsaPage4Params&, cudaStream_t);
-extern template cudaError_t launch_qsa_page4<__half, 128>(const QsaPage4Params&, cudaStream_t);
-extern template cudaError_t launch_qsa_page4<__nv_bfloat16, 256>(const QsaPage4Params&, cudaStream_t);
-extern template cudaError_t launch_qsa_page4<__nv_bfloat16, 128>(const QsaPage4Params&, cudaStream_t);
+extern template cudaError_t launch_qsa_page4<__half, 256>(const QsaPage4Params&, int, cudaStream_t);
+extern template cudaError_t launch_qsa_page4<__half, 128>(const QsaPage4Params&, int, cudaStream_t);
+extern template cudaError_t launch_qsa_page4<__nv_bfloat16, 256>(const QsaPage4Params&, int, cudaStream_t);
+extern template cudaError_t launch_qsa_page4<__nv_bfloat16, 128>(const QsaPage4Params&, int, cudaStream_t);
 
 // The page-4 route of qsa_sparse_prefill, whatever qsa_route says (the tests and benchmarks call
 // it directly): the argument checks, then the page-4 kernel over p.metadata (required: the group

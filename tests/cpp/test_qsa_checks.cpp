@@ -287,6 +287,30 @@ TEST(QsaChecks, MetadataRules) {
   EXPECT_NE(check_qsa_sparse_prefill(pr.p).code(), StatusCode::kWorkspaceTooSmall);
 }
 
+// The page-4 route's workspace: its size by head dim only, too small a workspace is
+// kWorkspaceTooSmall naming workspace_bytes, misaligned or overlapping an input is rejected.
+TEST(QsaChecks, WorkspaceRules) {
+  EXPECT_EQ(qsa_workspace_size(64), 0u);
+  EXPECT_EQ(qsa_workspace_size(0), 0u);
+  EXPECT_GT(qsa_workspace_size(256), qsa_workspace_size(128));
+  EXPECT_GT(qsa_workspace_size(128), 0u);
+  Problem pr = valid();
+  const size_t need = qsa_workspace_size(pr.p.head_dim);
+  std::vector<int32_t> ws(need / 4 + 16);
+  int32_t* base = ws.data() + (4 - (reinterpret_cast<uintptr_t>(ws.data()) % 16) / 4) % 4;  // 16-byte aligned
+  pr.p.workspace = base;
+  pr.p.workspace_bytes = need - 1;
+  Status st = check_qsa_sparse_prefill(pr.p);
+  EXPECT_EQ(st.code(), StatusCode::kWorkspaceTooSmall) << st.to_string();
+  EXPECT_NE(st.message().find("workspace_bytes: needs " + std::to_string(need)), std::string::npos) << st.message();
+  pr.p.workspace_bytes = need;
+  EXPECT_TRUE(check_qsa_sparse_prefill(pr.p).ok()) << check_qsa_sparse_prefill(pr.p).to_string();
+  expect_invalid([&](Problem& x) { x.p.workspace = base + 1; x.p.workspace_bytes = need; }, "workspace", true);
+  expect_invalid([&](Problem& x) { x.p.workspace = x.q.data(); x.p.workspace_bytes = need; }, "workspace");
+  expect_invalid([&](Problem& x) { x.p.workspace = base; x.p.workspace_bytes = need;
+                                   x.p.out = base + 64; }, "out");
+}
+
 // The page-4 route checks the common rules first (same messages, its own op name), then needs a
 // plan and a rows_per_cta within the merging warp's reach; nothing is launched on a rejection.
 TEST(QsaChecks, Page4RouteArguments) {

@@ -388,6 +388,14 @@ TEST(QsaGpu, LargeBatchAtTheRouteBoundary) {
   EXPECT_TRUE(qsa_page4_wanted(dp.p) || std::getenv("SELKV_QSA_PAGE4") != nullptr);
   const Result def = run_gpu(dp, pr, QsaSelectionForm::kExpanded, "4096 default route");
   expect_close(pr, def, ref, "4096 rows, default route");
+  // The route with a workspace (groups split between CTAs).
+  DevBuf ws(qsa_workspace_size(pr.D));
+  dp.p.workspace = ws.ptr;
+  dp.p.workspace_bytes = ws.bytes;
+  const Result split = run_gpu(dp, pr, QsaSelectionForm::kExpanded, "4096 default route, workspace");
+  expect_close(pr, split, ref, "4096 rows, default route with a workspace");
+  dp.p.workspace = nullptr;
+  dp.p.workspace_bytes = 0;
   const Result simple = run_gpu(dp, pr, QsaSelectionForm::kExpanded, "4096 force_simple", true);
   expect_close(pr, simple, ref, "4096 rows, force_simple");
   // 4095 rows: the same rows, the simple route (plan of the 4095-row call).

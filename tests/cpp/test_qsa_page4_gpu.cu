@@ -4,7 +4,8 @@
 // cache slot no valid entry uses). Also: rows grouped 1..max per CTA, overlapping and duplicated
 // selections, rows the page-4 kernel must hand to the fix-up (irregular rows, a plan of another
 // call, out-of-range plan entries and counts, a NaN V only another row of the group selected),
-// graph replay, and Qwen's shape at 4096 rows.
+// groups split between CTAs (with a workspace) and whole groups a CTA (without), graph replay,
+// and Qwen's shape at 4096 rows.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -68,18 +69,28 @@ int64_t listed_groups(const DeviceProblem& dp) {
 }
 
 // The page-4 route on dp in `form`, over `md` (null: a fresh GPU group plan of the same form and
-// grouping).
+// grouping). split: with a workspace (every SM an equal share of the tiles, groups split between
+// CTAs); without one every CTA takes whole groups.
 Result run_page4(DeviceProblem& dp, const Problem& pr, QsaSelectionForm form, const std::string& what,
-                 int rows_per_cta = 0, const DevBuf* md = nullptr) {
+                 int rows_per_cta = 0, const DevBuf* md = nullptr, bool split = true) {
   size_t bytes = 0;
   std::unique_ptr<DevBuf> own;
   if (md == nullptr) {
     own = gpu_plan(dp, form, &bytes, rows_per_cta);
     md = own.get();
   }
+  std::unique_ptr<DevBuf> ws;
+  if (split) {
+    ws = std::make_unique<DevBuf>(qsa_workspace_size(dp.p.head_dim));
+    EXPECT_EQ(cudaMemset(ws->ptr, 0xA5, ws->bytes), cudaSuccess);  // no initial contents are needed
+  }
   return run_gpu_with(dp, pr, form, what, [&](QsaSparsePrefillParams p) {
     p.metadata = md->ptr;
     p.metadata_bytes = md->bytes;
+    if (ws) {
+      p.workspace = ws->ptr;
+      p.workspace_bytes = ws->bytes;
+    }
     return qsa::qsa_sparse_prefill_page4(p, nullptr, rows_per_cta);
   });
 }
@@ -100,10 +111,12 @@ void check_page4_config(Config c, uint64_t seed) {
     const Result ref = run_oracle(pr);
     const Result ge = run_page4(dp, pr, QsaSelectionForm::kExpanded, w + " page4 expanded");
     const Result gc = run_page4(dp, pr, QsaSelectionForm::kCompact, w + " page4 compact");
+    const Result whole = run_page4(dp, pr, QsaSelectionForm::kExpanded, w + " page4 whole groups", 0, nullptr, false);
     const Result simple = run_gpu(dp, pr, QsaSelectionForm::kExpanded, w + " simple", true);
     const int64_t empty = expect_close(pr, ge, ref, w + " page4 vs oracle");
     EXPECT_GT(empty, 0) << w << ": the problem should hold empty rows";
     expect_close(pr, ge, simple, w + " page4 vs simple");
+    expect_close(pr, whole, ref, w + " page4 whole groups vs oracle");
     EXPECT_TRUE(test::bits_equal(ge.out, gc.out)) << w << ": expanded vs compact out";
     EXPECT_TRUE(test::bits_equal(ge.lse, gc.lse)) << w << ": expanded vs compact lse";
     bits[il] = ge;
@@ -452,6 +465,9 @@ TEST(QsaPage4Gpu, GraphReplayEqualsEagerBitwise) {
   CUDA_OK(cudaMemset(dp.lse->ptr, 0, dp.lse->bytes));
   cudaGraph_t graph;
   CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  DevBuf ws(qsa_workspace_size(p.head_dim));
+  p.workspace = ws.ptr;
+  p.workspace_bytes = ws.bytes;
   const Status ps = qsa::qsa_group_plan(p, group_rows(p, 0), md.ptr, md_bytes, s);
   const Status as = qsa::qsa_sparse_prefill_page4(p, s);
   CUDA_OK(cudaStreamEndCapture(s, &graph));
@@ -487,6 +503,36 @@ TEST(QsaPage4Gpu, WithoutLseSameOut) {
   uint32_t w;
   std::memcpy(&w, &without.lse[0], 4);
   EXPECT_EQ(w, 0x55555555u) << "lse written although null";
+}
+
+// Groups split between CTAs (a workspace; far more CTAs than tiles at small R, so many shares are
+// empty or one tile) merge in piece order: two runs give the same bits, and both agree with the
+// oracle, as whole groups a CTA do, for one group up to many.
+TEST(QsaPage4Gpu, SplitGroupsMergeDeterministically) {
+  SELKV_REQUIRE_GPU();
+  const uint64_t seed = test::test_seed() + 53;
+  SCOPED_TRACE("SELKV_TEST_SEED=" + std::to_string(seed));
+  for (int R : {1, 7, 10, 64, 300}) {
+    std::mt19937_64 rng(seed + uint64_t(R));
+    Config c;
+    c.G = 6;
+    c.Hkv = 2;
+    c.R = R;
+    c.K = 64;
+    c.max_len = 1200;
+    Problem pr = make_problem(c, rng);
+    poison_unused(pr);
+    DeviceProblem dp(pr);
+    const std::string w = "R " + std::to_string(R);
+    const Result ref = run_oracle(pr);
+    const Result a = run_page4(dp, pr, QsaSelectionForm::kExpanded, w + " split a");
+    const Result b = run_page4(dp, pr, QsaSelectionForm::kExpanded, w + " split b");
+    const Result whole = run_page4(dp, pr, QsaSelectionForm::kExpanded, w + " whole", 0, nullptr, false);
+    expect_close(pr, a, ref, w + " split vs oracle");
+    expect_close(pr, whole, ref, w + " whole vs oracle");
+    EXPECT_TRUE(test::bits_equal(a.out, b.out)) << w << ": split out differs between runs";
+    EXPECT_TRUE(test::bits_equal(a.lse, b.lse)) << w << ": split lse differs between runs";
+  }
 }
 
 // Qwen's shape (Hq 6 / Hkv 1, D 256, page 16, K 512, interleaved K/V) at 4096 rows, most rows a

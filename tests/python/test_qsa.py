@@ -604,6 +604,27 @@ def test_cpu_out_with_plan_equals_without(selkv, gen, form):
 PLAN_OP = "selkv::qsa_plan"
 
 
+def test_workspace_size_and_errors_name_workspace(selkv, gen):
+    assert selkv.qsa_workspace_size(256) > selkv.qsa_workspace_size(128) > 0
+    assert selkv.qsa_workspace_size(64) == 0
+    assert torch.ops.selkv.qsa_workspace_size(256) == selkv.qsa_workspace_size(256)
+    pb = make_problem(gen, torch.bfloat16, 128, 16)
+    dev = pb["q"].device
+    need = selkv.qsa_workspace_size(128)
+    ws = torch.empty(need, dtype=torch.uint8, device=dev)
+    ref_out, ref_lse = run_op(selkv, pb)
+    out, lse = run_op(selkv, pb, workspace=ws)  # no plan: the simple kernel, the workspace unused
+    assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+    for bad, pattern in (
+        (ws[: need - 1], rf"workspace_bytes: needs {need} bytes \(qsa_workspace_size\(128\)\), got {need - 1}"),
+        (ws.view(torch.int32), r"workspace: expected dtype Byte"),
+        (ws.view(1, -1), r"workspace: expected a 1-d tensor"),
+        (ws[:0], r"workspace: expected qsa_workspace_size"),
+    ):
+        with pytest.raises(RuntimeError, match=OP + ": " + pattern):
+            run_op(selkv, pb, workspace=bad)
+
+
 def test_plan_errors_name_metadata(selkv, gen):
     pb = make_problem(gen, torch.bfloat16, 128, 16)
     R, K = pb["ids"].shape

@@ -1,5 +1,5 @@
 // torch ops for C8 (include/selkv/qsa.h): selkv::qsa_sparse_prefill, selkv::qsa_metadata_size,
-// selkv::qsa_page4_wanted (whether a call of that shape with a plan takes the page-4 route),
+// selkv::qsa_workspace_size, selkv::qsa_page4_wanted (whether a call of that shape with a plan takes the page-4 route),
 // selkv::qsa_plan.
 // qsa_sparse_prefill, out-variant: q [R, Hq, D] (fp16 / bf16), k_cache and v_cache
 // [num_pages, P, Hkv, D] views with any strides and a dense last dim (an interleaved
@@ -7,9 +7,10 @@
 // [num_req, width], seq_lens [num_req], req_ids [R], positions [R], and the selection in one of
 // its two forms: expanded int32 selection [R, 4K + 3], or compact int32 block_ids [R, K] with
 // block_counts [R]. out [R, Hq, D] of q's dtype, optional fp32 lse [R, Hq], optional uint8
-// metadata (the page-4 plan of qsa_plan; None = no plan). CPU runs the oracle on the same Params,
+// metadata (the page-4 plan of qsa_plan; None = no plan) and uint8 workspace (the page-4 route's
+// scratch, qsa_workspace_size(D) bytes; None = none). CPU runs the oracle on the same Params,
 // Meta the C++ checks on stand-in pointers, CUDA the C++ API on the current stream (qsa_route
-// picks the kernel: page-4 for R >= 4096, K >= 192 with a plan on SM90, else the exact simple kernel).
+// picks the kernel: page-4 for R >= 4096, K >= 384 with a plan on SM90, else the exact simple kernel).
 // qsa_plan writes the page-4 plan of the same selection / request / block-table tensors into a
 // uint8 metadata tensor of qsa_metadata_size(R, K) bytes (or more): CUDA the C++ qsa_plan on the
 // current stream, CPU selkv::ref::qsa_plan (byte-identical), Meta the C++ checks. The plan reads
@@ -133,13 +134,13 @@ void qsa_sparse_prefill(const at::Tensor& q, const at::Tensor& k_cache, const at
                         const at::Tensor& positions, const std::optional<at::Tensor>& selection,
                         const std::optional<at::Tensor>& block_ids, const std::optional<at::Tensor>& block_counts,
                         double scale, bool force_simple, const at::Tensor& out, const std::optional<at::Tensor>& lse,
-                        const std::optional<at::Tensor>& metadata) {
+                        const std::optional<at::Tensor>& metadata, const std::optional<at::Tensor>& workspace) {
   constexpr const char* kOp = kQsaOp;
   check_devices(kOp, device_type(B),
                 {{"out", out}, {"lse", lse}, {"q", q}, {"k_cache", k_cache}, {"v_cache", v_cache},
                  {"block_table", block_table}, {"seq_lens", seq_lens}, {"req_ids", req_ids},
                  {"positions", positions}, {"selection", selection}, {"block_ids", block_ids},
-                 {"block_counts", block_counts}, {"metadata", metadata}});
+                 {"block_counts", block_counts}, {"metadata", metadata}, {"workspace", workspace}});
 
   QsaSparsePrefillParams p;
   p.dtype = qsa_dtype(q);
@@ -168,6 +169,13 @@ void qsa_sparse_prefill(const at::Tensor& q, const at::Tensor& k_cache, const at
     p.metadata = data_or_null(*metadata);
     p.metadata_bytes = size_t(metadata->size(0));
   }
+  if (workspace.has_value()) {
+    TensorArg(kOp, "workspace", *workspace, "[qsa_workspace_size(D)] bytes").dtype(at::kByte).dims(1).contiguous();
+    TORCH_CHECK(R == 0 || workspace->size(0) > 0, kOp, ": workspace: expected qsa_workspace_size(D) bytes, got an ",
+                "empty tensor; pass None for none");
+    p.workspace = mutable_data_or_null(*workspace);
+    p.workspace_bytes = size_t(workspace->size(0));
+  }
 
   p.num_q_heads = to_int32(kOp, "num_q_heads (q.size(1))", Hq);
   p.num_kv_heads = to_int32(kOp, "num_kv_heads (k_cache.size(2))", Hkv);
@@ -194,6 +202,7 @@ void qsa_sparse_prefill(const at::Tensor& q, const at::Tensor& k_cache, const at
     m.out = stand_in(11);
     m.lse = lse.has_value() ? static_cast<float*>(stand_in(12)) : nullptr;
     m.metadata = metadata.has_value() ? stand_in(13) : nullptr;
+    m.workspace = workspace.has_value() ? stand_in(14) : nullptr;
     throw_if_error(selkv::check_qsa_sparse_prefill(m));
     return;
   }
@@ -209,6 +218,9 @@ void qsa_sparse_prefill(const at::Tensor& q, const at::Tensor& k_cache, const at
 int64_t qsa_metadata_bytes(int64_t num_rows, int64_t max_blocks) {
   return int64_t(selkv::qsa_metadata_size(num_rows, max_blocks));
 }
+
+// ---- selkv::qsa_workspace_size -----------------------------------------------------------------
+int64_t qsa_workspace_bytes(int64_t head_dim) { return int64_t(selkv::qsa_workspace_size(head_dim)); }
 
 // ---- selkv::qsa_page4_wanted (the shape form) ----------------------------------------------------
 bool qsa_page4_wanted_op(int64_t num_rows, int64_t max_blocks) {
@@ -264,9 +276,11 @@ TORCH_LIBRARY_FRAGMENT(selkv, m) {
   m.def(
       "qsa_sparse_prefill(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor seq_lens, "
       "Tensor req_ids, Tensor positions, Tensor? selection, Tensor? block_ids, Tensor? block_counts, "
-      "float scale, bool force_simple, Tensor(a!) out, Tensor(b!)? lse, Tensor? metadata=None) -> ()",
+      "float scale, bool force_simple, Tensor(a!) out, Tensor(b!)? lse, Tensor? metadata=None, "
+      "Tensor(c!)? workspace=None) -> ()",
       tags);
   m.def("qsa_metadata_size(int num_rows, int max_blocks) -> int", &::selkv::torch_ext::qsa_metadata_bytes);
+  m.def("qsa_workspace_size(int head_dim) -> int", &::selkv::torch_ext::qsa_workspace_bytes);
   m.def("qsa_page4_wanted(int num_rows, int max_blocks) -> bool", &::selkv::torch_ext::qsa_page4_wanted_op);
   m.def(
       "qsa_plan(Tensor block_table, Tensor seq_lens, Tensor req_ids, Tensor positions, Tensor? selection, "
