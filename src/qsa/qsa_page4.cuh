@@ -94,12 +94,12 @@ __device__ __forceinline__ int32_t p4_rows(const QsaPage4Params& p, int32_t grp)
 
 __device__ __forceinline__ P4Group p4_group(const QsaPage4Params& p, int32_t grp, int32_t rows) {
   const int32_t* md = p.md;
-  const int64_t R = p.num_rows, K = p.max_blocks, C = group_capacity(K);
-  const int64_t groups = (R + p.rows_per_cta - 1) / p.rows_per_cta;
+  const int64_t K = p.max_blocks, C = group_capacity(K);
+  const int32_t groups = int32_t((uint32_t(p.num_rows) + uint32_t(p.rows_per_cta) - 1u) / uint32_t(p.rows_per_cta));
   P4Group pg;
   pg.bad = rows >= 32 ? ~0u : (1u << rows) - 1u;
   if (md[0] != kGroupMagic || md[1] != p.num_rows || md[2] != p.max_blocks || md[3] != p.rows_per_cta ||
-      md[4] != int32_t(groups))
+      md[4] != groups)
     return pg;
   const int4 e = *reinterpret_cast<const int4*>(md + group_table_offset() + 4 * int64_t(grp));
   if (int64_t(e.x) != int64_t(grp) * p.rows_per_cta * C || e.y < 0 || int64_t(e.y) > rows * C) return pg;
@@ -148,9 +148,25 @@ struct P4Sched {
   uint32_t merge;  // the consumers' word: this CTA merges the unit it just split
 };
 
-__device__ __forceinline__ int64_t p4_share_begin(int64_t total, int64_t c) { return total * c / int64_t(gridDim.x); }
+// floor(a / b) for 0 <= a < 2^50, b > 0, without a subroutine call (a 64-bit or IEEE double
+// division calls one, and calls in the kernel cost the consumers' loop its uniform-datapath
+// descriptors): the approximate reciprocal, two Newton steps, then the quotient corrected.
+__device__ __forceinline__ int64_t p4_div(int64_t a, int64_t b) {
+  const double db = double(b);
+  double r;
+  asm("rcp.approx.ftz.f64 %0, %1;" : "=d"(r) : "d"(db));
+  r = fma(r, fma(-db, r, 1.0), r);
+  r = fma(r, fma(-db, r, 1.0), r);
+  int64_t q = int64_t(double(a) * r);
+  q -= q * b > a ? 1 : 0;
+  q -= q * b > a ? 1 : 0;
+  q += (q + 1) * b <= a ? 1 : 0;
+  q += (q + 1) * b <= a ? 1 : 0;
+  return q;
+}
+__device__ __forceinline__ int64_t p4_share_begin(int64_t total, int64_t c) { return p4_div(total * c, int64_t(gridDim.x)); }
 __device__ __forceinline__ int64_t p4_cta_of(int64_t total, int64_t x) {  // the CTA whose share holds tile x
-  return ((x + 1) * int64_t(gridDim.x) - 1) / total;
+  return p4_div((x + 1) * int64_t(gridDim.x) - 1, total);
 }
 
 // Whether CTA c's share holds a tile (with fewer tiles than CTAs some do not).
@@ -158,54 +174,67 @@ __device__ __forceinline__ bool p4_share_used(int64_t total, int64_t c) {
   return p4_share_begin(total, c) < p4_share_begin(total, c + 1);
 }
 
-// Every thread of the CTA: the groups' weights in one pass per thread (a contiguous run of
-// groups), a CTA-wide scan, then the thread whose run holds the share's ends records them.
-// scratch: 128 bytes of shared memory.
+// Every thread of the CTA, in rounds of kP4Threads groups (the same trip count in every thread,
+// and no branch on the thread's data: code that diverges here would keep the consumers' loops
+// out of the uniform datapath): the groups' weights summed, then scanned, and the thread whose
+// group holds an end of the share records it. scratch: 128 bytes of shared memory.
 __device__ __forceinline__ void p4_schedule(const QsaPage4Params& p, P4Sched* out, int64_t* scratch) {
   constexpr int kWarps = kP4Threads / 32;
-  int64_t* const warp_sums = scratch;     // [kWarps]
+  int64_t* const warp_sums = scratch;       // [kWarps]
   int64_t* const found = scratch + kWarps;  // su(ta), w(ta), su(tb), w(tb), the unit holding ta
   static_assert(kWarps + 5 <= 16, "p4_schedule's scratch");
   const int tid = int(threadIdx.x), lane = tid % 32, warp = tid / 32;
-  const int64_t groups = (int64_t(p.num_rows) + p.rows_per_cta - 1) / p.rows_per_cta;
-  const int64_t per = (groups + kP4Threads - 1) / kP4Threads;
-  const int64_t g0 = tid * per < groups ? tid * per : groups, g1 = g0 + per < groups ? g0 + per : groups;
-  int64_t mine = 0;
-  for (int64_t g = g0; g < g1; ++g) mine += p4_weight(p4_group(p, int32_t(g), p4_rows(p, int32_t(g))));
-  int64_t incl = mine;
+  const int64_t groups = (uint32_t(p.num_rows) + uint32_t(p.rows_per_cta) - 1u) / uint32_t(p.rows_per_cta);
+  auto weight = [&](int64_t g) { return g < groups ? p4_weight(p4_group(p, int32_t(g), p4_rows(p, int32_t(g)))) : 0; };
+  // The CTA's sum of x (every thread gets it).
+  auto cta_sum = [&](int64_t x) {
 #pragma unroll
-  for (int d = 1; d < 32; d <<= 1) {
-    const int64_t y = __shfl_up_sync(~0u, incl, d);
-    if (lane >= d) incl += y;
-  }
-  if (lane == 31) warp_sums[warp] = incl;
-  __syncthreads();
-  int64_t before = incl - mine, sum = 0;
-  for (int v = 0; v < kWarps; ++v) {
-    if (v < warp) before += warp_sums[v];
-    sum += warp_sums[v];
-  }
+    for (int d = 16; d > 0; d >>= 1) x += __shfl_xor_sync(~0u, x, d);
+    __syncthreads();  // the last round's sums are read
+    if (lane == 0) warp_sums[warp] = x;
+    __syncthreads();
+    int64_t sum = 0;
+#pragma unroll
+    for (int v = 0; v < kWarps; ++v) sum += warp_sums[v];
+    return sum;
+  };
+  int64_t sum = 0;
+  for (int64_t base = 0; base < groups; base += kP4Threads) sum += cta_sum(weight(base + tid));
   const int64_t H = p.num_kv_heads, T = H * sum;
   const int64_t ta = p4_share_begin(T, blockIdx.x), tb = p4_share_begin(T, int64_t(blockIdx.x) + 1);
-  // The unit holding tile x and its first tile; a whole-units share starts at the first unit
-  // starting at or after its ends.
   if (tid == 0) found[2] = -1;
-  __syncthreads();
-  for (int64_t g = g0; g < g1; ++g) {
-    const int64_t w = p4_weight(p4_group(p, int32_t(g), p4_rows(p, int32_t(g))));
+  int64_t carry = 0;  // the weights of the rounds before
+  for (int64_t base = 0; base < groups; base += kP4Threads) {
+    const int64_t g = base + tid, w = weight(g);
+    int64_t incl = w;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      const int64_t y = __shfl_up_sync(~0u, incl, d);
+      incl += lane >= d ? y : 0;
+    }
+    __syncthreads();
+    if (lane == 31) warp_sums[warp] = incl;
+    __syncthreads();
+    int64_t before = carry + incl - w, round = 0;
+#pragma unroll
+    for (int v = 0; v < kWarps; ++v) {
+      before += v < warp ? warp_sums[v] : 0;
+      round += warp_sums[v];
+    }
+    carry += round;
+    // The unit holding tile x of group g (weight w > 0: the group exists) and its first tile.
     const int64_t s0 = H * before, s1 = H * (before + w);
-    if (ta >= s0 && ta < s1) {
-      const int64_t kvh = (ta - s0) / w;
+    if (w > 0 && ta >= s0 && ta < s1) {
+      const int64_t kvh = p4_div(ta - s0, w);
       found[0] = s0 + kvh * w;
       found[1] = w;
       found[4] = g * H + kvh;
     }
-    if (tb >= s0 && tb < s1) {
-      const int64_t kvh = (tb - s0) / w;
+    if (w > 0 && tb >= s0 && tb < s1) {
+      const int64_t kvh = p4_div(tb - s0, w);
       found[2] = s0 + kvh * w;
       found[3] = w;
     }
-    before += w;
   }
   __syncthreads();
   if (tid == 0) {
@@ -217,7 +246,7 @@ __device__ __forceinline__ void p4_schedule(const QsaPage4Params& p, P4Sched* ou
       s.b = tb;
       s.u = int32_t(found[4]);
       s.su = found[0];
-    } else {
+    } else {  // whole units: those that start in [ta, tb)
       const bool at = found[0] == ta;
       s.a = at ? ta : found[0] + found[1];
       s.u = int32_t(at ? found[4] : found[4] + 1);
@@ -233,13 +262,14 @@ __device__ __forceinline__ void p4_schedule(const QsaPage4Params& p, P4Sched* ou
 // share's part of the unit's w weight tiles (whole: lo == 0 and hi == w), su its first tile.
 template <class F>
 __device__ __forceinline__ void p4_for_each_unit(const QsaPage4Params& p, const P4Sched& sc, F&& f) {
-  const int32_t units = (p.num_rows + p.rows_per_cta - 1) / p.rows_per_cta * p.num_kv_heads;
+  const int32_t units =
+      int32_t((uint32_t(p.num_rows) + uint32_t(p.rows_per_cta) - 1u) / uint32_t(p.rows_per_cta)) * p.num_kv_heads;
   int64_t su = sc.su;
   for (int32_t u = sc.u; su < sc.b && u < units; ++u) {
     const P4Unit un = p4_unit(p, u);
     const int64_t w = p4_weight(un.pg);
     const int32_t lo = int32_t((sc.a > su ? sc.a : su) - su), hi = int32_t((sc.b < su + w ? sc.b : su + w) - su);
-    f(un, lo, hi, su, w);
+    if (lo < hi) f(un, lo, hi, su, w);  // (an empty share holds no piece of the unit it points into)
     su += w;
   }
 }
@@ -350,7 +380,9 @@ __global__ void __launch_bounds__(kP4Threads, 1) qsa_page4_kernel(const QsaPage4
   using L = P4Layout<D>;
   extern __shared__ __align__(1024) uint8_t smem[];
   const float kNegInf = -__int_as_float(0x7F800000);
-  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  // The warp index, warp-uniform to the compiler (a shuffle from lane 0): the role branches and
+  // `active` then keep the consumers' loops convergent code (uniform-datapath descriptors).
+  const int warp = __shfl_sync(~0u, int(threadIdx.x) / 32, 0), lane = int(threadIdx.x) % 32;
   const int G = p.group;
 
   // V rows of tokens no row uses are never loaded; they must hold finite values (P = 0 there), so
@@ -374,7 +406,14 @@ __global__ void __launch_bounds__(kP4Threads, 1) qsa_page4_kernel(const QsaPage4
   }
   P4Sched* const sched = reinterpret_cast<P4Sched*>(smem + L::kSched);
   p4_schedule(p, sched, reinterpret_cast<int64_t*>(smem + L::kSched + 128));  // ends with a CTA barrier
-  const P4Sched sc = *sched;
+  // The share, warp-uniform to the compiler (shuffles from lane 0): the units' loops then stay
+  // convergent code, whose descriptors and offsets live in uniform registers.
+  P4Sched sc = *sched;
+  sc.a = __shfl_sync(~0u, sc.a, 0);
+  sc.b = __shfl_sync(~0u, sc.b, 0);
+  sc.total = __shfl_sync(~0u, sc.total, 0);
+  sc.su = __shfl_sync(~0u, sc.su, 0);
+  sc.u = __shfl_sync(~0u, sc.u, 0);
 
   if (warp == kP4ReadWarp) {
     p4_read<D>(p, smem, sc);
@@ -388,10 +427,6 @@ __global__ void __launch_bounds__(kP4Threads, 1) qsa_page4_kernel(const QsaPage4
   // ---- consumers: one warpgroup; warp w holds pairs [16 w, 16 w + 16) of the MMA tiles' 64 rows,
   // pair = row_in_group * G + head ----
   const int tid = int(threadIdx.x);
-  // Descriptors of Q and of stage 0's K and V tiles; the others are a 32-bit add away.
-  const wg::Desc q_desc = wg::desc_sw128(sm90::smem_addr(smem + L::kQ), 16, 1024);
-  const wg::Desc k_desc = wg::desc_sw128(sm90::smem_addr(smem + L::kK), 16, 1024);
-  const wg::Desc v_desc = wg::desc_sw128(sm90::smem_addr(smem + L::kV), L::kPanelBytes, 1024);
   const int pair0 = warp * 16 + lane / 4, pair1 = pair0 + 8;
 
   float o[D / 8][4];  // the m64nDk16 accumulator fragment: o[i] holds columns 8 i + 2 (lane % 4) + {0, 1}
@@ -402,13 +437,20 @@ __global__ void __launch_bounds__(kP4Threads, 1) qsa_page4_kernel(const QsaPage4
   uint32_t gt = 0;                              // the CTA's tiles so far (stage and ring slots, phases)
 
   p4_for_each_unit(p, sc, [&](const P4Unit& un, int32_t lo, int32_t hi, int64_t su, int64_t w) {
+    // Descriptors of Q and of stage 0's K and V tiles (the others are a 32-bit add away), made in
+    // the unit's scope so the compiler keeps them in uniform registers.
+    const wg::Desc q_desc = wg::desc_sw128(sm90::smem_addr(smem + L::kQ), 16, 1024);
+    const wg::Desc k_desc = wg::desc_sw128(sm90::smem_addr(smem + L::kK), 16, 1024);
+    const wg::Desc v_desc = wg::desc_sw128(sm90::smem_addr(smem + L::kV), L::kPanelBytes, 1024);
     const int pairs = un.rows * G;
     const bool active = warp * 16 < pairs;
     const uint32_t bit0 = pair0 < pairs ? 1u << (pair0 / G) : 0u;
     const uint32_t bit1 = pair1 < pairs ? 1u << (pair1 / G) : 0u;
     const int32_t t0 = lo < un.tiles ? lo : un.tiles, t1 = hi < un.tiles ? hi : un.tiles;
     const int tiles = t1 - t0;
-    const uint32_t gt0 = gt;
+    // Warp-uniform to the compiler (a shuffle from lane 0), so the stage and ring offsets and the
+    // wgmma descriptors stay in uniform registers.
+    const uint32_t gt0 = __shfl_sync(~0u, gt, 0);
     gt += uint32_t(tiles);
 
     // Q with cp.async, every copy of the thread in flight at once (pairs past the unit's: zeros),

@@ -306,7 +306,8 @@ TEST(QsaChecks, WorkspaceRules) {
   pr.p.workspace_bytes = need;
   EXPECT_TRUE(check_qsa_sparse_prefill(pr.p).ok()) << check_qsa_sparse_prefill(pr.p).to_string();
   expect_invalid([&](Problem& x) { x.p.workspace = base + 1; x.p.workspace_bytes = need; }, "workspace", true);
-  expect_invalid([&](Problem& x) { x.p.workspace = x.q.data(); x.p.workspace_bytes = need; }, "workspace");
+  expect_invalid([&](Problem& x) { x.p.workspace = base; x.p.workspace_bytes = need;
+                                   x.p.q = base + 64; }, "workspace");  // q inside the workspace
   expect_invalid([&](Problem& x) { x.p.workspace = base; x.p.workspace_bytes = need;
                                    x.p.out = base + 64; }, "out");
 }

@@ -459,15 +459,15 @@ TEST(QsaPage4Gpu, GraphReplayEqualsEagerBitwise) {
   p.form = QsaSelectionForm::kCompact;
   p.metadata = md.ptr;
   p.metadata_bytes = md_bytes;
+  DevBuf ws(qsa_workspace_size(p.head_dim));  // (allocated before the capture)
+  p.workspace = ws.ptr;
+  p.workspace_bytes = ws.bytes;
   cudaStream_t s;
   CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   CUDA_OK(cudaMemset(dp.out->ptr, 0, dp.out->bytes));
   CUDA_OK(cudaMemset(dp.lse->ptr, 0, dp.lse->bytes));
   cudaGraph_t graph;
   CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  DevBuf ws(qsa_workspace_size(p.head_dim));
-  p.workspace = ws.ptr;
-  p.workspace_bytes = ws.bytes;
   const Status ps = qsa::qsa_group_plan(p, group_rows(p, 0), md.ptr, md_bytes, s);
   const Status as = qsa::qsa_sparse_prefill_page4(p, s);
   CUDA_OK(cudaStreamEndCapture(s, &graph));
