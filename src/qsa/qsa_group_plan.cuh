@@ -128,6 +128,23 @@ __device__ __forceinline__ void gp_item(const QsaSelectionParams& s, const RowSe
   }
 }
 
+// A regular item: the 4 tokens of one block in order, 4 b .. 4 b + 3 (every counted block of the
+// compact form, and what an expanded selection holds but for its tail and garbage).
+__device__ __forceinline__ bool gp_regular(const int64_t (&t)[4]) {
+  return t[0] >= 0 && (t[0] & 3) == 0 && t[1] == t[0] + 1 && t[2] == t[0] + 2 && t[3] == t[0] + 3;
+}
+
+// gp_item for a regular item, its result without the per-token walk: tokens below the request's
+// live length (token_live; they are ascending) with the block's page (page0, gp_first_page's
+// lookup of token t0) in range.
+__device__ __forceinline__ void gp_regular_item(const QsaSelectionParams& s, const RowSel& rs, int64_t t0,
+                                                int32_t page0, int64_t* block, int* mask) {
+  const int64_t lim = rs.table != nullptr ? rs.len : 0;
+  const int64_t live = lim - t0 < 0 ? 0 : lim - t0 > 4 ? 4 : lim - t0;
+  *mask = live > 0 && page_in_range(s, page0) ? (1 << live) - 1 : 0;
+  *block = *mask != 0 ? t0 / 4 : -1;
+}
+
 // Position of the n-th (from 0) set bit of m (n < popcount(m)).
 __device__ __forceinline__ int nth_set_bit(uint32_t m, int n) {
   int pos = 0;
@@ -231,7 +248,12 @@ __global__ void __launch_bounds__(kGpThreads, 2) qsa_group_plan_kernel(const Qsa
         int64_t b;
         int mask;
         bool irregular;
-        gp_item(s, sm.rs[j], tok[u], blk0[u], pg0[u], &b, &mask, &irregular);
+        if (gp_regular(tok[u])) {
+          gp_regular_item(s, sm.rs[j], tok[u][0], pg0[u], &b, &mask);
+          irregular = false;
+        } else {
+          gp_item(s, sm.rs[j], tok[u], blk0[u], pg0[u], &b, &mask, &irregular);
+        }
         if (irregular) atomicOr(&sm.bad, 1u << j);
         if (mask != 0 && b >= w0 + nb) atomicMin(&sm.next_block, static_cast<unsigned long long>(b));
         if (mask == 0 || b < w0 || b >= w0 + nb) continue;
