@@ -465,26 +465,37 @@ __global__ void __launch_bounds__(kP4Threads, 1) qsa_page4_kernel(const QsaPage4
       }
       sm90::cp_async_16(sm90::smem_addr(smem + L::kQ + wg::sw128_offset(kQsaPage4Pairs, pr, c)), src, pr < pairs);
     }
+    // While Q lands: DESIGN §2 on the plan too. A block of this piece outside the cache is never
+    // read (the load warps skip it) and flags the unit; checked here once, not per tile.
+    int outside = 0;
+    {
+      const int2* pb = reinterpret_cast<const int2*>(p.md + group_blocks_offset(p.num_rows)) + un.pg.first;
+      const int32_t k1 = un.pg.count < kP4Blocks * t1 ? un.pg.count : kP4Blocks * t1;
+      for (int32_t base = kP4Blocks * t0; base < k1; base += kP4ConsumerThreads) {
+        const int32_t k = base + tid;
+        if (k < k1 && p4_block_outside(p, __ldg(pb + k))) outside = 1;
+      }
+    }
     sm90::cp_async_wait_all();
     sm90::fence_proxy_async();  // Q and the V tiles' zeros (generic proxy) before wgmma reads them
-    asm volatile("bar.sync 1, %0;\n" ::"n"(kP4ConsumerThreads) : "memory");
+    int any_outside;
+    asm volatile(
+        "{\n .reg .pred p, q;\n setp.ne.s32 p, %1, 0;\n barrier.red.or.pred q, 1, %2, p;\n selp.s32 %0, 1, 0, q;\n}\n"
+        : "=r"(any_outside)
+        : "r"(outside), "n"(kP4ConsumerThreads)
+        : "memory");
+    bool corrupt = any_outside != 0;
 
 #pragma unroll
     for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
     m0 = m1 = kNegInf;
     l0 = l1 = 0.f;
-    bool corrupt = false;
 
     // S = Q K^T of local tile t (64 pairs x kP4Tokens tokens) once its stage landed, committed, not
-    // waited: D / 16 steps of 16 columns, 32 bytes into a panel each. Also checks the tile's blocks
-    // against the cache (the load warps skip those outside; the unit is flagged).
+    // waited: D / 16 steps of 16 columns, 32 bytes into a panel each.
     auto issue_s = [&](int t) {
       const uint32_t g = gt0 + uint32_t(t), s = g % kP4Stages, e = g % kP4Ring;
       sm90::mbar_wait(ring_full + 8u * e, (g / kP4Ring) & 1u);
-      const int nb = un.pg.count - kP4Blocks * (t0 + t);
-      const bool outside = lane < nb && lane < kP4Blocks &&
-                           p4_block_outside(p, reinterpret_cast<const int2*>(smem + L::kBlkPb)[e * kP4Blocks + lane]);
-      corrupt = corrupt || __any_sync(~0u, outside);
       sm90::mbar_wait(kv_full + 8u * s, (g / kP4Stages) & 1u);
       sm90::fence_proxy_async();  // the stage's cp.async rows before wgmma reads them
       const wg::Desc kd = wg::desc_advance(k_desc, s * uint32_t(L::kStageBytes));
