@@ -146,11 +146,13 @@ Status check_qsa_sparse_prefill(const QsaSparsePrefillParams& p);
 Status qsa_sparse_prefill(const QsaSparsePrefillParams& p, cudaStream_t stream);
 
 // The two C8 kernels: the exact simple kernel (one CTA per row and kv head, SM70 and newer) and the
-// SM90 page-4 kernel over the plan (a CTA per group of consecutive rows and kv head loads each
-// selected block once for the rows that selected it; the rows it cannot serve exactly, and the
-// groups whose rows share too few blocks for that to pay, which the plan hands over whole, are
-// computed by a fix-up pass of the simple kernel). The page-4 route computes the plan's
-// selection: re-plan whenever the selection, seq_lens or the block table change.
+// SM90 page-4 kernel over the plan (a unit, a group of consecutive rows and a kv head, loads each
+// selected block once for the rows that selected it; a persistent grid of one CTA an SM, each an
+// equal share of the call's tiles when p.workspace is given, a group cut by a share's end merged
+// from its pieces; the rows it cannot serve exactly, and the groups whose rows share too few
+// blocks for that to pay, which the plan hands over whole, are computed by a fix-up pass of the
+// simple kernel). The page-4 route computes the plan's selection: re-plan whenever the selection,
+// seq_lens or the block table change.
 enum class QsaKernel : int32_t { kSimple = 0, kPage4 = 1 };
 // Rows from which a call may take the page-4 kernel.
 inline constexpr int64_t kQsaPage4MinRows = 4096;
