@@ -1,7 +1,13 @@
-// C8 SM90 page-4 kernel (selkv/qsa.h; group plan layout src/qsa/qsa_group_layout.h). One CTA serves a group
-// of rows_per_cta consecutive query rows and one kv head: the (row, head) pairs of the group are
+// C8 SM90 page-4 kernel (selkv/qsa.h; group plan layout src/qsa/qsa_group_layout.h). A unit is a group
+// of rows_per_cta consecutive query rows and one kv head: the (row, head) pairs of the unit are
 // the M dimension (64) of the warpgroup MMA tiles, and every selected 4-token
 // block is loaded once for all rows of the group that selected it.
+//
+// Grid. One CTA an SM, each taking an equal share of the call's tiles (p4_schedule): whole units
+// write their rows; a unit cut by a share's end leaves each piece's partial result in the caller's
+// workspace and the last piece to land merges them in piece order. Without a workspace a CTA takes
+// the whole units that start in its share. The warps walk the same units in the same order, so
+// the reader and load warps run into the next unit while the consumers finish the last.
 //
 // Warp roles. The rows' selections were merged before the launch: the group plan (qsa_plan,
 // layout src/qsa/qsa_group_layout.h) lists the group's distinct blocks in order with a
