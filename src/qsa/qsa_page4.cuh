@@ -116,14 +116,19 @@ __device__ __forceinline__ P4Group p4_group(const QsaPage4Params& p, int32_t grp
 }
 
 // A unit of work: the rows of group grp with kv head kvh (unit u = grp * Hkv + kvh). Its weight in
-// the schedule is its tiles, at least 1 (a unit without blocks still writes its rows).
+// the schedule is its tiles (p4_weight).
 struct P4Unit {
   int32_t grp, kvh, row0, rows, tiles;
   P4Group pg;
 };
 
 __device__ __forceinline__ int32_t p4_tiles(const P4Group& pg) { return (pg.count + kP4Blocks - 1) / kP4Blocks; }
-__device__ __forceinline__ int64_t p4_weight(const P4Group& pg) { return p4_tiles(pg) > 0 ? p4_tiles(pg) : 1; }
+// A unit without blocks (a group the plan handed over, or all of whose rows are bad) still writes
+// its rows: weighed as kP4EmptyUnitTiles tiles, so a share of many such units is not a straggler.
+inline constexpr int kP4EmptyUnitTiles = 4;
+__device__ __forceinline__ int64_t p4_weight(const P4Group& pg) {
+  return p4_tiles(pg) > 0 ? p4_tiles(pg) : kP4EmptyUnitTiles;
+}
 
 __device__ __forceinline__ P4Unit p4_unit(const QsaPage4Params& p, int32_t u) {
   P4Unit un;
@@ -462,7 +467,7 @@ __global__ void __launch_bounds__(kP4Threads, 1) qsa_page4_kernel(const QsaPage4
     // Q with cp.async, every copy of the thread in flight at once (pairs past the unit's: zeros),
     // once the last unit's wgmmas retired in every warp.
     asm volatile("bar.sync 1, %0;\n" ::"n"(kP4ConsumerThreads) : "memory");
-    for (int i = tid; i < kQsaPage4Pairs * (D / 8); i += kP4ConsumerThreads) {
+    for (int i = tid; tiles > 0 && i < kQsaPage4Pairs * (D / 8); i += kP4ConsumerThreads) {  // (no tile: no Q)
       const int pr = i / (D / 8), c = i % (D / 8);
       const T* src = static_cast<const T*>(p.io.q);
       if (pr < pairs) {
