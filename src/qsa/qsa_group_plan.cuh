@@ -145,6 +145,36 @@ __device__ __forceinline__ void gp_regular_item(const QsaSelectionParams& s, con
   *block = *mask != 0 ? t0 / 4 : -1;
 }
 
+// Any item but an expanded regular one: its tokens, then gp_regular_item or gp_item. Out of line
+// (inlined in every slot of the item batch it multiplies the kernel's code for items the expanded
+// form rarely has), its arguments by value so the caller's registers stay out of memory; `rule`
+// carries the fields of the selection params the validity rule reads.
+struct GpRule {
+  int32_t page_size, block_table_width;
+  int64_t num_pages;
+  bool compact;
+};
+struct GpItem {
+  int64_t block;
+  int mask;
+  bool irregular;
+};
+__device__ __noinline__ GpItem gp_general_item(const GpRule rule, const RowSel rs, int32_t gi, int4 words, int64_t block0,
+                                               int32_t page0) {
+  QsaSelectionParams s{};
+  s.compact = rule.compact;
+  s.page_size = rule.page_size;
+  s.block_table_width = rule.block_table_width;
+  s.num_pages = rule.num_pages;
+  const int32_t w[4] = {words.x, words.y, words.z, words.w};
+  int64_t t[4];
+  gp_tokens(s, rs, gi, w, t);
+  GpItem it{-1, 0, false};
+  if (gp_regular(t)) gp_regular_item(s, rs, t[0], page0, &it.block, &it.mask);
+  else gp_item(s, rs, t, block0, page0, &it.block, &it.mask, &it.irregular);
+  return it;
+}
+
 // Position of the n-th (from 0) set bit of m (n < popcount(m)).
 __device__ __forceinline__ int nth_set_bit(uint32_t m, int n) {
   int pos = 0;
@@ -160,6 +190,21 @@ __device__ __forceinline__ int nth_set_bit(uint32_t m, int n) {
   return pos;
 }
 
+// n / d for 0 <= n < 2^31 and 2 <= d < 2^31 without a division: m = ceil(2^32 / d) estimates the
+// quotient at most one too high (n m / 2^32 < n / d + 1 / 2), one correction makes it exact.
+struct PageDiv {
+  uint32_t d, m;
+  __device__ explicit PageDiv(int32_t divisor) : d(uint32_t(divisor)), m(0xFFFFFFFFu / uint32_t(divisor) + 1u) {}
+  __device__ __forceinline__ int32_t operator()(int32_t n) const {
+    uint32_t q = __umulhi(uint32_t(n), m);
+    if (q * d > uint32_t(n)) --q;
+    return int32_t(q);
+  }
+};
+
+// kCompact: s.compact (the selection form), a template argument so each form's item walk carries
+// none of the other's code.
+template <bool kCompact>
 __global__ void __launch_bounds__(kGpThreads, 2) qsa_group_plan_kernel(const QsaSelectionParams s, int32_t rows_per_group,
                                                                      int32_t win_words, bool hand_over, int32_t* gp) {
   extern __shared__ __align__(16) uint8_t gp_smem_raw[];
@@ -169,6 +214,8 @@ __global__ void __launch_bounds__(kGpThreads, 2) qsa_group_plan_kernel(const Qsa
   uint32_t* const word_union = bits + kGpMaxRows * bits_stride;
   int32_t* const word_first = reinterpret_cast<int32_t*>(word_union + W);
   const int tid = int(threadIdx.x), lane = tid % 32, warp = tid / 32;
+  const PageDiv page_div(s.page_size);  // the API checks page_size: a positive multiple of 4
+  const GpRule rule{s.page_size, s.block_table_width, s.num_pages, kCompact};
   const int64_t R = s.num_rows, K = s.max_blocks, C = group_capacity(K);
   const int64_t g = blockIdx.x;
   const int64_t row0 = g * rows_per_group;
@@ -192,67 +239,108 @@ __global__ void __launch_bounds__(kGpThreads, 2) qsa_group_plan_kernel(const Qsa
   const int64_t first = row0 * C;
   int2* out_pb = reinterpret_cast<int2*>(gp + group_blocks_offset(R)) + first;
   uint4* out_tw = reinterpret_cast<uint4*>(gp + group_tokw_offset(R, K)) + first;
-  const int32_t groups_per_row = int32_t(K) + 1;  // expanded: K + 1 column groups; compact: <= K blocks + tail
 
-  // Scans window [w0, w0 + nb) of request q's blocks: sets the bits of the rows of q (and, when
-  // `emit`, lists partial blocks; rows already bad are skipped then), and finds the next selected
-  // block past the window (*next; empty stretches of the request are never scanned). Returns
-  // false when the list overflowed. Uniform across the CTA.
-  auto scan = [&](int32_t q, int64_t w0, int32_t nb, bool emit, int64_t* next) -> bool {
+  int32_t uses = 0;  // (row, block) uses of the blocks this thread emitted (hand_over's sharing)
+
+  // Scans window [w0, w0 + nb) of request q's blocks (rq: the RowSel of a row of q; its len and
+  // table are q's, the same for every row of q): sets the bits of the rows of q (and, when `emit`,
+  // lists partial blocks; rows already bad are skipped then), and finds the next selected block
+  // past the window (*next; empty stretches of the request are never scanned). Returns false when
+  // the list overflowed. Uniform across the CTA.
+  auto scan = [&](int32_t q, const RowSel& rq, int64_t w0, int32_t nb, bool emit, int64_t* next) -> bool {
     const int words = (nb + 31) / 32;
     for (int i = tid; i < kGpMaxRows * words; i += kGpThreads) bits[(i / words) * bits_stride + i % words] = 0u;
     if (tid == 0) {
       sm.exc_count = 0;
       sm.next_block = ~0ull;
     }
+    uint32_t rows_q = 0u;  // the rows of q this scan walks
+    for (int j = 0; j < rows; ++j) rows_q |= uint32_t(sm.req[j] == q) << j;
+    if (emit) rows_q &= ~sm.bad;
     __syncthreads();
-    const uint32_t skip = emit ? sm.bad : 0u;
-    const int32_t items = rows * groups_per_row;
-    // Item idx = (row j, selection group gi), idx = tid + kGpThreads k: (j, gi) advance by
-    // kGpThreads without a division per item.
-    const int32_t step_j = kGpThreads / groups_per_row, step_g = kGpThreads % groups_per_row;
-    int32_t nj = tid / groups_per_row, ngi = tid % groups_per_row;
+    const int32_t qlen = rq.len > 0 && rq.table != nullptr ? rq.len : 0;  // tokens below it are live
+    // Items (row j, selection group gi): the batches walk gi < K (idx = tid + kGpThreads k, (j, gi)
+    // advancing by kGpThreads without a division); the last group (gi = K: the expanded causal
+    // tail, a compact row's unused room) of row tid is the first batch's extra slot, so a batch
+    // count of rows x (K + 1) just past a multiple of the batch size costs no extra round.
+    const int32_t items = rows * int32_t(K);
+    const int32_t step_j = kGpThreads / int32_t(K), step_g = kGpThreads % int32_t(K);
+    int32_t nj = tid / int32_t(K), ngi = tid % int32_t(K);
     for (int32_t base = tid; base < items; base += kGpThreads * kGpBatch) {
-      int32_t raw[kGpBatch][4];
-      int jr[kGpBatch], gr[kGpBatch];
+      constexpr int kSlots = kGpBatch + 1;
+      int32_t raw[kSlots][4];
+      int jr[kSlots], gr[kSlots];
 #pragma unroll
-      for (int u = 0; u < kGpBatch; ++u) {  // the batch's selection loads, all in flight
+      for (int u = 0; u < kSlots; ++u) {  // the batch's selection loads, all in flight
         const int32_t idx = base + u * kGpThreads;
-        const int j = idx < items ? nj : 0, gi = ngi;
-        const bool use = idx < items && sm.req[j] == q && ((skip >> j) & 1u) == 0u && 4 * gi < sm.rs[j].cols;
+        const bool extra = u == kGpBatch;
+        const bool live_item = extra ? base == tid && tid < rows : idx < items;
+        const int j = extra ? (tid < rows ? tid : 0) : idx < items ? nj : 0;
+        const int gi = extra ? int(K) : ngi;
+        bool use = live_item && ((rows_q >> j) & 1u) != 0u;
+        if constexpr (kCompact) use = use && 4 * gi < sm.rs[j].cols;
         jr[u] = use ? j : -1;
         gr[u] = gi;
-        gp_load(s, sm.rs[j], gi, use, raw[u]);
-        ngi += step_g;
-        nj += step_j;
-        if (ngi >= groups_per_row) {
-          ngi -= groups_per_row;
-          ++nj;
+        if constexpr (kCompact) {
+          gp_load(s, sm.rs[j], gi, use, raw[u]);
+        } else {
+          const int32_t* sel = s.selection + (row0 + j) * s.selection_stride + 4 * gi;
+          const int32_t cols = 4 * int32_t(K) + 3 - 4 * gi;  // this group's columns in the row
+#pragma unroll
+          for (int i = 0; i < 4; ++i) raw[u][i] = use && i < cols ? __ldg(sel + i) : -1;
+        }
+        if (!extra) {
+          ngi += step_g;
+          nj += step_j;
+          if (ngi >= int32_t(K)) {
+            ngi -= int32_t(K);
+            ++nj;
+          }
         }
       }
-      int64_t tok[kGpBatch][4], blk0[kGpBatch];
-      int32_t pg0[kGpBatch];
+      int32_t pg0[kSlots];
+      int64_t blk0[kSlots];
 #pragma unroll
-      for (int u = 0; u < kGpBatch; ++u) {  // then their block-table loads, all in flight
-        // An expanded group of 4 negative words (the -1 padding past a row's selection, most of a
-        // short selection's columns) holds no token: nothing more to do for it.
-        if (!s.compact && (raw[u][0] & raw[u][1] & raw[u][2] & raw[u][3]) < 0) jr[u] = -1;
-        const int j = jr[u] < 0 ? 0 : jr[u];
-        gp_tokens(s, sm.rs[j], gr[u], raw[u], tok[u]);
-        pg0[u] = jr[u] < 0 ? -1 : gp_first_page(s, sm.rs[j], tok[u], &blk0[u]);
+      for (int u = 0; u < kSlots; ++u) {  // then their block-table loads, all in flight
+        if constexpr (kCompact) {
+          const int j = jr[u] < 0 ? 0 : jr[u];
+          int64_t tok[4];
+          gp_tokens(s, sm.rs[j], gr[u], raw[u], tok);
+          pg0[u] = jr[u] < 0 ? -1 : gp_first_page(s, sm.rs[j], tok, &blk0[u]);
+        } else {
+          // An expanded group of 4 negative words (the -1 padding past a row's selection, most of a
+          // short selection's columns) holds no token: nothing more to do for it. Tokens are the
+          // stored int32 words: the first live one (column order) gives the page, one lookup.
+          if ((raw[u][0] & raw[u][1] & raw[u][2] & raw[u][3]) < 0) jr[u] = -1;
+          int32_t first = -1;
+#pragma unroll
+          for (int i = 3; i >= 0; --i)
+            if (raw[u][i] >= 0 && raw[u][i] < qlen) first = raw[u][i];
+          const int32_t lp = first >= 0 ? page_div(first) : 0;
+          blk0[u] = first >> 2;
+          pg0[u] = jr[u] >= 0 && first >= 0 && lp < s.block_table_width ? __ldg(rq.table + lp) : -1;
+        }
       }
 #pragma unroll
-      for (int u = 0; u < kGpBatch; ++u) {
+      for (int u = 0; u < kSlots; ++u) {
         const int j = jr[u];
         if (j < 0) continue;
         int64_t b;
         int mask;
-        bool irregular;
-        if (gp_regular(tok[u])) {
-          gp_regular_item(s, sm.rs[j], tok[u][0], pg0[u], &b, &mask);
-          irregular = false;
+        bool irregular = false;
+        const int32_t(&w)[4] = raw[u];
+        if (!kCompact && w[0] >= 0 && (w[0] & 3) == 0 && w[1] == w[0] + 1 && w[2] == w[0] + 2 && w[3] == w[0] + 3) {
+          // A regular item (the 4 tokens of one block in order): those below qlen, the block's page
+          // (pg0: token w[0]'s, when it is live) in range.
+          const int32_t live = qlen - w[0] < 0 ? 0 : qlen - w[0] > 4 ? 4 : qlen - w[0];
+          mask = live > 0 && page_in_range(s, pg0[u]) ? (1 << live) - 1 : 0;
+          b = w[0] >> 2;
         } else {
-          gp_item(s, sm.rs[j], tok[u], blk0[u], pg0[u], &b, &mask, &irregular);
+          const RowSel rs = kCompact ? sm.rs[j] : RowSel{rq.len, rq.table, 0, 0, 0, nullptr};
+          const GpItem it = gp_general_item(rule, rs, gr[u], make_int4(w[0], w[1], w[2], w[3]), blk0[u], pg0[u]);
+          b = it.block;
+          mask = it.mask;
+          irregular = it.irregular;
         }
         if (irregular) atomicOr(&sm.bad, 1u << j);
         if (mask != 0 && b >= w0 + nb) atomicMin(&sm.next_block, static_cast<unsigned long long>(b));
@@ -307,23 +395,41 @@ __global__ void __launch_bounds__(kGpThreads, 2) qsa_group_plan_kernel(const Qsa
     }
     const int32_t n_win = sm.count - count0;
     const int32_t* tab = s.block_table + int64_t(q) * s.block_table_stride;
-    for (int32_t i = tid; i < n_win; i += kGpThreads) {
-      const int32_t k = count0 + i;
-      int lo = 0, hi = words;  // the first word whose first index is past k; k is in the one before
-      while (lo < hi) {
-        const int mid = (lo + hi) / 2;
-        if (word_first[mid] <= k) lo = mid + 1;
-        else hi = mid;
+    for (int32_t i0 = tid; i0 < n_win; i0 += kGpThreads * kGpBatch) {
+      int32_t lp[kGpBatch], slot[kGpBatch];
+      uint32_t mem[kGpBatch];
+#pragma unroll
+      for (int u = 0; u < kGpBatch; ++u) {  // the batch's blocks, then their table loads all in flight
+        const int32_t k = count0 + i0 + u * kGpThreads;
+        lp[u] = -1;
+        if (i0 + u * kGpThreads >= n_win) continue;
+        int lo = 0, hi = words;  // the first word whose first index is past k; k is in the one before
+        while (lo < hi) {
+          const int mid = (lo + hi) / 2;
+          if (word_first[mid] <= k) lo = mid + 1;
+          else hi = mid;
+        }
+        const int w = lo - 1;  // non-empty: an empty word's first index is its successor's
+        const int bit = nth_set_bit(word_union[w], k - word_first[w]);
+        uint32_t m = 0u;
+        for (int j = 0; j < rows; ++j)
+          if (((bad >> j) & 1u) == 0u) m |= ((bits[j * bits_stride + w] >> bit) & 1u) << j;
+        mem[u] = m;
+        uses += __popc(m);  // a row of a partial block keeps at least one token: its use stands
+        const int64_t t = 4 * (w0 + 32 * w + bit);  // the block's first token (its page: valid, a row uses it)
+        lp[u] = page_div(int32_t(t));  // t < the request's length: an int32
+        slot[u] = int32_t(t) - lp[u] * s.page_size;
       }
-      const int w = lo - 1;  // non-empty: an empty word's first index is its successor's
-      const int bit = nth_set_bit(word_union[w], k - word_first[w]);
-      uint32_t mem = 0u;
-      for (int j = 0; j < rows; ++j)
-        if (((bad >> j) & 1u) == 0u) mem |= ((bits[j * bits_stride + w] >> bit) & 1u) << j;
-      const int64_t t = 4 * (w0 + 32 * w + bit);  // the block's first token (its page: valid, a row uses it)
-      const int32_t lp = int32_t(t / s.page_size);
-      out_pb[k] = make_int2(__ldg(tab + lp), int32_t(t - int64_t(lp) * s.page_size));
-      out_tw[k] = make_uint4(mem, mem, mem, mem);
+      int32_t pg[kGpBatch];
+#pragma unroll
+      for (int u = 0; u < kGpBatch; ++u) pg[u] = lp[u] >= 0 ? __ldg(tab + lp[u]) : 0;
+#pragma unroll
+      for (int u = 0; u < kGpBatch; ++u) {
+        if (lp[u] < 0) continue;
+        const int32_t k = count0 + i0 + u * kGpThreads;
+        out_pb[k] = make_int2(pg[u], slot[u]);
+        out_tw[k] = make_uint4(mem[u], mem[u], mem[u], mem[u]);
+      }
     }
     __syncthreads();  // the block words written (visible to the CTA) before the partial masks
     const int32_t n_exc = sm.exc_count;
@@ -347,6 +453,7 @@ __global__ void __launch_bounds__(kGpThreads, 2) qsa_group_plan_kernel(const Qsa
     bool seen = false;
     for (int j = 0; j < jq; ++j) seen = seen || sm.req[j] == q;
     if (seen) continue;
+    const RowSel rq = sm.rs[jq];
     const int64_t live = s.seq_lens[q] < int64_t(s.block_table_width) * s.page_size
                              ? int64_t(s.seq_lens[q]) : int64_t(s.block_table_width) * s.page_size;
     const int64_t nblocks = live > 0 ? (live + 3) / 4 : 0;
@@ -354,11 +461,11 @@ __global__ void __launch_bounds__(kGpThreads, 2) qsa_group_plan_kernel(const Qsa
     int64_t next;
     if (nblocks > kWin)  // bad rows first, over every window that holds a selected block
       for (int64_t w0 = 0; w0 < nblocks; w0 = next)
-        scan(q, w0, int32_t(nblocks - w0 < kWin ? nblocks - w0 : kWin), false, &next);
+        scan(q, rq, w0, int32_t(nblocks - w0 < kWin ? nblocks - w0 : kWin), false, &next);
     int32_t win = kWin;
     for (int64_t w0 = 0; w0 < nblocks;) {
       const int32_t nb = int32_t(nblocks - w0 < win ? nblocks - w0 : win);
-      if (!scan(q, w0, nb, true, &next)) {  // the partial-block list overflowed: half the window
+      if (!scan(q, rq, w0, nb, true, &next)) {  // the partial-block list overflowed: half the window
         win = nb / 2 > 32 ? nb / 2 : 32;
         continue;
       }
@@ -370,11 +477,6 @@ __global__ void __launch_bounds__(kGpThreads, 2) qsa_group_plan_kernel(const Qsa
   // hand_over: the group's sharing, its blocks' row uses (each block's rows, partial or whole)
   // against its block count; under kGroupSharingNum / kGroupSharingDen the group lists nothing and
   // every row goes to the fix-up.
-  int32_t uses = 0;
-  for (int32_t k = tid; k < sm.count; k += kGpThreads) {
-    const uint4 tw = out_tw[k];
-    uses += __popc(tw.x | tw.y | tw.z | tw.w);
-  }
 #pragma unroll
   for (int d = 16; d > 0; d >>= 1) uses += __shfl_xor_sync(~0u, uses, d);
   if (lane == 0) sm.warp_sums[warp] = uses;
