@@ -97,10 +97,8 @@ def qsa_sparse_prefill(
     lse = None
     if return_lse:
         lse = torch.empty(tuple(q.shape[:2]), dtype=torch.float32, device=q.device)
-    # Only a call that takes the page-4 route reads a workspace: a plan, the shape, an SM90 GPU.
     if (workspace is None and metadata is not None and not force_simple and q.is_cuda and q.dim() == 3
-            and qsa_page4_wanted(q.shape[0], _max_blocks(selection, block_ids))
-            and torch.cuda.get_device_capability(q.device) == (9, 0)):
+            and qsa_page4_wanted(q.shape[0], _max_blocks(selection, block_ids))):
         workspace = torch.empty(qsa_workspace_size(q.shape[2]), dtype=torch.uint8, device=q.device)
     _ops.qsa_sparse_prefill(
         q, k_cache, v_cache, block_table, seq_lens, req_ids, positions,
