@@ -17,7 +17,7 @@ cudaError_t launch_plan(const QsaSelectionParams& s, int32_t rows_per_group, int
       selkv::detail::set_max_dynamic_smem_once<&qsa_group_plan_kernel<kCompact>>(int(gp_smem_bytes(kGpMaxWinWords)));
   if (err != cudaSuccess) return err;
   qsa_group_plan_kernel<kCompact><<<dim3{unsigned(groups)}, dim3{unsigned(kGpThreads)}, gp_smem_bytes(win_words), stream>>>(
-      s, rows_per_group, win_words, hand_over, group_plan);
+      s, rows_per_group, win_words, hand_over, FastDivmod(uint32_t(s.page_size)), group_plan);
   return cudaGetLastError();
 }
 

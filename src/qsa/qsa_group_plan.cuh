@@ -21,6 +21,7 @@
 
 #include <cstdint>
 
+#include "common/fast_divmod.h"
 #include "qsa/qsa_group_layout.h"
 #include "qsa/qsa_kernel_params.h"
 #include "qsa/qsa_select.cuh"
@@ -190,23 +191,12 @@ __device__ __forceinline__ int nth_set_bit(uint32_t m, int n) {
   return pos;
 }
 
-// n / d for 0 <= n < 2^31 and 2 <= d < 2^31 without a division: m = ceil(2^32 / d) estimates the
-// quotient at most one too high (n m / 2^32 < n / d + 1 / 2), one correction makes it exact.
-struct PageDiv {
-  uint32_t d, m;
-  __device__ explicit PageDiv(int32_t divisor) : d(uint32_t(divisor)), m(0xFFFFFFFFu / uint32_t(divisor) + 1u) {}
-  __device__ __forceinline__ int32_t operator()(int32_t n) const {
-    uint32_t q = __umulhi(uint32_t(n), m);
-    if (q * d > uint32_t(n)) --q;
-    return int32_t(q);
-  }
-};
-
 // kCompact: s.compact (the selection form), a template argument so each form's item walk carries
-// none of the other's code.
+// none of the other's code. page_div: FastDivmod(s.page_size), built by the launcher.
 template <bool kCompact>
 __global__ void __launch_bounds__(kGpThreads, 2) qsa_group_plan_kernel(const QsaSelectionParams s, int32_t rows_per_group,
-                                                                     int32_t win_words, bool hand_over, int32_t* gp) {
+                                                                     int32_t win_words, bool hand_over,
+                                                                     const FastDivmod page_div, int32_t* gp) {
   extern __shared__ __align__(16) uint8_t gp_smem_raw[];
   GroupPlanSmem& sm = *reinterpret_cast<GroupPlanSmem*>(gp_smem_raw);
   const int W = win_words, bits_stride = win_words + 1;
@@ -214,7 +204,6 @@ __global__ void __launch_bounds__(kGpThreads, 2) qsa_group_plan_kernel(const Qsa
   uint32_t* const word_union = bits + kGpMaxRows * bits_stride;
   int32_t* const word_first = reinterpret_cast<int32_t*>(word_union + W);
   const int tid = int(threadIdx.x), lane = tid % 32, warp = tid / 32;
-  const PageDiv page_div(s.page_size);  // the API checks page_size: a positive multiple of 4
   const GpRule rule{s.page_size, s.block_table_width, s.num_pages, kCompact};
   const int64_t R = s.num_rows, K = s.max_blocks, C = group_capacity(K);
   const int64_t g = blockIdx.x;
@@ -316,7 +305,7 @@ __global__ void __launch_bounds__(kGpThreads, 2) qsa_group_plan_kernel(const Qsa
 #pragma unroll
           for (int i = 3; i >= 0; --i)
             if (raw[u][i] >= 0 && raw[u][i] < qlen) first = raw[u][i];
-          const int32_t lp = first >= 0 ? page_div(first) : 0;
+          const int32_t lp = first >= 0 ? int32_t(page_div.div(uint32_t(first))) : 0;
           blk0[u] = first >> 2;
           pg0[u] = jr[u] >= 0 && first >= 0 && lp < s.block_table_width ? __ldg(rq.table + lp) : -1;
         }
@@ -417,7 +406,7 @@ __global__ void __launch_bounds__(kGpThreads, 2) qsa_group_plan_kernel(const Qsa
         mem[u] = m;
         uses += __popc(m);  // a row of a partial block keeps at least one token: its use stands
         const int64_t t = 4 * (w0 + 32 * w + bit);  // the block's first token (its page: valid, a row uses it)
-        lp[u] = page_div(int32_t(t));  // t < the request's length: an int32
+        lp[u] = int32_t(page_div.div(uint32_t(t)));  // t < the request's length: an int32
         slot[u] = int32_t(t) - lp[u] * s.page_size;
       }
       int32_t pg[kGpBatch];
