@@ -354,7 +354,7 @@ __global__ void __launch_bounds__(kGpThreads, 2) qsa_group_plan_kernel(const Qsa
   // output index (a CTA-wide exclusive scan, kGpThreads words at a time), then the blocks spread
   // over every thread (a block's table lookup is a dependent load: one thread walking a word's 32
   // blocks would chain them), then the partial-block list.
-  auto emit_window = [&](int32_t q, int64_t w0, int32_t nb) {
+  auto emit_window = [&](const int32_t* tab, int64_t w0, int32_t nb) {
     const int words = (nb + 31) / 32;
     const uint32_t bad = sm.bad;
     const int32_t count0 = sm.count;  // read before the scan's first update (behind a barrier)
@@ -383,7 +383,6 @@ __global__ void __launch_bounds__(kGpThreads, 2) qsa_group_plan_kernel(const Qsa
       __syncthreads();
     }
     const int32_t n_win = sm.count - count0;
-    const int32_t* tab = s.block_table + int64_t(q) * s.block_table_stride;
     for (int32_t i0 = tid; i0 < n_win; i0 += kGpThreads * kGpBatch) {
       int32_t lp[kGpBatch], slot[kGpBatch];
       uint32_t mem[kGpBatch];
@@ -458,7 +457,7 @@ __global__ void __launch_bounds__(kGpThreads, 2) qsa_group_plan_kernel(const Qsa
         win = nb / 2 > 32 ? nb / 2 : 32;
         continue;
       }
-      emit_window(q, w0, nb);
+      emit_window(rq.table, w0, nb);  // (a window with blocks has a table: scan found them through it)
       w0 = next;
       win = kWin;
     }
