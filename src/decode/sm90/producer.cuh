@@ -431,9 +431,12 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, typena
   Ext e0{}, e1{};            // (model1_fp8) slot 0 / slot 1: the cache of the slot's round
   Raw x0, x1;
   int32_t v2_0 = 0, v2_1 = 0;
+  SELKV_TL(if (threadIdx.x == 0) tl_stamp(7);)
   load_index(s0, s0p, e0);  // round 0
   load_index(s1, s1p, e1);  // round 1
+  SELKV_TL(if (threadIdx.x == 0) { tl_wait_value(uint32_t(s0)); tl_stamp(8); })
   issue_loads(s0, e0, x0);
+  SELKV_TL(if (threadIdx.x == 0) { tl_wait_value(x0.nope[0].x); tl_stamp(9); })
   // Round 1's records to L2 now, alongside round 0's, not in step 0 after round 0 landed: the first
   // block of an H = 64 part needs both rounds (docs/perf-log.md: decode prologue prefetch).
   constexpr bool kL2Prefetch = !kPacked || DecodeTraits<kNumHeads>::kPackedL2Prefetch;

@@ -11,7 +11,9 @@ namespace selkv::decode::sm90 {
 // Globaltimer stamps per CTA, no printf on the critical path; the last CTA to finish prints min / median / max of every stamp relative to
 // the first CTA's entry, for the first launches of the process (run one case per process). Stamps:
 // 0 entry, 1 producer's first publish, 2 producer end, 3 softmax WG's first Q ready, 4 its first S
-// done, 5 its end, 6 the start of its last row's epilogue (store_row). The combine kernel adds entry /
+// done, 5 its end, 6 the start of its last row's epilogue (store_row), 7 the producer's start (after the
+// cluster sync), 8 its first index in a register, 9 its first round's first record chunk in a register
+// (8 and 9 make thread 0 wait for the value). The combine kernel adds entry /
 // after griddepcontrol.wait / end (combine.cu).
 #ifndef SELKV_DECODE_TIMELINE
 #define SELKV_DECODE_TIMELINE 0
@@ -22,7 +24,7 @@ namespace selkv::decode::sm90 {
 #define SELKV_DECODE_TIMELINE_SKIP 0
 #endif
 #if SELKV_DECODE_TIMELINE
-inline constexpr int kTlStamps = 7;
+inline constexpr int kTlStamps = 10;
 inline constexpr int kTlMaxCtas = 512;  // CTAs stamped per launch (the grid is at most one per SM)
 __device__ unsigned long long g_tl[kTlMaxCtas][kTlStamps];
 __device__ unsigned int g_tl_done;
@@ -37,6 +39,9 @@ __device__ __forceinline__ int tl_cta() { return int(blockIdx.y * gridDim.x + bl
 __device__ __forceinline__ void tl_stamp(int k) {
   if (tl_cta() < kTlMaxCtas) g_tl[tl_cta()][k] = tl_now();
 }
+// Makes the calling thread wait until v (a load's destination) has arrived.
+__device__ volatile uint32_t g_tl_sink;
+__device__ __forceinline__ void tl_wait_value(uint32_t v) { g_tl_sink = v; }
 // Called once per CTA when it is done (empty CTAs too); the last one prints and resets.
 __device__ __forceinline__ void tl_finish(const DecodeKernelParams& p) {
   __threadfence();
@@ -55,7 +60,7 @@ __device__ __forceinline__ void tl_finish(const DecodeKernelParams& p) {
   g_tl_t0 = t0;
   printf("TIMELINE decode rows=%d ctas=%d t0=%llu ns (us from t0: min / median / max)\n", p.num_rows, n, t0);
   const char* names[kTlStamps] = {"entry", "producer_first_publish", "producer_end", "q_ready", "first_S", "end",
-                                  "last_epilogue_start"};
+                                  "last_epilogue_start", "producer_start", "index0_ready", "records0_ready"};
   for (int k = 0; k < kTlStamps; ++k) {
     unsigned long long v[kTlMaxCtas];
     int m = 0;
