@@ -44,6 +44,15 @@ using RoundRawOf = std::conditional_t<L::kFormat == KvFormat::kModel1Fp8, RoundR
 // The cache a round reads (model1_fp8 kernels: 0 main, 1 extra); nothing for the others.
 struct NoExtra {};
 
+// Dynamic model1_fp8 kernels, batch <= 32: lane b's batch entry b of the plan's extra-length
+// snapshot (0 past the batch), loaded at kernel entry beside the part entry instead of after it,
+// so the producer's first index load waits on one metadata round trip, not two.
+__device__ __forceinline__ int32_t preload_extra_lengths(const DecodeKernelParams& p) {
+  const int lane = int(threadIdx.x) % 32;
+  return ld_s32_pred_or_zero(p.metadata + md_extra_lengths_offset(p.num_rows, p.batch) + lane,
+                             p.batch <= 32 && lane < p.batch);
+}
+
 // Walks (row, block) of the part in block order; identical in every CTA of a cluster. With
 // dynamic top-k it holds the clamped top-k lengths of rows row and row + 1, loading the next one
 // when it steps to a new row, a whole row before it is needed: the index stage of a new row never
@@ -73,14 +82,25 @@ struct BlockCursor {
       row_end = sched.prefix(row + 1);
     }
   }
-  // kExtra, dynamic: the extra lengths of the part's first two rows (one dependent load at start).
-  __device__ __forceinline__ void init_extra(const DecodeKernelParams& p) {
+  // kExtra, dynamic: the extra lengths of the part's first two rows. `lane_len` is lane b's batch
+  // entry b (preload_extra_lengths, issued before the part entry was read): with batch <= 32 the
+  // lengths are a shuffle away, otherwise one load that depends on the entry's row.
+  __device__ __forceinline__ void init_extra(const DecodeKernelParams& p, [[maybe_unused]] int32_t lane_len) {
     if constexpr (kExtra && kDynamic) {
-      const int32_t* lx = p.metadata + md_extra_lengths_offset(p.num_rows, p.batch);
       const int32_t r0 = row < p.num_rows ? row : p.num_rows - 1;
       const int32_t r1 = row + 1 < p.num_rows ? row + 1 : p.num_rows - 1;
-      len_x = clamp_topk_length(__ldg(lx + row_coord(r0, p.batch).b), p.topk_extra);
-      next_len_x = clamp_topk_length(__ldg(lx + row_coord(r1, p.batch).b), p.topk_extra);
+      const int32_t b0 = row_coord(r0, p.batch).b, b1 = row_coord(r1, p.batch).b;
+      int32_t raw0, raw1;
+      if (p.batch <= 32) {  // uniform
+        raw0 = __shfl_sync(0xffffffffu, lane_len, b0);
+        raw1 = __shfl_sync(0xffffffffu, lane_len, b1);
+      } else {
+        const int32_t* lx = p.metadata + md_extra_lengths_offset(p.num_rows, p.batch);
+        raw0 = __ldg(lx + b0);
+        raw1 = __ldg(lx + b1);
+      }
+      len_x = clamp_topk_length(raw0, p.topk_extra);
+      next_len_x = clamp_topk_length(raw1, p.topk_extra);
     }
   }
   __device__ __forceinline__ void advance(const DecodeKernelParams& p) {
@@ -135,7 +155,8 @@ struct BlockCursor {
 // block stride; a round's cache (`ext`) travels with its index through the ring.
 template <class L, int kNumHeads, bool kDynamic, bool kPacked, class Schedule>
 __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, typename L::SharedStorage& ss,
-                                             const PartIter<Schedule>& it, uint32_t rank) {
+                                             const PartIter<Schedule>& it, uint32_t rank,
+                                             [[maybe_unused]] int32_t extra_len_lane) {
   using Fmt = typename L::Fmt;
   constexpr bool kM1 = L::kFormat == KvFormat::kModel1Fp8;
   constexpr bool kExtra = kM1;
@@ -165,7 +186,7 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, typena
   if constexpr (kCluster == 2) peer_smem = map_smem_to_rank(smem_u32(&ss), rank ^ 1u);
 
   BlockCursor<kDynamic, Schedule, kExtra> cur(it);
-  if constexpr (kExtra) cur.init_extra(p);
+  if constexpr (kExtra) cur.init_extra(p, extra_len_lane);
   int stage_round = 0;  // round (within its block) of the cursor's next index load
 
   // Index stage: the index of this thread's token in the cursor's round (and, H = 128, the

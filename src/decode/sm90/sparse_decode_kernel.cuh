@@ -40,6 +40,8 @@ sparse_decode_sm90_kernel(const __grid_constant__ DecodeKernelParams p) {
   SharedStorage& ss = *reinterpret_cast<SharedStorage*>(smem_raw);
   SELKV_TL(if (threadIdx.x == 0) tl_stamp(0);)
 
+  [[maybe_unused]] int32_t extra_len_lane = 0;
+  if constexpr (kExtra && kDynamic) extra_len_lane = preload_extra_lengths(p);
   auto make = [&] {
     if constexpr (kExtra) return make_schedule_extra<kDynamic>(p);
     else return make_schedule<kDynamic>(p);
@@ -95,7 +97,7 @@ sparse_decode_sm90_kernel(const __grid_constant__ DecodeKernelParams p) {
     }
   } else {
     cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
-    run_producer<L, kNumHeads, kDynamic, kPacked>(p, ss, it, rank);
+    run_producer<L, kNumHeads, kDynamic, kPacked>(p, ss, it, rank, extra_len_lane);
   }
   if constexpr (kCluster == 2) {
     // No CTA exits while its peer may still write its smem or arrive on its barriers.
