@@ -45,7 +45,9 @@ void run_eager_and_graph(const std::string& what, const std::function<void(cudaS
   call(stream);
   CUDA_OK(cudaStreamSynchronize(stream));
   DevBuf marker(16);
-  CUDA_OK(cudaMemset(marker.ptr, 0, 16));
+  // On `stream` (non-blocking: it does not wait for the legacy stream), so the clearing cannot land
+  // after the graph's marker writes.
+  CUDA_OK(cudaMemsetAsync(marker.ptr, 0, 16, stream));
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));

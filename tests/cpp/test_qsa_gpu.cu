@@ -304,8 +304,9 @@ TEST(QsaGpu, GraphReplayEqualsEagerBitwise) {
   p.metadata_bytes = md_bytes;
   cudaStream_t s;
   CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  CUDA_OK(cudaMemset(dp.out->ptr, 0, dp.out->bytes));
-  CUDA_OK(cudaMemset(dp.lse->ptr, 0, dp.lse->bytes));
+  // Cleared on `s` (non-blocking: a legacy-stream memset could land after the replays' writes).
+  CUDA_OK(cudaMemsetAsync(dp.out->ptr, 0, dp.out->bytes, s));
+  CUDA_OK(cudaMemsetAsync(dp.lse->ptr, 0, dp.lse->bytes, s));
   cudaGraph_t graph;
   CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
   const Status ps = qsa_plan(p, md.ptr, md_bytes, s);

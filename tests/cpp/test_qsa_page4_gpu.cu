@@ -464,8 +464,9 @@ TEST(QsaPage4Gpu, GraphReplayEqualsEagerBitwise) {
   p.workspace_bytes = ws.bytes;
   cudaStream_t s;
   CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  CUDA_OK(cudaMemset(dp.out->ptr, 0, dp.out->bytes));
-  CUDA_OK(cudaMemset(dp.lse->ptr, 0, dp.lse->bytes));
+  // Cleared on `s` (non-blocking: a legacy-stream memset could land after the replays' writes).
+  CUDA_OK(cudaMemsetAsync(dp.out->ptr, 0, dp.out->bytes, s));
+  CUDA_OK(cudaMemsetAsync(dp.lse->ptr, 0, dp.lse->bytes, s));
   cudaGraph_t graph;
   CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
   const Status ps = qsa::qsa_group_plan(p, group_rows(p, 0), md.ptr, md_bytes, s);
