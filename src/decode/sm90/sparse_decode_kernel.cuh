@@ -131,6 +131,7 @@ cudaError_t launch_sparse_decode_sm90(const DecodeKernelParams& p, cudaStream_t 
   cfg.numAttrs = DecodeTraits<kNumHeads>::kCluster > 1 ? 1 : 0;
   err = cudaLaunchKernelEx(&cfg, kernel, p);
   if (err != cudaSuccess) return err;
+  SELKV_TL(tl_print_kernel<<<1, 1, 0, stream>>>();)  // timeline builds: print what the launch stamped
   return cudaGetLastError();
 }
 

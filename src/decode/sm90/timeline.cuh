@@ -8,8 +8,10 @@
 
 namespace selkv::decode::sm90 {
 
-// Globaltimer stamps per CTA, no printf on the critical path; the last CTA to finish prints min / median / max of every stamp relative to
-// the first CTA's entry, for the first launches of the process (run one case per process). Stamps:
+// Globaltimer stamps per CTA; a one-thread kernel launched after the decode prints min / median / max
+// of every stamp relative to the first CTA's entry, for the first launches of the process (run one
+// case per process; in these builds the combine waits for that kernel, so its entry no longer
+// overlaps the decode's tail, while its work after the dependency wait is timed as before). Stamps:
 // 0 entry, 1 producer's first publish, 2 producer end, 3 softmax WG's first Q ready, 4 its first S
 // done, 5 its end, 6 the start of its last row's epilogue (store_row), 7 the producer's start (after the
 // cluster sync), 8 its first index in a register, 9 its first round's first record chunk in a register
@@ -29,7 +31,6 @@ inline constexpr int kTlMaxCtas = 512;  // CTAs stamped per launch (the grid is 
 __device__ unsigned long long g_tl[kTlMaxCtas][kTlStamps];
 __device__ unsigned int g_tl_done;
 __device__ unsigned int g_tl_prints;
-__device__ unsigned long long g_tl_t0;  // first entry of the last printed launch (for the combine)
 __device__ __forceinline__ unsigned long long tl_now() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
@@ -42,41 +43,53 @@ __device__ __forceinline__ void tl_stamp(int k) {
 // Makes the calling thread wait until v (a load's destination) has arrived.
 __device__ volatile uint32_t g_tl_sink;
 __device__ __forceinline__ void tl_wait_value(uint32_t v) { g_tl_sink = v; }
-// Called once per CTA when it is done (empty CTAs too); the last one prints and resets.
+// Called once per CTA when it is done (empty CTAs too): counts the CTAs. The decode kernel makes no
+// call (a printf in it made ptxas serialize its wgmma, which slowed the consumers' phases the
+// timeline measures); tl_print_kernel, launched after it, prints and resets.
+__device__ unsigned int g_tl_ctas;  // CTAs of the launch just finished (0: nothing to print)
+__device__ int g_tl_rows;
 __device__ __forceinline__ void tl_finish(const DecodeKernelParams& p) {
   __threadfence();
   const unsigned total = gridDim.x * gridDim.y;
   if (atomicAdd(&g_tl_done, 1u) != total - 1) return;
   g_tl_done = 0;
-  const int n = int(total < kTlMaxCtas ? total : kTlMaxCtas);
-  const unsigned launch = atomicAdd(&g_tl_prints, 1u);
-  if (launch < SELKV_DECODE_TIMELINE_SKIP || launch >= SELKV_DECODE_TIMELINE_SKIP + 6) {
-    for (int c = 0; c < n; ++c) g_tl[c][0] = 0;
-    return;
-  }
-  unsigned long long t0 = ~0ull;
-  for (int c = 0; c < n; ++c)
-    if (g_tl[c][0] != 0 && g_tl[c][0] < t0) t0 = g_tl[c][0];
-  g_tl_t0 = t0;
-  printf("TIMELINE decode rows=%d ctas=%d t0=%llu ns (us from t0: min / median / max)\n", p.num_rows, n, t0);
-  const char* names[kTlStamps] = {"entry", "producer_first_publish", "producer_end", "q_ready", "first_S", "end",
-                                  "last_epilogue_start", "producer_start", "index0_ready", "records0_ready"};
-  for (int k = 0; k < kTlStamps; ++k) {
-    unsigned long long v[kTlMaxCtas];
-    int m = 0;
-    for (int c = 0; c < n; ++c)
-      if (g_tl[c][0] != 0 && g_tl[c][k] >= t0) v[m++] = g_tl[c][k] - t0;
-    for (int i = 1; i < m; ++i)  // insertion sort: timeline builds only
-      for (int j = i; j > 0 && v[j - 1] > v[j]; --j) { const unsigned long long x = v[j]; v[j] = v[j - 1]; v[j - 1] = x; }
-    if (m > 0)
-      printf("TIMELINE   %-24s %8.2f %8.2f %8.2f  (%d CTAs)\n", names[k], v[0] * 1e-3, v[m / 2] * 1e-3, v[m - 1] * 1e-3, m);
-  }
-  for (int c = 0; c < n; ++c) g_tl[c][0] = 0;
+  g_tl_rows = p.num_rows;
+  g_tl_ctas = total;
 }
 // An empty part's CTA: no stamps of its own (its entry stamp is cleared), then tl_finish.
 __device__ __forceinline__ void tl_empty_exit(const DecodeKernelParams& p) {
   if (tl_cta() < kTlMaxCtas) g_tl[tl_cta()][0] = 0;
   tl_finish(p);
+}
+// One thread, launched after each decode launch (the same translation unit: the stamps are this
+// unit's globals): prints launches SKIP .. SKIP + 5 of the process, min / median / max of every
+// stamp relative to the first CTA's entry, then clears the stamps.
+__global__ void tl_print_kernel() {
+  const unsigned total = g_tl_ctas;
+  if (total == 0) return;
+  g_tl_ctas = 0;
+  const int n = int(total < kTlMaxCtas ? total : kTlMaxCtas);
+  const unsigned launch = g_tl_prints++;
+  if (launch >= SELKV_DECODE_TIMELINE_SKIP && launch < SELKV_DECODE_TIMELINE_SKIP + 6) {
+    unsigned long long t0 = ~0ull;
+    for (int c = 0; c < n; ++c)
+      if (g_tl[c][0] != 0 && g_tl[c][0] < t0) t0 = g_tl[c][0];
+    printf("TIMELINE decode rows=%d ctas=%d t0=%llu ns (us from t0: min / median / max)\n", g_tl_rows, n, t0);
+    const char* names[kTlStamps] = {"entry", "producer_first_publish", "producer_end", "q_ready", "first_S", "end",
+                                    "last_epilogue_start", "producer_start", "index0_ready", "records0_ready"};
+    for (int k = 0; k < kTlStamps; ++k) {
+      unsigned long long v[kTlMaxCtas];
+      int m = 0;
+      for (int c = 0; c < n; ++c)
+        if (g_tl[c][0] != 0 && g_tl[c][k] >= t0) v[m++] = g_tl[c][k] - t0;
+      for (int i = 1; i < m; ++i)  // insertion sort: timeline builds only
+        for (int j = i; j > 0 && v[j - 1] > v[j]; --j) { const unsigned long long x = v[j]; v[j] = v[j - 1]; v[j - 1] = x; }
+      if (m > 0)
+        printf("TIMELINE   %-24s %8.2f %8.2f %8.2f  (%d CTAs)\n", names[k], v[0] * 1e-3, v[m / 2] * 1e-3, v[m - 1] * 1e-3, m);
+    }
+  }
+  for (int c = 0; c < n; ++c)
+    for (int k = 0; k < kTlStamps; ++k) g_tl[c][k] = 0;
 }
 #define SELKV_TL(...) __VA_ARGS__
 #else
