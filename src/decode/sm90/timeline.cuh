@@ -64,7 +64,7 @@ __device__ __forceinline__ void tl_empty_exit(const DecodeKernelParams& p) {
 // One thread, launched after each decode launch (the same translation unit: the stamps are this
 // unit's globals): prints launches SKIP .. SKIP + 5 of the process, min / median / max of every
 // stamp relative to the first CTA's entry, then clears the stamps.
-__global__ void tl_print_kernel() {
+static __global__ void tl_print_kernel() {  // static: one per translation unit, beside its stamps
   const unsigned total = g_tl_ctas;
   if (total == 0) return;
   g_tl_ctas = 0;
