@@ -44,13 +44,14 @@ using RoundRawOf = std::conditional_t<L::kFormat == KvFormat::kModel1Fp8, RoundR
 // The cache a round reads (model1_fp8 kernels: 0 main, 1 extra); nothing for the others.
 struct NoExtra {};
 
-// Dynamic model1_fp8 kernels, batch <= 32: lane b's batch entry b of the plan's extra-length
-// snapshot (0 past the batch), loaded at kernel entry beside the part entry instead of after it,
-// so the producer's first index load waits on one metadata round trip, not two.
+// Dynamic model1_fp8 kernels, batch <= kPreloadedBatch: lane b's batch entry b of the plan's
+// extra-length snapshot (0 past the batch), loaded at kernel entry beside the part entry instead
+// of after it, so the producer's first index load waits on one metadata round trip, not two.
+inline constexpr int32_t kPreloadedBatch = 32;  // one warp's lanes
 __device__ __forceinline__ int32_t preload_extra_lengths(const DecodeKernelParams& p) {
   const int lane = int(threadIdx.x) % 32;
   return ld_s32_pred_or_zero(p.metadata + md_extra_lengths_offset(p.num_rows, p.batch) + lane,
-                             p.batch <= 32 && lane < p.batch);
+                             p.batch <= kPreloadedBatch && lane < p.batch);
 }
 
 // Walks (row, block) of the part in block order; identical in every CTA of a cluster. With
@@ -83,7 +84,7 @@ struct BlockCursor {
     }
   }
   // kExtra, dynamic: the extra lengths of the part's first two rows. `lane_len` is lane b's batch
-  // entry b (preload_extra_lengths, issued before the part entry was read): with batch <= 32 the
+  // entry b (preload_extra_lengths, issued before the part entry was read): with a preloaded batch the
   // lengths are a shuffle away, otherwise one load that depends on the entry's row.
   __device__ __forceinline__ void init_extra(const DecodeKernelParams& p, [[maybe_unused]] int32_t lane_len) {
     if constexpr (kExtra && kDynamic) {
@@ -91,7 +92,7 @@ struct BlockCursor {
       const int32_t r1 = row + 1 < p.num_rows ? row + 1 : p.num_rows - 1;
       const int32_t b0 = row_coord(r0, p.batch).b, b1 = row_coord(r1, p.batch).b;
       int32_t raw0, raw1;
-      if (p.batch <= 32) {  // uniform
+      if (p.batch <= kPreloadedBatch) {  // uniform
         raw0 = __shfl_sync(0xffffffffu, lane_len, b0);
         raw1 = __shfl_sync(0xffffffffu, lane_len, b1);
       } else {
