@@ -7,7 +7,7 @@
 
 #include "decode/combine.h"
 #include "decode/partial_scale.h"
-#include "sm90/device_ops.cuh"  // bf16x2_bits, prefetch_l2
+#include "sm90/device_ops.cuh"  // bf16x2_bits
 
 namespace selkv::decode {
 namespace {
@@ -114,20 +114,6 @@ __device__ __forceinline__ MergedRow merged_row(const DecodeKernelParams& p, int
   return {lse, f};
 }
 
-// The merged row's destinations (out, lse, attn_sink of its first head) and its first partial,
-// one L2 prefetch each by one thread before the dependency wait: their pages' address translation
-// resolves while the decode kernel finishes, not after it (docs/perf-log.md: epilogue translation
-// prefetch). Into L2 only: the partial's lines are read after the wait, through L2.
-__device__ __forceinline__ void prefetch_merge_dest(const DecodeKernelParams& p, int32_t row, int h0,
-                                                    const void* first_partial) {
-  using selkv::sm90::prefetch_l2;
-  const auto [b, s] = row_coord(row, p.batch);
-  prefetch_l2(p.out + b * p.out_batch_stride + s * p.out_seq_stride + int64_t(h0) * p.out_head_stride);
-  prefetch_l2(p.lse + b * p.lse_batch_stride + s * p.lse_seq_stride + h0);
-  if (p.attn_sink != nullptr) prefetch_l2(p.attn_sink + h0);
-  prefetch_l2(first_partial);
-}
-
 // One CTA per (split row, 4 heads): column i merges entry i of the plan's split-row table (the
 // scheduler wrote it from split_row_of_part, in part order), so no CTA is launched just to find
 // that it has nothing to merge (docs/perf-log.md: combine grid). Every load a CTA needs is issued
@@ -164,7 +150,6 @@ decode_combine_kernel(const DecodeKernelParams p) {
   using Elem = std::conditional_t<kF16Partials, uint16_t, float>;
   const Elem* po = reinterpret_cast<const Elem*>(p.accum_out) + int64_t(h) * 512 + d;
 
-  if (threadIdx.x == 0) prefetch_merge_dest(p, sr.row, h0, po + slot(0) * split_stride);
   // Launched as a programmatic dependent of the decode kernel: wait for its completion (and the
   // visibility of its partials) before reading them.
   asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -265,7 +250,6 @@ __global__ void __launch_bounds__(kFatThreads, 4) decode_combine_fat_kernel(cons
   constexpr int kChunks = kFatDims * int(sizeof(Elem)) / 16;  // 16-byte loads per split: 2 (fp16) or 4
   const Elem* po = reinterpret_cast<const Elem*>(p.accum_out) + int64_t(h) * 512 + d;
 
-  if (tid == 0) prefetch_merge_dest(p, sr.row, h0, po + slot(0) * split_stride);
   asm volatile("griddepcontrol.wait;" ::: "memory");  // the decode kernel's partials are visible
 
   for (int32_t i = tid; i < n * kFatHeads; i += kFatThreads)

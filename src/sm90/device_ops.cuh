@@ -13,8 +13,6 @@
 //   mbar_init / mbar_arrive / mbar_wait   mbarrier phases (shared::cta); fence_mbarrier_init
 //                        makes initialized barriers visible to the async proxy
 //   fence_proxy_async    generic-proxy shared-memory accesses before async-proxy ones (wgmma reads)
-//   prefetch_l2          one line into L2; it also resolves the line's address translation, so later
-//                        stores to that page do not wait on a page-table walk
 #pragma once
 
 #include <cuda_bf16.h>
@@ -102,8 +100,6 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
         : "memory");
   } while (done == 0);
 }
-
-__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 

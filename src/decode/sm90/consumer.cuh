@@ -134,32 +134,6 @@ __device__ __forceinline__ void store_row(const DecodeKernelParams& p, const Row
   }
 }
 
-// The row's destinations (out + lse + attn_sink unsplit; the partial slot, its scales and partial
-// lse split), one L2 prefetch each when the row starts. The prefetch resolves the pages' address
-// translation while the row's blocks run: without it the epilogue's stores waited on page-table
-// walks after a cold start, and every CTA's last epilogue stalled on them (docs/perf-log.md:
-// epilogue translation prefetch).
-template <int kNumHeads, bool kF16Partials>
-__device__ __forceinline__ void prefetch_row_dest(const DecodeKernelParams& p, const RowWork& w) {
-  using selkv::sm90::prefetch_l2;
-  const int head_base = int(blockIdx.x) * kBlockM;
-  if (w.split) {
-    const int64_t e = int64_t(w.slot) * kNumHeads + head_base;  // (slot, first head) of this CTA
-    if constexpr (kF16Partials) {
-      prefetch_l2(reinterpret_cast<const uint16_t*>(p.accum_out) + e * kDimV);
-      prefetch_l2(p.accum_out + f16_inv_scales_offset(p.num_sm_parts, kNumHeads) + e * 2);
-    } else {
-      prefetch_l2(p.accum_out + e * kDimV);
-    }
-    prefetch_l2(p.accum_lse + e);
-  } else {
-    const auto [b, s] = row_coord(w.row, p.batch);
-    prefetch_l2(p.out + b * p.out_batch_stride + s * p.out_seq_stride + int64_t(head_base) * p.out_head_stride);
-    prefetch_l2(p.lse + b * p.lse_batch_stride + s * p.lse_seq_stride + head_base);
-    if (p.attn_sink != nullptr) prefetch_l2(p.attn_sink + head_base);
-  }
-}
-
 // Q [64 heads x kDimQK] of row `w` -> smem by both consumer warpgroups (256 threads, 18 (576) / 16
 // (512) cp.async of 16 bytes each, all in flight at once: one DRAM latency per row, no registers),
 // waited. The caller guarantees every wgmma of the previous row has completed (the row-end barrier).
@@ -271,7 +245,6 @@ __device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, type
   RowWork w;
   SELKV_TL(bool tl_first = true;)
   while (it.next(w)) {
-    if (tid_wg == 0) prefetch_row_dest<kNumHeads, kF16Partials>(p, w);
     load_q_tile<L>(p, ss, w);
     SELKV_TL(if (tid_wg == 0 && tl_first) tl_stamp(3);)
     clear(tOrO);
