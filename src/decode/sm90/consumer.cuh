@@ -39,11 +39,10 @@ struct RowStats {
 
 // Epilogue of one row for consumer `cw` (owns d_v [256 cw, 256 cw + 256)): normalize, then bf16
 // out + lse (unsplit) or the normalized partial (scaled fp16 when kF16Partials, else fp32) +
-// partial lse (split). !live: the same instructions with every store off (the warm-up pass of
-// run_softmax_wg / run_pv_wg).
+// partial lse (split).
 template <int kNumHeads, bool kF16Partials, typename TensorO>
 __device__ __forceinline__ void store_row(const DecodeKernelParams& p, const RowWork& w, int cw, int lane,
-                                          int r0, int r1, const RowStats& st, TensorO& tOrO, bool live) {
+                                          int r0, int r1, const RowStats& st, TensorO& tOrO) {
   const auto [b, s] = row_coord(w.row, p.batch);
   const int head_base = int(blockIdx.x) * kBlockM;
   // An empty row gives out 0 and lse -inf (the final lse: p.empty_lse, below); a NaN that reached
@@ -72,7 +71,7 @@ __device__ __forceinline__ void store_row(const DecodeKernelParams& p, const Row
       const PartialScale s0 = f16_partial_scale(m0 * f0), s1 = f16_partial_scale(m1 * f1);
       f0 *= s0.scale;
       f1 *= s1.scale;
-      if (live && q4 == 0) {
+      if (q4 == 0) {
         float* inv = p.accum_out + f16_inv_scales_offset(p.num_sm_parts, kNumHeads);
         inv[(int64_t(w.slot) * kNumHeads + h0) * 2 + cw] = s0.inv;
         inv[(int64_t(w.slot) * kNumHeads + h1) * 2 + cw] = s1.inv;
@@ -86,13 +85,11 @@ __device__ __forceinline__ void store_row(const DecodeKernelParams& p, const Row
       CUTE_UNROLL
       for (int i = 0; i < size(tOrO); i += 4) {
         const int c = 8 * (i >> 2);
-        if (live) {
-          *reinterpret_cast<float2*>(acc0 + c) = make_float2(tOrO(i) * f0, tOrO(i + 1) * f0);
-          *reinterpret_cast<float2*>(acc1 + c) = make_float2(tOrO(i + 2) * f1, tOrO(i + 3) * f1);
-        }
+        *reinterpret_cast<float2*>(acc0 + c) = make_float2(tOrO(i) * f0, tOrO(i + 1) * f0);
+        *reinterpret_cast<float2*>(acc1 + c) = make_float2(tOrO(i + 2) * f1, tOrO(i + 3) * f1);
       }
     }
-    if (live && cw == 0 && (lane & 3) == 0) {
+    if (cw == 0 && (lane & 3) == 0) {
       p.accum_lse[int64_t(w.slot) * kNumHeads + h0] = lse0;
       p.accum_lse[int64_t(w.slot) * kNumHeads + h1] = lse1;
     }
@@ -126,42 +123,14 @@ __device__ __forceinline__ void store_row(const DecodeKernelParams& p, const Row
           wd[k] = to_slot ? f16x2_bits(tOrO(i) * f, tOrO(i + 1) * f) : bf16x2_bits(tOrO(i) * f, tOrO(i + 1) * f);
         }
         selkv::sm90::quad_transpose4(wd, q4);
-        if (live) *reinterpret_cast<uint4*>((r ? o1 : o0) + 32 * c) = make_uint4(wd[0], wd[1], wd[2], wd[3]);
+        *reinterpret_cast<uint4*>((r ? o1 : o0) + 32 * c) = make_uint4(wd[0], wd[1], wd[2], wd[3]);
       }
     }
-    if (live && cw == 0 && (lane & 3) == 0 && !to_slot) {
+    if (cw == 0 && (lane & 3) == 0 && !to_slot) {
       float* lrow = p.lse + b * p.lse_batch_stride + s * p.lse_seq_stride;
       lrow[h0] = any0 ? lse0 : p.empty_lse;
       lrow[h1] = any1 ? lse1 : p.empty_lse;
     }
-  }
-}
-
-// Epilogue warm-up. A row's epilogue is ~1 K instructions per consumer warpgroup that run once, at
-// the row's end; with the instruction cache cold (the kernel's code evicted from L2, as after the
-// benchmark's flush or a serving step's other kernels) every CTA's last epilogue waited on their
-// fetch from DRAM, microseconds after its last block. Each consumer loop therefore starts with a
-// pass that runs only the epilogue, at the loop's one call site (so the same instructions), with
-// every store off, while the first KV block is still loading (docs/perf-log.md: epilogue warm-up).
-// The pass flag goes through opaque(): a flag the compiler can read (false in the first pass, true
-// after it) lets it peel the first pass into a second copy of the epilogue, which warms nothing.
-__device__ __forceinline__ bool opaque(bool v) {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %1;" : "=r"(r) : "r"(uint32_t(v)));
-  return r != 0u;
-}
-// The first row's Q tile into L2 (by the softmax WG), issued before the warm-up pass so its DRAM
-// latency overlaps the pass; load_q_tile then reads it from L2.
-template <class L>
-__device__ __forceinline__ void prefetch_q_tile(const DecodeKernelParams& p, const RowWork& w, int tid_wg) {
-  constexpr int kLinesPerHead = L::kDimQK * 2 / 128;  // 128-byte lines of one head's Q row: 9 / 8
-  const auto [b, s] = row_coord(w.row, p.batch);
-  const uint16_t* qrow = p.q + b * p.q_batch_stride + s * p.q_seq_stride;
-  const int head_base = int(blockIdx.x) * kBlockM;
-#pragma unroll 1
-  for (int c = tid_wg; c < kBlockM * kLinesPerHead; c += 128) {
-    const int h = c / kLinesPerHead, line = c - (c / kLinesPerHead) * kLinesPerHead;
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(qrow + int64_t(head_base + h) * p.q_head_stride + line * 64));
   }
 }
 
@@ -275,93 +244,82 @@ __device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, type
   uint32_t phase = 0;
   RowWork w;
   SELKV_TL(bool tl_first = true;)
-  {
-    Iter first = it;
-    first.next(w);  // the part's first row (a part has one): the warm-up pass's row
-    prefetch_q_tile<L>(p, w, tid_wg);
-  }
-  clear(tOrO);
-  RowStats st{0.f, 0.f, 0.f, 0.f};  // the warm-up pass's: an empty row
-  for (bool live = opaque(false);; live = opaque(true)) {  // pass 0: the epilogue warm-up (see above)
-    if (live) {
-      if (!it.next(w)) break;
-      load_q_tile<L>(p, ss, w);
-      SELKV_TL(if (tid_wg == 0 && tl_first) tl_stamp(3);)
-      clear(tOrO);
-      selkv::sm90::OnlineSoftmax2 sm;
+  while (it.next(w)) {
+    load_q_tile<L>(p, ss, w);
+    SELKV_TL(if (tid_wg == 0 && tl_first) tl_stamp(3);)
+    clear(tOrO);
+    selkv::sm90::OnlineSoftmax2 sm;
 
-      for (int32_t blk = w.blk_begin; blk < w.blk_end; ++blk) {
-        wait_kv_tile<kNumHeads>(ss, buf, phase);
+    for (int32_t blk = w.blk_begin; blk < w.blk_end; ++blk) {
+      wait_kv_tile<kNumHeads>(ss, buf, phase);
 
-        // S = Q K^T over kDimQK dims for the block's 64 tokens.
-        Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});
-        issue_s_gemm<L>(mma_qk, thr_qk, tSrQ, ss.k[buf], tSrS);
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(tSrS);
-        SELKV_TL(if (tid_wg == 0 && tl_first) { tl_stamp(4); tl_first = false; })
+      // S = Q K^T over kDimQK dims for the block's 64 tokens.
+      Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});
+      issue_s_gemm<L>(mma_qk, thr_qk, tSrQ, ss.k[buf], tSrS);
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tSrS);
+      SELKV_TL(if (tid_wg == 0 && tl_first) { tl_stamp(4); tl_first = false; })
 
-        // Mask invalid tokens (bit t of the block's mask = token t), row maxima over the quad.
-        const float2 mx = sm.rowmax(tSrS, *reinterpret_cast<const uint64_t*>(ss.kv_valid_bits[buf]), lane);
-        // P = exp2(s * scale_log2 - m * scale_log2): row sums in fp32, P in bf16 registers.
-        const float2 sc = sm.advance(tSrS, sl2, fmaxf(sm.m0, mx.x), fmaxf(sm.m1, mx.y));
-        const float sc0 = sc.x, sc1 = sc.y;
+      // Mask invalid tokens (bit t of the block's mask = token t), row maxima over the quad.
+      const float2 mx = sm.rowmax(tSrS, *reinterpret_cast<const uint64_t*>(ss.kv_valid_bits[buf]), lane);
+      // P = exp2(s * scale_log2 - m * scale_log2): row sums in fp32, P in bf16 registers.
+      const float2 sc = sm.advance(tSrS, sl2, fmaxf(sm.m0, mx.x), fmaxf(sm.m1, mx.y));
+      const float sc0 = sc.x, sc1 = sc.y;
+      CUTE_UNROLL
+      for (int i = 0; i < size(tSrS); i += 2) {
+        const uint32_t v = bf16x2_bits(tSrS(i), tSrS(i + 1));
+        *reinterpret_cast<uint32_t*>(&tOrP(i)) = v;
+      }
+
+      // Publish P and the rescale factors to WG2 (after it has finished with the previous ones).
+      if (blk != w.blk_begin) consumers_sync(NamedBar::kPFree);
+      // P tile by stmatrix: 4 instructions per thread instead of 16 four-byte stores (docs/perf-log.md:
+      // decode P tile). The u32 at
+      // tOrP(i) is (row half (i >> 1) & 1, column block i >> 2); store k writes column blocks 2k and
+      // 2k + 1 as matrices m = (half m & 1, block 2k + (m >> 1)), i.e. tOrP(8k + 2m).
+      {
+        const int m = lane >> 3;
+        const int srow = warp_wg * 16 + 8 * (m & 1) + (lane & 7);
+        auto u32_at = [&](int i) { return *reinterpret_cast<const uint32_t*>(&tOrP(i)); };
         CUTE_UNROLL
-        for (int i = 0; i < size(tSrS); i += 2) {
-          const uint32_t v = bf16x2_bits(tSrS(i), tSrS(i + 1));
-          *reinterpret_cast<uint32_t*>(&tOrP(i)) = v;
-        }
-
-        // Publish P and the rescale factors to WG2 (after it has finished with the previous ones).
-        if (blk != w.blk_begin) consumers_sync(NamedBar::kPFree);
-        // P tile by stmatrix: 4 instructions per thread instead of 16 four-byte stores (docs/perf-log.md:
-        // decode P tile). The u32 at
-        // tOrP(i) is (row half (i >> 1) & 1, column block i >> 2); store k writes column blocks 2k and
-        // 2k + 1 as matrices m = (half m & 1, block 2k + (m >> 1)), i.e. tOrP(8k + 2m).
-        {
-          const int m = lane >> 3;
-          const int srow = warp_wg * 16 + 8 * (m & 1) + (lane & 7);
-          auto u32_at = [&](int i) { return *reinterpret_cast<const uint32_t*>(&tOrP(i)); };
-          CUTE_UNROLL
-          for (int k = 0; k < 4; ++k)
-            stsm_x4(smem_u32(ss.p + p_tile_offset(srow, 8 * (2 * k + (m >> 1)))), u32_at(8 * k), u32_at(8 * k + 2),
-                    u32_at(8 * k + 4), u32_at(8 * k + 6));
-        }
-        if ((lane & 3) == 0) {
-          ss.row_scale[r0] = sc0;
-          ss.row_scale[r1] = sc1;
-        }
-        cutlass::arch::fence_view_async_shared();  // P tile: generic stores -> WG2's wgmma
-        consumers_arrive(NamedBar::kPReady);
-        // Once the running maxima settle the factors are exactly 1: skip the 128 multiplies
-        // (warp-uniform test; multiplying by 1 would give the same bits).
-        if (__any_sync(0xffffffffu, sc0 != 1.f || sc1 != 1.f)) {
-          CUTE_UNROLL
-          for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= ((i >> 1) & 1) ? sc1 : sc0;
-        }
-
-        // O_0 += P V_0 (V = first 512 dims of the same KV tile, read MN-major).
-        pv_gemm_wait<L>(mma_pv, thr_pv, tOrP, ss.k[buf], tOrO);
-
-        release_kv_tile<kNumHeads>(ss, buf, lane);
-        if (++buf == kNumKBufs) { buf = 0; phase ^= 1u; }
+        for (int k = 0; k < 4; ++k)
+          stsm_x4(smem_u32(ss.p + p_tile_offset(srow, 8 * (2 * k + (m >> 1)))), u32_at(8 * k), u32_at(8 * k + 2),
+                  u32_at(8 * k + 4), u32_at(8 * k + 6));
       }
-
-      // Row end: total row sums and maxima -> smem for WG2; the barrier also orders every wgmma of
-      // this row before the next row's Q load.
-      sm.finish();
       if ((lane & 3) == 0) {
-        ss.row_sum[r0] = sm.l0;
-        ss.row_sum[r1] = sm.l1;
-        ss.row_max[r0] = sm.m0;
-        ss.row_max[r1] = sm.m1;
+        ss.row_scale[r0] = sc0;
+        ss.row_scale[r1] = sc1;
       }
-      consumers_sync(NamedBar::kRowSum);
-      // WG2 reads row_sum / row_max right after kRowSum; WG1 rewrites them only after the next
-      // row's kQReady barrier, which WG2 reaches after that read.
-      SELKV_TL(if (tid_wg == 0) tl_stamp(6);)  // overwritten per row: the last row's remains
-      st = RowStats{sm.m0, sm.m1, sm.l0, sm.l1};
+      cutlass::arch::fence_view_async_shared();  // P tile: generic stores -> WG2's wgmma
+      consumers_arrive(NamedBar::kPReady);
+      // Once the running maxima settle the factors are exactly 1: skip the 128 multiplies
+      // (warp-uniform test; multiplying by 1 would give the same bits).
+      if (__any_sync(0xffffffffu, sc0 != 1.f || sc1 != 1.f)) {
+        CUTE_UNROLL
+        for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= ((i >> 1) & 1) ? sc1 : sc0;
+      }
+
+      // O_0 += P V_0 (V = first 512 dims of the same KV tile, read MN-major).
+      pv_gemm_wait<L>(mma_pv, thr_pv, tOrP, ss.k[buf], tOrO);
+
+      release_kv_tile<kNumHeads>(ss, buf, lane);
+      if (++buf == kNumKBufs) { buf = 0; phase ^= 1u; }
     }
-    store_row<kNumHeads, kF16Partials>(p, w, 0, lane, r0, r1, st, tOrO, live);
+
+    // Row end: total row sums and maxima -> smem for WG2; the barrier also orders every wgmma of
+    // this row before the next row's Q load.
+    sm.finish();
+    if ((lane & 3) == 0) {
+      ss.row_sum[r0] = sm.l0;
+      ss.row_sum[r1] = sm.l1;
+      ss.row_max[r0] = sm.m0;
+      ss.row_max[r1] = sm.m1;
+    }
+    consumers_sync(NamedBar::kRowSum);
+    // WG2 reads row_sum / row_max right after kRowSum; WG1 rewrites them only after the next
+    // row's kQReady barrier, which WG2 reaches after that read.
+    SELKV_TL(if (tid_wg == 0) tl_stamp(6);)  // overwritten per row: the last row's remains
+    store_row<kNumHeads, kF16Partials>(p, w, 0, lane, r0, r1, RowStats{sm.m0, sm.m1, sm.l0, sm.l1}, tOrO);
   }
   SELKV_TL(if (tid_wg == 0) { tl_stamp(5); tl_finish(p); })
 }
@@ -383,38 +341,29 @@ __device__ __forceinline__ void run_pv_wg(const DecodeKernelParams& p, typename 
   int buf = 0;
   uint32_t phase = 0;
   RowWork w;
-  {
-    Iter first = it;
-    first.next(w);  // the part's first row: the warm-up pass's row (see run_softmax_wg)
-  }
-  clear(tOrO);
-  for (bool live = opaque(false);; live = opaque(true)) {  // pass 0: the epilogue warm-up
-    if (live) {
-      if (!it.next(w)) break;
-      load_q_tile<L>(p, ss, w);
-      clear(tOrO);
-      for (int32_t blk = w.blk_begin; blk < w.blk_end; ++blk) {
-        consumers_sync(NamedBar::kPReady);
-        // WG1 waited for this tile before publishing P; waiting here too is free and keeps the
-        // async-proxy visibility chain explicit (producer fence -> mbarrier -> this thread).
-        wait_kv_tile<kNumHeads>(ss, buf, phase);
-        const float sc0 = ss.row_scale[r0], sc1 = ss.row_scale[r1];
-        if (__any_sync(0xffffffffu, sc0 != 1.f || sc1 != 1.f)) {
-          CUTE_UNROLL
-          for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= ((i >> 1) & 1) ? sc1 : sc0;
-        }
-
-        pv_gemm_wait<L>(mma_pv, thr_pv, tOrP, ss.k[buf] + kVHalfDimOffset, tOrO);
-
-        release_kv_tile<kNumHeads>(ss, buf, lane);
-        if (blk + 1 != w.blk_end) consumers_arrive(NamedBar::kPFree);
-        if (++buf == kNumKBufs) { buf = 0; phase ^= 1u; }
+  while (it.next(w)) {
+    load_q_tile<L>(p, ss, w);
+    clear(tOrO);
+    for (int32_t blk = w.blk_begin; blk < w.blk_end; ++blk) {
+      consumers_sync(NamedBar::kPReady);
+      // WG1 waited for this tile before publishing P; waiting here too is free and keeps the
+      // async-proxy visibility chain explicit (producer fence -> mbarrier -> this thread).
+      wait_kv_tile<kNumHeads>(ss, buf, phase);
+      const float sc0 = ss.row_scale[r0], sc1 = ss.row_scale[r1];
+      if (__any_sync(0xffffffffu, sc0 != 1.f || sc1 != 1.f)) {
+        CUTE_UNROLL
+        for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= ((i >> 1) & 1) ? sc1 : sc0;
       }
-      consumers_sync(NamedBar::kRowSum);
+
+      pv_gemm_wait<L>(mma_pv, thr_pv, tOrP, ss.k[buf] + kVHalfDimOffset, tOrO);
+
+      release_kv_tile<kNumHeads>(ss, buf, lane);
+      if (blk + 1 != w.blk_end) consumers_arrive(NamedBar::kPFree);
+      if (++buf == kNumKBufs) { buf = 0; phase ^= 1u; }
     }
-    // (the warm-up pass reads whatever the row statistics hold: it stores nothing)
+    consumers_sync(NamedBar::kRowSum);
     const RowStats st{ss.row_max[r0], ss.row_max[r1], ss.row_sum[r0], ss.row_sum[r1]};
-    store_row<kNumHeads, kF16Partials>(p, w, 1, lane, r0, r1, st, tOrO, live);
+    store_row<kNumHeads, kF16Partials>(p, w, 1, lane, r0, r1, st, tOrO);
   }
 }
 
