@@ -388,9 +388,11 @@ Status check_workspace(const char* kOp, const P& p, const DecodeMetadata& md, vo
 
 // The decode grid (one of the instantiations: ds_mla_fp8 native or packed, or model1_fp8) and,
 // when rows can be split, the combine.
-Status launch_decode(const char* kOp, const decode::DecodeKernelParams& k, const DecodeMetadata& md,
+Status launch_decode(const char* kOp, decode::DecodeKernelParams k, const DecodeMetadata& md,
                      bool packed, KvFormat format, cudaStream_t stream) {
   const bool dyn = decode::has_lengths(k);
+  const decode::FixedSchedule fixed(k.num_rows, k.topk + k.topk_extra, k.min_blocks_per_part, k.num_sm_parts);
+  k.fixed = decode::FixedPartition(fixed);  // the fixed kernels' cut, made once here instead of in every CTA
   const bool f16 = decode_uses_f16_partials(md.shape);  // shape only: the same for every call of the plan
   const bool model1 = format == KvFormat::kModel1Fp8;   // (checked: packed reads ds_mla_fp8 only)
   const cudaError_t err = dispatch_heads(k.num_heads, [&](auto heads) {
@@ -413,7 +415,6 @@ Status launch_decode(const char* kOp, const decode::DecodeKernelParams& k, const
   SELKV_CUDA_RETURN(err, kOp);
   // A fixed schedule of whole rows per part writes every row's out directly: no combine. Else
   // at most one row is split per boundary between parts, and at most every row.
-  const decode::FixedSchedule fixed(k.num_rows, k.topk + k.topk_extra, k.min_blocks_per_part, k.num_sm_parts);
   if (dyn || fixed.has_split_rows()) {
     const int32_t boundaries = (dyn ? k.num_sm_parts : fixed.np) - 1;
     SELKV_CUDA_RETURN(decode::launch_decode_combine(k, std::min(boundaries, k.num_rows), f16, stream), kOp);

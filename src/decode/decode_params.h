@@ -210,7 +210,9 @@ struct PartStart {
 
 // Two views of one schedule, with the same interface for the decode and combine kernels.
 // Fixed top-k: every row has K / 64 blocks, so the schedule is closed form (no metadata read on
-// the hot path; the host validated the shape the plan was made for).
+// the hot path; the host validated the shape the plan was made for). This view computes the cut
+// from the shape (the host, the scheduler kernel, the combine's fallback); the decode kernels use
+// FixedPartSchedule, the same cut from the host's FixedPartition.
 struct FixedSchedule {
   int32_t rows, blocks_per_row, total, np, unit;
   SELKV_DEC_HD FixedSchedule(int32_t rows_, int32_t topk, int32_t min_blocks, int32_t num_sm_parts)
@@ -223,6 +225,42 @@ struct FixedSchedule {
   SELKV_DEC_HD int32_t row_of_part(int32_t q) const { return begin(q) / blocks_per_row; }
   // Whole rows per part: nothing to combine.
   SELKV_DEC_HD bool has_split_rows() const { return unit != blocks_per_row; }
+};
+
+// The fixed schedule's cut as the decode kernels take it (DecodeKernelParams::fixed, made by the
+// host per call from FixedSchedule): part q's first block unit * floor(q * units / NP) is
+// unit * (q * units_per_part + floor(q * units_rem / NP)), units = total / unit; q * units_rem <
+// NP^2 <= 2^20, so that is one multiply-high by NP's FastDivmod, and a part's row one more by
+// K / 64's. Computing the cut in every CTA took six integer divisions and two calls of the 64-bit
+// division routine before the first load (docs/perf-log.md: fixed partition).
+struct FixedPartition {
+  int32_t unit = 1;
+  int32_t units_per_part = 0;  // (total / unit) / NP
+  int32_t units_rem = 0;       // (total / unit) % NP
+  FastDivmod np;               // NP (divisor)
+  FastDivmod blocks_per_row;   // K / 64 (+ K2 / 64) (divisor)
+  FixedPartition() = default;
+  explicit FixedPartition(const FixedSchedule& s)
+      : unit(s.unit), np(uint32_t(s.np > 0 ? s.np : 1)), blocks_per_row(uint32_t(s.blocks_per_row > 0 ? s.blocks_per_row : 1)) {
+    const int32_t units = s.total / (s.unit > 0 ? s.unit : 1);
+    units_per_part = units / int32_t(np.divisor);
+    units_rem = units - units_per_part * int32_t(np.divisor);
+  }
+};
+// The decode kernels' view of the fixed schedule: FixedSchedule's interface (prefix, begin,
+// row_of_part, np, total, rows) over a FixedPartition, with no division.
+struct FixedPartSchedule {
+  int32_t rows, blocks_per_row, total, np, unit;
+  FixedPartition part;
+  SELKV_DEC_HD FixedPartSchedule(int32_t rows_, const FixedPartition& fp)
+      : rows(rows_), blocks_per_row(int32_t(fp.blocks_per_row.divisor)),
+        total(rows_ * int32_t(fp.blocks_per_row.divisor)), np(int32_t(fp.np.divisor)), unit(fp.unit), part(fp) {}
+  SELKV_DEC_HD int32_t prefix(int32_t r) const { return r * blocks_per_row; }
+  // q in [0, NP] (part_begin(q, total, np, unit), exactly).
+  SELKV_DEC_HD int32_t begin(int32_t q) const {
+    return unit * (q * part.units_per_part + int32_t(part.np.div(uint32_t(q * part.units_rem))));
+  }
+  SELKV_DEC_HD int32_t row_of_part(int32_t q) const { return int32_t(part.blocks_per_row.div(uint32_t(begin(q)))); }
 };
 // Dynamic top-k: the scheduler's prefix sums and part table. Reads are clamped to the tables of
 // `rows` rows (the host-validated shape), so even a corrupt buffer is never read out of bounds; a
@@ -346,14 +384,16 @@ SELKV_DEC_HD RowCoord row_coord(int32_t row, int32_t batch) {
 }
 
 // Field order follows first use: a kernel parameter is read through the constant cache, where a
-// cold line stalls the warp (it is not scoreboarded). At entry every CTA computes its part from the
-// first 16 bytes; the producer's first index load then needs the next two lines, the consumers'
-// Q load the third (docs/perf-log.md: decode parameter order).
+// cold line stalls the warp (it is not scoreboarded). At entry every CTA finds its part from the
+// first 64 bytes (the schedule fields, the fixed cut, the metadata pointer); the producer's first
+// index load then needs the next lines, the consumers' Q load a later one (docs/perf-log.md:
+// decode parameter order).
 struct DecodeKernelParams {
   int32_t num_rows;             // batch * seq_q, numbered s * batch + b (row_coord)
   int32_t topk;
-  int32_t min_blocks_per_part;  // the plan's (FixedSchedule recomputes NP from it)
+  int32_t min_blocks_per_part;  // the plan's
   int32_t num_sm_parts;         // grid parts; parts >= NP exit at once
+  FixedPartition fixed;         // fixed top-k: the cut, from the host (launch_decode)
   const int32_t* metadata;      // see layout above (read by the dynamic top-k kernels only)
   int32_t batch, seq_q;
 
@@ -411,7 +451,7 @@ SELKV_DEC_HD auto make_schedule(const DecodeKernelParams& p) {
   if constexpr (kDynamic) {
     return DynamicSchedule(p.metadata, p.num_rows, p.topk, p.min_blocks_per_part, p.num_sm_parts);
   } else {
-    return FixedSchedule(p.num_rows, p.topk, p.min_blocks_per_part, p.num_sm_parts);
+    return FixedPartSchedule(p.num_rows, p.fixed);
   }
 }
 // The same for kernels with an extra cache: K / 64 + K2 / 64 blocks per row when fixed.
@@ -421,7 +461,7 @@ SELKV_DEC_HD auto make_schedule_extra(const DecodeKernelParams& p) {
     return DynamicSchedule(p.metadata, p.num_rows, p.topk, p.min_blocks_per_part, p.num_sm_parts, p.batch,
                            p.topk_extra);
   } else {
-    return FixedSchedule(p.num_rows, p.topk + p.topk_extra, p.min_blocks_per_part, p.num_sm_parts);
+    return FixedPartSchedule(p.num_rows, p.fixed);
   }
 }
 

@@ -11,7 +11,8 @@
 //   cp_async_arrive      an mbarrier arrival once this thread's earlier cp.async copies land
 //   smem_addr            a shared-memory pointer as a 32-bit shared address
 //   mbar_init / mbar_arrive / mbar_wait   mbarrier phases (shared::cta); fence_mbarrier_init
-//                        makes initialized barriers visible to the async proxy
+//                        makes initialized barriers visible to the async proxy; <true>: .relaxed
+//                        (a signal of issue order with no memory ordering)
 //   fence_proxy_async    generic-proxy shared-memory accesses before async-proxy ones (wgmma reads)
 #pragma once
 
@@ -81,23 +82,37 @@ __device__ __forceinline__ void fence_mbarrier_init() {
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 }
 
+template <bool kRelaxed = false>
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+  if constexpr (kRelaxed) asm volatile("mbarrier.arrive.relaxed.cta.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+  else asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
 
 // Waits for the barrier's phase `parity` to complete.
+template <bool kRelaxed = false>
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   uint32_t done = 0;
   do {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n"
-        "}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
+    if constexpr (kRelaxed)
+      asm volatile(
+          "{\n"
+          ".reg .pred p;\n"
+          "mbarrier.try_wait.parity.relaxed.cta.shared::cta.b64 p, [%1], %2;\n"
+          "selp.u32 %0, 1, 0, p;\n"
+          "}\n"
+          : "=r"(done)
+          : "r"(bar), "r"(parity)
+          : "memory");
+    else
+      asm volatile(
+          "{\n"
+          ".reg .pred p;\n"
+          "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+          "selp.u32 %0, 1, 0, p;\n"
+          "}\n"
+          : "=r"(done)
+          : "r"(bar), "r"(parity)
+          : "memory");
   } while (done == 0);
 }
 

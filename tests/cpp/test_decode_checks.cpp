@@ -419,6 +419,33 @@ TEST(DecodeChecks, FixedScheduleWholeRows) {
   EXPECT_EQ(s.begin(66), 128 * 32);
 }
 
+// The kernels' fixed schedule comes from the host's FixedPartition (no division in a CTA): the same
+// part starts (part_begin) and rows as the schedule computed from the shape, up to int32 totals.
+TEST(DecodeChecks, FixedPartitionMatchesTheShapeSchedule) {
+  using namespace selkv::decode;
+  auto check = [](int32_t rows, int32_t bpr, int32_t min_blocks, int32_t num_sm_parts) {
+    const FixedSchedule a(rows, bpr * kBlockTokens, min_blocks, num_sm_parts);
+    const FixedPartSchedule b(rows, FixedPartition(a));
+    ASSERT_EQ(b.np, a.np);
+    ASSERT_EQ(b.total, a.total);
+    ASSERT_EQ(b.unit, a.unit);
+    ASSERT_EQ(b.blocks_per_row, a.blocks_per_row);
+    for (int32_t q = 0; q <= a.np; ++q) {
+      const int32_t ref = part_begin(q, a.total, a.np, a.unit);
+      ASSERT_EQ(b.begin(q), ref) << rows << " rows, " << bpr << " blocks, part " << q;
+      if (q < a.np) ASSERT_EQ(b.row_of_part(q), ref / bpr);
+    }
+  };
+  for (int32_t rows = 1; rows <= 300; rows += rows < 40 ? 1 : 7)
+    for (int32_t bpr : {1, 2, 3, 17, 18, 32, 34, 256})
+      for (int32_t min_blocks : {1, 2, 4, 9})
+        for (int32_t parts : {1, 7, 66, 132, 1024}) check(rows, bpr, min_blocks, parts);
+  for (int32_t parts : {66, 132, 1024}) {  // totals near 2^31
+    check((1 << 21) - 1, 1024, 4, parts);
+    check((1 << 23) + 3, 255, 4, parts);
+  }
+}
+
 TEST(DecodeChecks, SchedulerPartitionArithmetic) {
   using namespace selkv::decode;
   for (int min_blocks : {1, 2, 3, 4, 7})

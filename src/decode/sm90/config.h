@@ -42,11 +42,12 @@ struct DecodeTraits {
 // WG2 = PV WG (O dims [256, 512) with P from smem). See the consumer section of the kernel.
 inline constexpr int kNumThreads = 384;
 inline constexpr int kNumConsumerThreads = 256;
-// 128 / 208: with fewer the producer spills in its round loop; the softmax WG fits in 208 without
-// a spill (docs/perf-log.md: decode register split).
-inline constexpr int kProducerRegs = 128;   // setmaxnreg.dec
+// 136 / 208 / 160: the producer's round loop needs more than 128, the softmax WG fits in 208 and
+// the PV WG (its epilogue) in 160; 144 / 200 / 160 and 144 / 208 / 152 spill more
+// (docs/perf-log.md: decode register split).
+inline constexpr int kProducerRegs = 136;   // setmaxnreg.dec
 inline constexpr int kSoftmaxWgRegs = 208;  // setmaxnreg.inc: O (128) + S (32) + P (16) + state
-inline constexpr int kPvWgRegs = 168;       // launch value (no setmaxnreg): O (128) + state
+inline constexpr int kPvWgRegs = 160;       // setmaxnreg.dec: O (128) + state
 inline constexpr int kTokensPerConsumer = kBlockN / 2;  // 32: the H = 128 cluster halves of a block
 inline constexpr int kDimVPerConsumer = kDimV / 2;      // 256
 inline constexpr int kVHalfDimOffset = (kDimVPerConsumer / 64) * 512;  // 2048: dims [256, 512) of a tile
@@ -56,7 +57,7 @@ static_assert(kProducerRegs + kSoftmaxWgRegs + kPvWgRegs == 3 * 168, "setmaxnreg
 
 // Named barriers (id 0 is __syncthreads).
 enum class NamedBar : uint32_t {
-  kPReady = 1, kPFree = 2, kRowSum = 3, kQReady = 4, kProducerHalfDone = 5,
+  kPReady = 1, kPFree = 2, kRowSum = 3, kQReady = 4,
 };
 
 // The kernel's geometry for one record format (DecodeLayout<F>, a template parameter of the
@@ -114,6 +115,7 @@ struct alignas(1024) SharedStorageOf {
   alignas(8) uint64_t bar_full[kNumKBufs];   // producer -> consumers, 128 arrivals
   alignas(8) uint64_t bar_empty[kNumKBufs];  // consumer warps -> producer(s): 8 (H=64) / 16 (H=128, both CTAs)
   alignas(8) uint64_t bar_remote[kNumKBufs]; // H=128: the peer CTA's half of the tile (st.async tx bytes)
+  alignas(8) uint64_t bar_first_loads;       // producer warps -> consumers, once: 4 arrivals (relaxed)
 };
 
 // The ds_mla_fp8 geometry under its historical names (layout_check.cu, tests).

@@ -244,6 +244,7 @@ __device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, type
   uint32_t phase = 0;
   RowWork w;
   SELKV_TL(bool tl_first = true;)
+  selkv::sm90::mbar_wait<true>(smem_u32(&ss.bar_first_loads), 0u);  // see run_producer
   while (it.next(w)) {
     load_q_tile<L>(p, ss, w);
     SELKV_TL(if (tid_wg == 0 && tl_first) tl_stamp(3);)
@@ -341,6 +342,7 @@ __device__ __forceinline__ void run_pv_wg(const DecodeKernelParams& p, typename 
   int buf = 0;
   uint32_t phase = 0;
   RowWork w;
+  selkv::sm90::mbar_wait<true>(smem_u32(&ss.bar_first_loads), 0u);  // see run_producer
   while (it.next(w)) {
     load_q_tile<L>(p, ss, w);
     clear(tOrO);

@@ -183,6 +183,7 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, typena
   const int c0 = ((2 * q) ^ l7) << 3, c1 = ((2 * q + 1) ^ l7) << 3;
   const int r0 = (kDimNope / 64) * 512 + ((q ^ l7) << 3), r1 = (kDimNope / 64) * 512 + (((q + 4) ^ l7) << 3);
   constexpr int kHalfOff = L::kKHalfTokenOffset;  // tokens [32, 64)
+  static_assert(kHalfOff == 4 * kKRowGroupStride, "a cluster half is the 4 producer warps' row groups");
   uint32_t peer_smem = 0;
   if constexpr (kCluster == 2) peer_smem = map_smem_to_rank(smem_u32(&ss), rank ^ 1u);
 
@@ -396,11 +397,13 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, typena
       cutlass::arch::ClusterBarrier::arrive(&ss.bar_full[buf]);
       SELKV_TL(if (threadIdx.x == 0 && n == kRounds - 1) tl_stamp(1);)
       if constexpr (kCluster == 2) {
-        // Every producer thread's half-tile stores are fenced: one thread ships the half.
-        selkv::sm90::named_bar_sync<128>(NamedBar::kProducerHalfDone);
-        if (threadIdx.x == 0) {
-          const uint32_t off = uint32_t(half * kHalfOff) * uint32_t(sizeof(bf16_t));
-          bulk_copy_to_peer(peer_k + off, smem_u32(sk) + off, uint32_t(kHalfOff * sizeof(bf16_t)), peer_bar);
+        // Each warp ships its own 8 tokens (one row group, contiguous in the tile) once its lanes'
+        // stores are fenced: four copies that start as each warp finishes, instead of one that
+        // waited for the whole half behind a named barrier (docs/perf-log.md: per-warp crossover).
+        __syncwarp();
+        if (lane == 0) {
+          const uint32_t off = uint32_t(half * kHalfOff + warp * kKRowGroupStride) * uint32_t(sizeof(bf16_t));
+          bulk_copy_to_peer(peer_k + off, smem_u32(sk) + off, uint32_t(kKRowGroupStride * sizeof(bf16_t)), peer_bar);
         }
       }
     }
@@ -458,6 +461,10 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, typena
   load_index(s1, s1p, e1);  // round 1
   SELKV_TL(if (threadIdx.x == 0) { tl_wait_value(uint32_t(s0)); tl_stamp(8); })
   issue_loads(s0, e0, x0);
+  // The consumers issue their Q tile's copies only now (run_softmax_wg / run_pv_wg): issued at
+  // the same time as the first index and record loads, its 4 K copies delayed those loads.
+  // (relaxed: a signal of issue order; a release arrive or a named barrier would hold the loads)
+  if (lane == 0) selkv::sm90::mbar_arrive<true>(smem_u32(&ss.bar_first_loads));
   SELKV_TL(if (threadIdx.x == 0) { tl_wait_value(x0.nope[0].x); tl_stamp(9); })
   // Round 1's records to L2 now, alongside round 0's, not in step 0 after round 0 landed: the first
   // block of an H = 64 part needs both rounds (docs/perf-log.md: decode prologue prefetch).

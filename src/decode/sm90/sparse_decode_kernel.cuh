@@ -70,6 +70,7 @@ sparse_decode_sm90_kernel(const __grid_constant__ DecodeKernelParams p) {
       cutlass::arch::ClusterBarrier::init(&ss.bar_remote[i], 1);  // expect_tx + the peer's bytes
       cutlass::arch::ClusterBarrier::init(&ss.bar_empty[i], Traits::kEmptyArrivals);
     }
+    cutlass::arch::ClusterBarrier::init(&ss.bar_first_loads, 4);  // one lane per producer warp
     cutlass::arch::fence_barrier_init();
   }
   if constexpr (kCluster == 2) {
@@ -90,7 +91,8 @@ sparse_decode_sm90_kernel(const __grid_constant__ DecodeKernelParams p) {
   // (docs/perf-log.md: decode code layout).
   if (wg != 0) {
     if (wg == 2) {
-      run_pv_wg<L, kNumHeads, kF16Partials>(p, ss, it);  // stays at the launch budget (kPvWgRegs)
+      cutlass::arch::warpgroup_reg_dealloc<kPvWgRegs>();
+      run_pv_wg<L, kNumHeads, kF16Partials>(p, ss, it);
     } else {
       cutlass::arch::warpgroup_reg_alloc<kSoftmaxWgRegs>();
       run_softmax_wg<L, kNumHeads, kF16Partials>(p, ss, it);
