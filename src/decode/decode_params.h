@@ -207,6 +207,11 @@ SELKV_DEC_HD int32_t fixed_part_unit(int32_t rows, int32_t blocks_per_row, int32
 struct PartStart {
   int32_t g0, g1, r, rb, re, re2, len, len2;
 };
+// Part q's entry as stored (q clamped to the table; DynamicSchedule::clamped bounds the values).
+// Its address needs no header word, so a decode CTA loads it beside the header, not after the
+// header check: one DRAM round trip before the first index load, not two (docs/perf-log.md:
+// part entry beside the header).
+SELKV_DEC_HD PartStart load_part_entry(const int32_t* md, int32_t q);
 
 // Two views of one schedule, with the same interface for the decode and combine kernels.
 // Fixed top-k: every row has K / 64 blocks, so the schedule is closed form (no metadata read on
@@ -312,26 +317,32 @@ struct DynamicSchedule {
     return lo;
   }
   SELKV_DEC_HD int32_t row_of_part(int32_t q) const { return start(q).r; }
-  // Part q's entry (q < np: the caller checks). Its address does not depend on md[0..1], so the
-  // header and the entry are loaded together; block bounds are clamped to [0, total] and the row
-  // to [0, rows). The row bounds are not clamped: every warpgroup
-  // reads the same values, so a corrupt entry cannot desynchronize them, and the producer never
-  // addresses a block outside [0, K / 64).
-  SELKV_DEC_HD PartStart start(int32_t q) const {
-    const int32_t* e = md + kMdPartEntry + kMdPartEntryInts * (q < 0 ? 0 : (q < kMaxDecodeParts ? q : kMaxDecodeParts - 1));
-    PartStart ps;
-#if defined(__CUDA_ARCH__)
-    const int4 a = *reinterpret_cast<const int4*>(e), b = *reinterpret_cast<const int4*>(e + 4);
-    ps = PartStart{a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-#else
-    ps = PartStart{e[0], e[1], e[2], e[3], e[4], e[5], e[6], e[7]};
-#endif
+  // Part q's entry (q < np: the caller checks); the decode kernels load it with load_part_entry
+  // before the header is checked and clamp it here. Block bounds are clamped to [0, total] and the
+  // row to [0, rows). The row bounds are not clamped: every warpgroup reads the same values, so a
+  // corrupt entry cannot desynchronize them, and the producer never addresses a block outside
+  // [0, K / 64).
+  SELKV_DEC_HD PartStart start(int32_t q) const { return clamped(load_part_entry(md, q)); }
+  SELKV_DEC_HD PartStart clamped(PartStart ps) const {
     ps.g0 = ps.g0 < 0 ? 0 : (ps.g0 > total ? total : ps.g0);
     ps.g1 = ps.g1 < 0 ? 0 : (ps.g1 > total ? total : ps.g1);
     ps.r = ps.r < 0 ? 0 : (ps.r < rows ? ps.r : rows - 1);
     return ps;
   }
 };
+SELKV_DEC_HD PartStart load_part_entry(const int32_t* md, int32_t q) {
+  const int32_t* e = md + kMdPartEntry + kMdPartEntryInts * (q < 0 ? 0 : (q < kMaxDecodeParts ? q : kMaxDecodeParts - 1));
+#if defined(__CUDA_ARCH__)
+  // Relaxed (strong) loads: ptxas sank plain ones past the kernel's header check into the one path
+  // that uses them, a round trip later again. (L1 is no loss: each CTA reads its entry once.)
+  PartStart ps;
+  asm volatile("ld.relaxed.gpu.global.v4.s32 {%0, %1, %2, %3}, [%4];" : "=r"(ps.g0), "=r"(ps.g1), "=r"(ps.r), "=r"(ps.rb) : "l"(e));
+  asm volatile("ld.relaxed.gpu.global.v4.s32 {%0, %1, %2, %3}, [%4];" : "=r"(ps.re), "=r"(ps.re2), "=r"(ps.len), "=r"(ps.len2) : "l"(e + 4));
+  return ps;
+#else
+  return PartStart{e[0], e[1], e[2], e[3], e[4], e[5], e[6], e[7]};
+#endif
+}
 
 // The row whose partials the combine CTA of part q merges: the row split by the boundary at the
 // end of part q, when part q is that row's first part (each split row has exactly one such part).

@@ -33,11 +33,12 @@ struct PartIter {
 
   __device__ __forceinline__ explicit PartIter(const Schedule& s) : sched(s) {}
 
-  // false when this part has no work (uniform over the CTA).
-  __device__ __forceinline__ bool init(int32_t part_) {
+  // false when this part has no work (uniform over the CTA). Dynamic: `entry` is part_'s entry as
+  // loaded by load_part_entry (fixed: unused).
+  __device__ __forceinline__ bool init(int32_t part_, [[maybe_unused]] const PartStart& entry) {
     part = part_;
     if constexpr (kDynamic) {
-      const PartStart ps = sched.start(part < kMaxDecodeParts ? part : kMaxDecodeParts - 1);
+      const PartStart ps = sched.clamped(entry);
       if (part >= sched.np || sched.total <= 0) return false;
       g0 = ps.g0;
       g1 = ps.g1;

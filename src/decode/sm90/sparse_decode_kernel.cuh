@@ -40,6 +40,10 @@ sparse_decode_sm90_kernel(const __grid_constant__ DecodeKernelParams p) {
   SharedStorage& ss = *reinterpret_cast<SharedStorage*>(smem_raw);
   SELKV_TL(if (threadIdx.x == 0) tl_stamp(0);)
 
+  // Dynamic: the part entry's load goes out first, beside the header's (make_schedule), not after
+  // the header check (a second DRAM round trip before the first index load otherwise).
+  PartStart entry{};
+  if constexpr (kDynamic) entry = load_part_entry(p.metadata, int32_t(blockIdx.y));
   [[maybe_unused]] int32_t extra_len_lane = 0;
   if constexpr (kExtra && kDynamic) extra_len_lane = preload_extra_lengths(p);
   auto make = [&] {
@@ -55,7 +59,7 @@ sparse_decode_sm90_kernel(const __grid_constant__ DecodeKernelParams p) {
   }
   // grid (H / 64, parts); H = 128 runs as clusters of the two head groups of one part (cluster
   // rank == blockIdx.x). An empty part exits in both CTAs of its cluster, before any cluster sync.
-  if (!it.init(int32_t(blockIdx.y))) {  // uniform
+  if (!it.init(int32_t(blockIdx.y), entry)) {  // uniform
     SELKV_TL(if (threadIdx.x == 0) tl_empty_exit(p);)
     return;
   }
