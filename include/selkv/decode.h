@@ -63,8 +63,9 @@ struct DecodeShape {
   int32_t num_sms = 0;     // 0: read from the current device
   // Split-KV granularity: no part gets fewer 64-token blocks than this (fewer, longer parts cost
   // fewer partial writes and combine reads; more, shorter parts spread a small batch over more
-  // SMs). 0: the measured default for H and the call's block count (docs/decode-design.md §3).
-  // At most 2^29.
+  // SMs). 0: the measured default for H and the call's block count (docs/decode-design.md §3);
+  // a dynamic plan at the default may then cut parts of one block, when every block of the call
+  // gets its own part and some row is longer than the default. At most 2^29.
   int32_t min_blocks_per_part = 0;
   // Partial format of split rows (kAuto: the measured rule of src/decode/decode_params.h
   // f16_partials_by_default: fp16 is faster on split calls of several rows and slower on

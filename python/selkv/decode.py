@@ -161,7 +161,9 @@ def get_decode_metadata(
             remake it when they change, and pass this same tensor to the decode.
         num_sms: SMs to schedule for; 0 = all SMs of the device.
         min_blocks_per_part: split-KV granularity, the fewest 64-token blocks a part gets
-            (0 = the measured default for ``num_heads`` and the call's block count).
+            (0 = the measured default for ``num_heads`` and the call's block count; with
+            ``topk_length`` the plan may then give each block its own part when they all fit
+            the grid and some row is longer than the default).
         device: where to allocate the buffers when ``out`` is not given (default: the device
             of ``topk_length``, else the current CUDA device). A CPU device plans for the
             CPU reference.

@@ -150,7 +150,8 @@ Status make_decode_metadata(const DecodeShape& shape, void* buffer, size_t buffe
   SELKV_CUDA_RETURN(decode::launch_decode_scheduler(shape.batch, shape.seq_q, shape.topk,
                                                     shape.topk_length, shape.extra_topk,
                                                     shape.extra_topk_length, parts, min_blocks,
-                                                    static_cast<int32_t*>(buffer), stream),
+                                                    shape.min_blocks_per_part == 0, static_cast<int32_t*>(buffer),
+                                                    stream),
                     kOp);
   metadata->data = static_cast<int32_t*>(buffer);
   metadata->bytes = buffer_bytes;

@@ -168,6 +168,16 @@ SELKV_DEC_HD int32_t row_containing(const int32_t* prefix, int32_t rows, int32_t
 // (docs/perf-log.md: row-piece cut).
 SELKV_DEC_HD int32_t row_pieces(int32_t blocks, int32_t unit) { return (blocks + unit - 1) / unit; }
 
+// Dynamic plans made at the default granularity (DecodeShape::min_blocks_per_part = 0) take parts
+// of one block when every block can have its own part (total <= NP) and the default's pieces would
+// split a row anyway (a row longer than min_blocks): the longest part drops to one block for the
+// same kind of combine. Rows of at most min_blocks blocks keep whole-row parts: no partials, and
+// splitting them cost more than the block it saved (docs/perf-log.md: one-block parts).
+SELKV_DEC_HD bool one_block_parts_pay(bool default_granularity, int32_t total, int32_t longest_row,
+                                      int32_t min_blocks, int32_t num_sm_parts) {
+  return default_granularity && min_blocks > 1 && total <= num_sm_parts && longest_row > min_blocks;
+}
+
 // Dynamic top-k, row-start cut: the balanced boundary of part q moved to the nearer start of the
 // row holding it (ties: the earlier start). Monotone in q, and it splits no row; the scheduler takes
 // it when row_start_cut_pays (then no partial is written and the combine CTAs find nothing to merge).

@@ -12,7 +12,7 @@ constexpr int kSchedThreads = 512;
 __global__ void __launch_bounds__(kSchedThreads)
 decode_scheduler_kernel(int32_t batch, int32_t seq_q, int32_t topk, const int32_t* topk_length,
                         int32_t topk2, const int32_t* extra_topk_length, int32_t num_sm_parts,
-                        int32_t min_blocks, int32_t* md) {
+                        int32_t min_blocks, bool default_granularity, int32_t* md) {
   using Scan = cub::BlockScan<int32_t, kSchedThreads>;
   __shared__ typename Scan::TempStorage tmp;
   const int32_t rows = batch * seq_q;
@@ -34,6 +34,9 @@ decode_scheduler_kernel(int32_t batch, int32_t seq_q, int32_t topk, const int32_
   // Blocks per row -> prefix sums; dynamic plans also scan the rows' pieces of min_blocks blocks and
   // write the row-piece cut's part begins while they fit the grid (row_pieces).
   __shared__ int32_t s_begin[kMaxDecodeParts + 1];
+  __shared__ int32_t s_longest_row;
+  if (threadIdx.x == 0) s_longest_row = 0;
+  __syncthreads();
   int32_t carry = 0, piece_carry = 0;  // the same in every thread (the scans' totals)
   for (int32_t base = 0; base < rows; base += kSchedThreads) {
     const int32_t r = base + int32_t(threadIdx.x);
@@ -47,6 +50,7 @@ decode_scheduler_kernel(int32_t batch, int32_t seq_q, int32_t topk, const int32_
       }
     }
     const int32_t pieces = dynamic ? row_pieces(n, min_blocks) : 0;
+    if (dynamic && n > min_blocks) atomicMax(&s_longest_row, n);
     int32_t incl, total, piece_excl = 0, piece_total = 0;
     Scan(tmp).InclusiveSum(n, incl, total);
     if (dynamic) {  // uniform across the CTA; fixed plans never take the row-piece cut
@@ -64,8 +68,12 @@ decode_scheduler_kernel(int32_t batch, int32_t seq_q, int32_t topk, const int32_
     __syncthreads();  // tmp reuse
   }
   const int32_t T = carry;
-  const bool row_pieces_cut = dynamic && piece_carry <= num_sm_parts;
-  const int32_t np = row_pieces_cut ? piece_carry : effective_parts(T, min_blocks, num_sm_parts);
+  // (s_longest_row is final: the loop's last __syncthreads follows every atomicMax)
+  const bool one_block = dynamic && one_block_parts_pay(default_granularity, T, s_longest_row, min_blocks, num_sm_parts);
+  const bool row_pieces_cut = dynamic && (one_block || piece_carry <= num_sm_parts);
+  const int32_t np = one_block ? T : row_pieces_cut ? piece_carry : effective_parts(T, min_blocks, num_sm_parts);
+  if (one_block)  // the row pieces of one block: part q is block q (overwrites the loop's pieces)
+    for (int32_t q = int32_t(threadIdx.x); q < np; q += kSchedThreads) s_begin[q] = q;
   __shared__ int32_t s_longest;
   if (threadIdx.x == 0) {
     prefix[0] = 0;
@@ -132,10 +140,11 @@ decode_scheduler_kernel(int32_t batch, int32_t seq_q, int32_t topk, const int32_
 cudaError_t launch_decode_scheduler(int32_t batch, int32_t seq_q, int32_t topk,
                                     const int32_t* topk_length, int32_t topk2,
                                     const int32_t* extra_topk_length, int32_t num_sm_parts,
-                                    int32_t min_blocks_per_part, int32_t* metadata, cudaStream_t stream) {
+                                    int32_t min_blocks_per_part, bool default_granularity, int32_t* metadata,
+                                    cudaStream_t stream) {
   decode_scheduler_kernel<<<1, kSchedThreads, 0, stream>>>(batch, seq_q, topk, topk_length, topk2,
                                                            extra_topk_length, num_sm_parts,
-                                                           min_blocks_per_part, metadata);
+                                                           min_blocks_per_part, default_granularity, metadata);
   return cudaGetLastError();
 }
 

@@ -216,7 +216,8 @@ TEST(DecodeGpu, SchedulerTablesMatchHost) {
   struct Sh { int B, S, H, K; bool dyn; };
   const Sh shapes[] = {{1, 1, 64, 2048, false}, {8, 1, 64, 2048, false}, {74, 2, 128, 2048, false},
                        {2, 2, 128, 576, false},  {256, 1, 128, 2048, true}, {9, 3, 64, 512, true},
-                       {1, 4, 64, 2048, true},   {600, 1, 64, 128, true}};
+                       {1, 4, 64, 2048, true},   {600, 1, 64, 128, true}, {2, 2, 128, 576, true},
+                       {3, 1, 128, 128, true}};
   for (const Sh& sh : shapes)
     for (int num_sms : {0, 9, 132})
       for (int min_blocks : {0, 1, 3}) {
@@ -251,12 +252,20 @@ TEST(DecodeGpu, SchedulerTablesMatchHost) {
         for (int r = 0; r < rows; ++r) P[r + 1] = P[r] + (sh.dyn ? std::max((len_of(r) + 63) / 64, 1) : mb);
         const int T = P[rows];
         const int np = md[1];
-        // Dynamic plans whose rows' pieces of min_blocks blocks all fit the grid take the row-piece cut.
+        // Dynamic plans whose rows' pieces of min_blocks blocks all fit the grid take the row-piece cut;
+        // at the default granularity, pieces of one block when all T blocks fit the grid and a row
+        // is longer than min_blocks (one_block_parts_pay).
+        int longest_row = 0;
+        for (int r = 0; r < rows; ++r) longest_row = std::max(longest_row, P[r + 1] - P[r]);
+        const bool one_block = sh.dyn && plan.min_blocks_per_part > 1 && min_blocks == 0 && T <= plan.num_sm_parts &&
+                               longest_row > plan.min_blocks_per_part;
+        ASSERT_EQ(one_block, sh.dyn && one_block_parts_pay(min_blocks == 0, T, longest_row, plan.min_blocks_per_part,
+                                                           plan.num_sm_parts)) << what;
+        const int unit = one_block ? 1 : plan.min_blocks_per_part;
         std::vector<int32_t> pieces;
         if (sh.dyn)
           for (int r = 0; r < rows; ++r)
-            for (int j = 0; j < row_pieces(P[r + 1] - P[r], plan.min_blocks_per_part); ++j)
-              pieces.push_back(P[r] + j * plan.min_blocks_per_part);
+            for (int j = 0; j < row_pieces(P[r + 1] - P[r], unit); ++j) pieces.push_back(P[r] + j * unit);
         const bool row_piece_cut = sh.dyn && int(pieces.size()) <= plan.num_sm_parts;
         pieces.push_back(T);
         ASSERT_EQ(md[0], T) << what;
