@@ -221,7 +221,19 @@ struct PartStart {
 // Its address needs no header word, so a decode CTA loads it beside the header, not after the
 // header check: one DRAM round trip before the first index load, not two (docs/perf-log.md:
 // part entry beside the header).
-SELKV_DEC_HD PartStart load_part_entry(const int32_t* md, int32_t q);
+SELKV_DEC_HD PartStart load_part_entry(const int32_t* md, int32_t q) {
+  const int32_t* e = md + kMdPartEntry + kMdPartEntryInts * (q < 0 ? 0 : (q < kMaxDecodeParts ? q : kMaxDecodeParts - 1));
+#if defined(__CUDA_ARCH__)
+  // Relaxed (strong) loads: ptxas sank plain ones past the kernel's header check into the one path
+  // that uses them, a round trip later again. (L1 is no loss: each CTA reads its entry once.)
+  PartStart ps;
+  asm volatile("ld.relaxed.gpu.global.v4.s32 {%0, %1, %2, %3}, [%4];" : "=r"(ps.g0), "=r"(ps.g1), "=r"(ps.r), "=r"(ps.rb) : "l"(e));
+  asm volatile("ld.relaxed.gpu.global.v4.s32 {%0, %1, %2, %3}, [%4];" : "=r"(ps.re), "=r"(ps.re2), "=r"(ps.len), "=r"(ps.len2) : "l"(e + 4));
+  return ps;
+#else
+  return PartStart{e[0], e[1], e[2], e[3], e[4], e[5], e[6], e[7]};
+#endif
+}
 
 // Two views of one schedule, with the same interface for the decode and combine kernels.
 // Fixed top-k: every row has K / 64 blocks, so the schedule is closed form (no metadata read on
@@ -340,19 +352,6 @@ struct DynamicSchedule {
     return ps;
   }
 };
-SELKV_DEC_HD PartStart load_part_entry(const int32_t* md, int32_t q) {
-  const int32_t* e = md + kMdPartEntry + kMdPartEntryInts * (q < 0 ? 0 : (q < kMaxDecodeParts ? q : kMaxDecodeParts - 1));
-#if defined(__CUDA_ARCH__)
-  // Relaxed (strong) loads: ptxas sank plain ones past the kernel's header check into the one path
-  // that uses them, a round trip later again. (L1 is no loss: each CTA reads its entry once.)
-  PartStart ps;
-  asm volatile("ld.relaxed.gpu.global.v4.s32 {%0, %1, %2, %3}, [%4];" : "=r"(ps.g0), "=r"(ps.g1), "=r"(ps.r), "=r"(ps.rb) : "l"(e));
-  asm volatile("ld.relaxed.gpu.global.v4.s32 {%0, %1, %2, %3}, [%4];" : "=r"(ps.re), "=r"(ps.re2), "=r"(ps.len), "=r"(ps.len2) : "l"(e + 4));
-  return ps;
-#else
-  return PartStart{e[0], e[1], e[2], e[3], e[4], e[5], e[6], e[7]};
-#endif
-}
 
 // The row whose partials the combine CTA of part q merges: the row split by the boundary at the
 // end of part q, when part q is that row's first part (each split row has exactly one such part).
@@ -457,6 +456,8 @@ struct DecodeKernelParams {
 
   float empty_lse;  // the lse written for a row with no valid entry: -inf, or +inf (FlashMLA's)
 };
+static_assert(offsetof(DecodeKernelParams, metadata) + sizeof(const int32_t*) <= 64,
+              "a CTA finds its part from the parameters' first 64 bytes (one constant-cache line)");
 static_assert(sizeof(FastDivmod) == 12, "DecodeKernelParams packs page with page_size into 16 bytes");
 static_assert(offsetof(DecodeKernelParams, num_rows) == 0 && offsetof(DecodeKernelParams, num_sm_parts) == 12,
               "the schedule's fields stay in the first 16 bytes of the parameters (first-use order)");
