@@ -91,29 +91,20 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
 // Waits for the barrier's phase `parity` to complete.
 template <bool kRelaxed = false>
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  // The two forms differ in the semantics qualifier only (asm needs a literal: a local macro).
+#define SELKV_MBAR_TRY_WAIT(SEM)                                                  \
+  asm volatile(                                                                   \
+      "{\n.reg .pred p;\nmbarrier.try_wait.parity" SEM ".shared::cta.b64 p, [%1], %2;\n" \
+      "selp.u32 %0, 1, 0, p;\n}\n"                                                 \
+      : "=r"(done)                                                                \
+      : "r"(bar), "r"(parity)                                                     \
+      : "memory")
   uint32_t done = 0;
   do {
-    if constexpr (kRelaxed)
-      asm volatile(
-          "{\n"
-          ".reg .pred p;\n"
-          "mbarrier.try_wait.parity.relaxed.cta.shared::cta.b64 p, [%1], %2;\n"
-          "selp.u32 %0, 1, 0, p;\n"
-          "}\n"
-          : "=r"(done)
-          : "r"(bar), "r"(parity)
-          : "memory");
-    else
-      asm volatile(
-          "{\n"
-          ".reg .pred p;\n"
-          "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-          "selp.u32 %0, 1, 0, p;\n"
-          "}\n"
-          : "=r"(done)
-          : "r"(bar), "r"(parity)
-          : "memory");
+    if constexpr (kRelaxed) SELKV_MBAR_TRY_WAIT(".relaxed.cta");
+    else SELKV_MBAR_TRY_WAIT("");
   } while (done == 0);
+#undef SELKV_MBAR_TRY_WAIT
 }
 
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
