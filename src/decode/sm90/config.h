@@ -35,9 +35,6 @@ struct DecodeTraits {
   // is consumer-bound and runs faster without the prefetch instructions (docs/perf-log.md:
   // packed prefetch).
   static constexpr bool kPackedL2Prefetch = kNumHeads == 64;
-  // Packed decode: the block this many blocks after the one being indexed (same row and part) is
-  // asked of L2 by one bulk prefetch (a CTA's 32 or 64 contiguous records).
-  static constexpr int kPackedBlocksAhead = 2;
 };
 
 // Warpgroup roles: WG0 = producer (index math, masking, FP8 -> bf16 dequant into smem),

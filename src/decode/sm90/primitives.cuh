@@ -47,12 +47,6 @@ __device__ __forceinline__ void bulk_copy_to_peer(uint32_t remote_dst, uint32_t 
       : "memory");
 }
 
-// `bytes` (a multiple of 16, `gptr` 16-byte aligned) of global memory into L2, one instruction and
-// no registers: the packed path's contiguous blocks, asked for blocks ahead of their loads.
-__device__ __forceinline__ void bulk_prefetch_l2(const void* gptr, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(gptr), "r"(bytes) : "memory");
-}
-
 // 16-byte load of the global record bytes at `gptr` when `valid`, else zeros with no memory
 // access (an invalid index is never dereferenced). Deliberately a *generic* ld (LD.E.128, not
 // LDG.E.128.CONSTANT): ptxas cannot prove it does not alias the producer's shared stores and

@@ -244,16 +244,6 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, typena
       // This lane's published token: its own (H = 64, and q != 1), the peer half's (H = 128, q == 1).
       const int pub = kCluster == 2 && q == 1 ? 32 * int(rank ^ 1u) + tl : tok;
       idx2 = ld_s32_pred_or_zero(p.indices + (e0 >> 5) + (pub >> 5), wanted(pub));
-      // One thread asks L2 for this CTA's tokens of the block kAhead blocks on (same row and part,
-      // inside the row's length): its loads then find it there.
-      constexpr int kAhead = DecodeTraits<kNumHeads>::kPackedBlocksAhead;
-      const int32_t ab = blk + kAhead;
-      if (threadIdx.x == 0 && stage_round == 0 && cur.g + kAhead < cur.g1 && cur.g + kAhead < cur.row_end &&
-          ab < max_blocks && (!kDynamic || ab * kBlockN < len)) {
-        constexpr int kTokens = kBlockN / kCluster;
-        const int64_t e = int64_t(b * p.seq_q + s) * p.topk + int64_t(ab) * kBlockN + kTokens * int(rank);
-        bulk_prefetch_l2(p.cache + e * KvFmt::kRecordBytes, uint32_t(kTokens * KvFmt::kRecordBytes));
-      }
     } else {
       const int32_t* idx_row = p.indices + b * p.indices_batch_stride + s * p.indices_seq_stride +
                                int64_t(in_part ? blk : 0) * kBlockN;
