@@ -126,11 +126,8 @@ __device__ __forceinline__ MergedRow merged_row(const DecodeKernelParams& p, flo
 }
 // attn_sink[h] (0 without a sink), loaded before the dependency wait: an input of the call, not
 // written by the decode kernel, so its DRAM round trip leaves the kernel's tail.
-// (A relaxed, strong load: ptxas moved the __ldg and ld.global.nc forms past the wait.)
 __device__ __forceinline__ float sink_of_head(const DecodeKernelParams& p, int h) {
-  float v = 0.f;
-  if (p.attn_sink != nullptr) asm volatile("ld.relaxed.gpu.global.f32 %0, [%1];" : "=f"(v) : "l"(p.attn_sink + h));
-  return v;
+  return p.attn_sink != nullptr ? __ldg(p.attn_sink + h) : 0.f;
 }
 
 // One CTA per (split row, 4 heads): column i merges entry i of the plan's split-row table (the
@@ -154,9 +151,6 @@ decode_combine_kernel(const DecodeKernelParams p) {
   // completed before the decode kernel started, so it can be read before the dependency wait).
   // Entries are checked against the call's shape: a corrupt table gives wrong rows, never an
   // out-of-bounds partial, out or lse access.
-  const int h0 = int(blockIdx.y) * kHeadsPerCombineCta;
-  const int hl = int(threadIdx.x) / 128, h = h0 + hl;
-  const float sink = sink_of_head(p, h);  // beside the plan's loads
   SplitRow sr;
   SELKV_COMBINE_SPLIT_ROW(p, int32_t(blockIdx.x), sr);
   if (sr.num_parts == 0) {
@@ -164,12 +158,15 @@ decode_combine_kernel(const DecodeKernelParams p) {
     return;
   }
   const int32_t n = sr.num_parts;
+  const int h0 = int(blockIdx.y) * kHeadsPerCombineCta;
+  const int hl = int(threadIdx.x) / 128, h = h0 + hl;
   const int d = (int(threadIdx.x) % 128) * 4;
   const int64_t split_stride = int64_t(p.num_heads) * 512;  // floats per accumulator slot
   auto slot = [&](int32_t i) -> int64_t { return i == 0 ? sr.first_slot : 2 * (sr.first_part + i); };
   using Elem = std::conditional_t<kF16Partials, uint16_t, float>;
   const Elem* po = reinterpret_cast<const Elem*>(p.accum_out) + int64_t(h) * 512 + d;
 
+  const float sink = sink_of_head(p, h);
   // Launched as a programmatic dependent of the decode kernel: wait for its completion (and the
   // visibility of its partials) before reading them.
   asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -256,13 +253,12 @@ __global__ void __launch_bounds__(kFatThreads, 4) decode_combine_fat_kernel(cons
   constexpr int kBatch = kF16Partials ? 2 : 1;  // splits whose values are in flight at once (64 registers)
   // [splits][kFatHeads] partial lse, then with fp16 partials [splits][kFatHeads][2] inverse scales
   extern __shared__ float s_fat[];
-  const int tid = int(threadIdx.x);
-  const int h0 = int(blockIdx.y) * kFatHeads;
-  const int hl = tid / kFatThreadsPerHead, h = h0 + hl;
-  const float sink = sink_of_head(p, h);  // beside the plan's loads
   const SplitRow sr = load_split_row(p, int32_t(blockIdx.x));
   if (sr.num_parts == 0) return;
   const int32_t n = sr.num_parts;
+  const int tid = int(threadIdx.x);
+  const int h0 = int(blockIdx.y) * kFatHeads;
+  const int hl = tid / kFatThreadsPerHead, h = h0 + hl;
   const int d = (tid % kFatThreadsPerHead) * kFatDims;
   const int64_t split_stride = int64_t(p.num_heads) * 512;  // values per accumulator slot
   auto slot = [&](int32_t i) -> int64_t { return i == 0 ? sr.first_slot : 2 * (sr.first_part + i); };
@@ -271,6 +267,7 @@ __global__ void __launch_bounds__(kFatThreads, 4) decode_combine_fat_kernel(cons
   constexpr int kChunks = kFatDims * int(sizeof(Elem)) / 16;  // 16-byte loads per split: 2 (fp16) or 4
   const Elem* po = reinterpret_cast<const Elem*>(p.accum_out) + int64_t(h) * 512 + d;
 
+  const float sink = sink_of_head(p, h);
   asm volatile("griddepcontrol.wait;" ::: "memory");  // the decode kernel's partials are visible
 
   for (int32_t i = tid; i < n * kFatHeads; i += kFatThreads)
