@@ -57,16 +57,6 @@ __device__ __forceinline__ void ctl_finish(const DecodeKernelParams& p) {
 #define SELKV_CTL(...)
 #endif
 
-// Split row i's entry as stored (i clamped to the table; the combine checks the values). Like the
-// part entry, its address needs no header word: a combine CTA loads it beside the header, so one
-// launched only when the decode kernel's CTAs exit waits one round trip for its row, not two.
-__device__ __forceinline__ int4 load_split_entry(const int32_t* md, int32_t i) {
-  const int32_t* e = md + kMdSplitRows + 4 * (i < 0 ? 0 : (i < kMaxDecodeParts ? i : kMaxDecodeParts - 1));
-  int4 v;  // relaxed (strong): ptxas cannot sink it past the header check (decode_params.h load_part_entry)
-  asm volatile("ld.relaxed.gpu.global.v4.s32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(e));
-  return v;
-}
-
 // sr = entry `entry` of the plan's split-row table (written by the scheduler kernel, which completed
 // before the decode kernel started, so it can be read before the dependency wait), checked against
 // the call's shape: a corrupt table gives wrong rows, never an out-of-bounds access. num_parts ==
@@ -77,7 +67,6 @@ __device__ __forceinline__ int4 load_split_entry(const int32_t* md, int32_t i) {
 #define SELKV_COMBINE_SPLIT_ROW(p, entry_, sr)                                                             \
   do {                                                                                                     \
     const int32_t entry = (entry_);                                                                        \
-    const int4 e = load_split_entry((p).metadata, entry);                                                  \
     int32_t header[kMdHeaderInts];                                                                         \
     md_load_header((p).metadata, header);                                                                  \
     /* K2 = 0 for calls without an extra cache; the plan records K2 for both */                            \
@@ -85,6 +74,7 @@ __device__ __forceinline__ int4 load_split_entry(const int32_t* md, int32_t i) {
     if (md_header_ok_extra(header, k2_word, (p).num_rows, (p).topk, (p).topk_extra, (p).min_blocks_per_part, \
                            (p).num_sm_parts)) {                                                            \
       if (entry < header[kMdSplitCount]) {                                                                 \
+        const int4 e = *reinterpret_cast<const int4*>((p).metadata + kMdSplitRows + 4 * entry);            \
         const bool ok = e.x >= 0 && e.x < (p).num_rows && e.y >= 0 && e.y < (p).num_sm_parts && e.z >= 2 && \
                         e.z <= (p).num_sm_parts - e.y && (e.w == 2 * e.y || e.w == 2 * e.y + 1);           \
         if (ok) (sr).row = e.x, (sr).first_part = e.y, (sr).num_parts = e.z, (sr).first_slot = e.w;       \
@@ -114,20 +104,14 @@ __device__ __forceinline__ float nan_sticky_max(float m, float x) {
 struct MergedRow {
   float lse, f;
 };
-// `sink`: attn_sink[h] (sink_of_head), used when the call has a sink.
-__device__ __forceinline__ MergedRow merged_row(const DecodeKernelParams& p, float sink, float max_lse, float sum_w) {
+__device__ __forceinline__ MergedRow merged_row(const DecodeKernelParams& p, int h, float max_lse, float sum_w) {
   float lse = p.empty_lse, f = 0.f;
   if (max_lse != -INFINITY) {
     lse = max_lse + logf(sum_w);
     f = 1.f / sum_w;
-    if (p.attn_sink != nullptr) f *= 1.f / (1.f + expf(sink - lse));
+    if (p.attn_sink != nullptr) f *= 1.f / (1.f + expf(p.attn_sink[h] - lse));
   }
   return {lse, f};
-}
-// attn_sink[h] (0 without a sink), loaded before the dependency wait: an input of the call, not
-// written by the decode kernel, so its DRAM round trip leaves the kernel's tail.
-__device__ __forceinline__ float sink_of_head(const DecodeKernelParams& p, int h) {
-  return p.attn_sink != nullptr ? __ldg(p.attn_sink + h) : 0.f;
 }
 
 // One CTA per (split row, 4 heads): column i merges entry i of the plan's split-row table (the
@@ -166,7 +150,6 @@ decode_combine_kernel(const DecodeKernelParams p) {
   using Elem = std::conditional_t<kF16Partials, uint16_t, float>;
   const Elem* po = reinterpret_cast<const Elem*>(p.accum_out) + int64_t(h) * 512 + d;
 
-  const float sink = sink_of_head(p, h);
   // Launched as a programmatic dependent of the decode kernel: wait for its completion (and the
   // visibility of its partials) before reading them.
   asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -228,7 +211,7 @@ decode_combine_kernel(const DecodeKernelParams p) {
       }
     }
   }
-  const auto [lse, f] = merged_row(p, sink, max_lse, sum_w);
+  const auto [lse, f] = merged_row(p, h, max_lse, sum_w);
   const uint2 packed =
       make_uint2(selkv::sm90::bf16x2_bits(acc.x * f, acc.y * f), selkv::sm90::bf16x2_bits(acc.z * f, acc.w * f));
   const auto [b, s] = row_coord(sr.row, p.batch);
@@ -267,7 +250,6 @@ __global__ void __launch_bounds__(kFatThreads, 4) decode_combine_fat_kernel(cons
   constexpr int kChunks = kFatDims * int(sizeof(Elem)) / 16;  // 16-byte loads per split: 2 (fp16) or 4
   const Elem* po = reinterpret_cast<const Elem*>(p.accum_out) + int64_t(h) * 512 + d;
 
-  const float sink = sink_of_head(p, h);
   asm volatile("griddepcontrol.wait;" ::: "memory");  // the decode kernel's partials are visible
 
   for (int32_t i = tid; i < n * kFatHeads; i += kFatThreads)
@@ -331,7 +313,7 @@ __global__ void __launch_bounds__(kFatThreads, 4) decode_combine_fat_kernel(cons
       }
     }
   }
-  const auto [lse, f] = merged_row(p, sink, max_lse, sum_w);
+  const auto [lse, f] = merged_row(p, h, max_lse, sum_w);
   uint32_t packed[kFatDims / 2];
 #pragma unroll
   for (int e = 0; e < kFatDims / 2; ++e) packed[e] = selkv::sm90::bf16x2_bits(acc[2 * e] * f, acc[2 * e + 1] * f);
