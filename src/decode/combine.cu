@@ -29,27 +29,43 @@ struct CombineNarrow {
 #define SELKV_DECODE_TIMELINE 0
 #endif
 #if SELKV_DECODE_TIMELINE
-// Launch timeline (SELKV_DECODE_TIMELINE=1 builds only, see sm90/timeline.cuh): absolute globaltimer ns of the first
-// CTA entry, the first return from griddepcontrol.wait and the last CTA end, printed by the last
-// CTA for the first launches of the process.
-__device__ unsigned long long g_ctl[3] = {~0ull, ~0ull, 0ull};
+// Launch timeline (SELKV_DECODE_TIMELINE=1 builds only, see sm90/timeline.cuh): globaltimer ns of
+// the first CTA entry and first return from griddepcontrol.wait (min over CTAs), then, max over
+// CTAs (thread 0's path, the 4-heads kernel), the return from the wait, the lse table with the
+// first batch of partials issued (after __syncthreads), partials merged, merged row ready
+// (attn_sink), and the end (the fat kernel has no stamps); printed by the last CTA, relative to the first entry,
+// for launches SKIP .. SKIP + 5 of the process, as the decode's stamps.
+#ifndef SELKV_DECODE_TIMELINE_SKIP
+#define SELKV_DECODE_TIMELINE_SKIP 0
+#endif
+enum CtlStamp { kCtlEntry, kCtlFirstAfterWait, kCtlEnd, kCtlLastAfterWait, kCtlLastLseTable, kCtlLastMerged,
+                kCtlLastRowReady, kCtlStamps };
+__device__ unsigned long long g_ctl[kCtlStamps] = {~0ull, ~0ull};
 __device__ unsigned int g_ctl_done, g_ctl_prints;
 __device__ __forceinline__ unsigned long long ctl_now() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
   return t;
 }
+__device__ __forceinline__ void ctl_max(int k) {
+  if (threadIdx.x == 0) atomicMax(&g_ctl[k], ctl_now());
+}
 // Called by every CTA when done; the last one prints and resets.
 __device__ __forceinline__ void ctl_finish(const DecodeKernelParams& p) {
   if (threadIdx.x != 0) return;
-  atomicMax(&g_ctl[2], ctl_now());
+  atomicMax(&g_ctl[kCtlEnd], ctl_now());
   __threadfence();
   if (atomicAdd(&g_ctl_done, 1u) != gridDim.x * gridDim.y - 1) return;
-  if (atomicAdd(&g_ctl_prints, 1u) < 6)
-    printf("TIMELINE combine first_entry=%llu first_after_wait=%llu last_end=%llu ns\n", g_ctl[0], g_ctl[1], g_ctl[2]);
-  g_ctl[0] = ~0ull;
-  g_ctl[1] = ~0ull;
-  g_ctl[2] = 0;
+  const unsigned launch = atomicAdd(&g_ctl_prints, 1u);
+  if (launch >= SELKV_DECODE_TIMELINE_SKIP && launch < SELKV_DECODE_TIMELINE_SKIP + 6) {
+    const unsigned long long t0 = g_ctl[kCtlEntry];
+    auto us = [&](int k) { return g_ctl[k] >= t0 && g_ctl[k] != ~0ull ? double(g_ctl[k] - t0) * 1e-3 : -1.0; };
+    printf("TIMELINE combine entry=%llu ns (us from it): first_after_wait %.2f last_after_wait %.2f last_lse_table %.2f "
+           "last_merged %.2f last_row_ready %.2f last_end %.2f\n",
+           t0, us(kCtlFirstAfterWait), us(kCtlLastAfterWait), us(kCtlLastLseTable), us(kCtlLastMerged),
+           us(kCtlLastRowReady), us(kCtlEnd));
+  }
+  for (int k = 0; k < kCtlStamps; ++k) g_ctl[k] = (k == kCtlEntry || k == kCtlFirstAfterWait) ? ~0ull : 0ull;
   g_ctl_done = 0;
 }
 #define SELKV_CTL(...) __VA_ARGS__
@@ -128,7 +144,7 @@ __global__ void __launch_bounds__(kCombineThreads, Shape::kMinCtas)
 decode_combine_kernel(const DecodeKernelParams p) {
   constexpr int kCombineBatch = Shape::kBatch;
 #if SELKV_DECODE_TIMELINE
-  if (threadIdx.x == 0) atomicMin(&g_ctl[0], ctl_now());
+  if (threadIdx.x == 0) atomicMin(&g_ctl[kCtlEntry], ctl_now());
 #endif
   extern __shared__ float4 s_lse[];  // [splits]: partial lse of the CTA's 4 heads
   // Split row blockIdx.x of the plan's table (metadata written by the scheduler kernel, which
@@ -154,7 +170,8 @@ decode_combine_kernel(const DecodeKernelParams p) {
   // visibility of its partials) before reading them.
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #if SELKV_DECODE_TIMELINE
-  if (threadIdx.x == 0) atomicMin(&g_ctl[1], ctl_now());
+  if (threadIdx.x == 0) atomicMin(&g_ctl[kCtlFirstAfterWait], ctl_now());
+  ctl_max(kCtlLastAfterWait);
 #endif
 
   for (int32_t i = int32_t(threadIdx.x); i < n; i += kCombineThreads)
@@ -184,6 +201,7 @@ decode_combine_kernel(const DecodeKernelParams p) {
   };
   load_batch(0);  // in flight with the lse loads
   __syncthreads();
+  SELKV_CTL(ctl_max(kCtlLastLseTable);)
   const float* lse_of = reinterpret_cast<const float*>(s_lse) + hl;  // split i: lse_of[4 * i]
 
   float max_lse = -INFINITY;
@@ -211,9 +229,11 @@ decode_combine_kernel(const DecodeKernelParams p) {
       }
     }
   }
+  SELKV_CTL(ctl_max(kCtlLastMerged);)
   const auto [lse, f] = merged_row(p, h, max_lse, sum_w);
   const uint2 packed =
       make_uint2(selkv::sm90::bf16x2_bits(acc.x * f, acc.y * f), selkv::sm90::bf16x2_bits(acc.z * f, acc.w * f));
+  SELKV_CTL(ctl_max(kCtlLastRowReady);)
   const auto [b, s] = row_coord(sr.row, p.batch);
   uint16_t* out = p.out + b * p.out_batch_stride + s * p.out_seq_stride + h * p.out_head_stride + d;
   *reinterpret_cast<uint2*>(out) = packed;

@@ -15,8 +15,8 @@ namespace selkv::decode::sm90 {
 // 0 entry, 1 producer's first publish, 2 producer end, 3 softmax WG's first Q ready, 4 its first S
 // done, 5 its end, 6 the start of its last row's epilogue (store_row), 7 the producer's start (after the
 // cluster sync), 8 its first index in a register, 9 its first round's first record chunk in a register
-// (8 and 9 make thread 0 wait for the value). The combine kernel adds entry /
-// after griddepcontrol.wait / end (combine.cu).
+// (8 and 9 make thread 0 wait for the value). The 4-heads combine kernel adds its own stamps
+// (entry, wait, lse table, merged, row ready, end: combine.cu), for the same launches.
 #ifndef SELKV_DECODE_TIMELINE
 #define SELKV_DECODE_TIMELINE 0
 #endif
