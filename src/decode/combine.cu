@@ -7,6 +7,7 @@
 
 #include "decode/combine.h"
 #include "decode/partial_scale.h"
+#include "decode/timeline_clock.cuh"
 #include "sm90/device_ops.cuh"  // bf16x2_bits
 
 namespace selkv::decode {
@@ -25,9 +26,6 @@ struct CombineWide {
 struct CombineNarrow {
   static constexpr int kBatch = 8, kMinCtas = 2;
 };
-#ifndef SELKV_DECODE_TIMELINE
-#define SELKV_DECODE_TIMELINE 0
-#endif
 #if SELKV_DECODE_TIMELINE
 // Launch timeline (SELKV_DECODE_TIMELINE=1 builds only, see sm90/timeline.cuh): globaltimer ns of
 // the first CTA entry and first return from griddepcontrol.wait (min over CTAs), then, max over
@@ -35,29 +33,25 @@ struct CombineNarrow {
 // first batch of partials issued (after __syncthreads), partials merged, merged row ready
 // (attn_sink), and the end (the fat kernel has no stamps); printed by the last CTA, relative to the first entry,
 // for launches SKIP .. SKIP + 5 of the process, as the decode's stamps.
-#ifndef SELKV_DECODE_TIMELINE_SKIP
-#define SELKV_DECODE_TIMELINE_SKIP 0
-#endif
 enum CtlStamp { kCtlEntry, kCtlFirstAfterWait, kCtlEnd, kCtlLastAfterWait, kCtlLastLseTable, kCtlLastMerged,
                 kCtlLastRowReady, kCtlStamps };
 __device__ unsigned long long g_ctl[kCtlStamps] = {~0ull, ~0ull};
 __device__ unsigned int g_ctl_done, g_ctl_prints;
-__device__ __forceinline__ unsigned long long ctl_now() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
-  return t;
+// Thread 0 of the CTA folds the clock into stamp k (earliest over CTAs, or latest).
+__device__ __forceinline__ void ctl_min(int k) {
+  if (threadIdx.x == 0) atomicMin(&g_ctl[k], timeline_now());
 }
 __device__ __forceinline__ void ctl_max(int k) {
-  if (threadIdx.x == 0) atomicMax(&g_ctl[k], ctl_now());
+  if (threadIdx.x == 0) atomicMax(&g_ctl[k], timeline_now());
 }
 // Called by every CTA when done; the last one prints and resets.
 __device__ __forceinline__ void ctl_finish(const DecodeKernelParams& p) {
   if (threadIdx.x != 0) return;
-  atomicMax(&g_ctl[kCtlEnd], ctl_now());
+  atomicMax(&g_ctl[kCtlEnd], timeline_now());
   __threadfence();
   if (atomicAdd(&g_ctl_done, 1u) != gridDim.x * gridDim.y - 1) return;
   const unsigned launch = atomicAdd(&g_ctl_prints, 1u);
-  if (launch >= SELKV_DECODE_TIMELINE_SKIP && launch < SELKV_DECODE_TIMELINE_SKIP + 6) {
+  if (timeline_prints_launch(launch)) {
     const unsigned long long t0 = g_ctl[kCtlEntry];
     auto us = [&](int k) { return g_ctl[k] >= t0 && g_ctl[k] != ~0ull ? double(g_ctl[k] - t0) * 1e-3 : -1.0; };
     printf("TIMELINE combine entry=%llu ns (us from it): first_after_wait %.2f last_after_wait %.2f last_lse_table %.2f "
@@ -143,9 +137,7 @@ template <class Shape, bool kF16Partials>
 __global__ void __launch_bounds__(kCombineThreads, Shape::kMinCtas)
 decode_combine_kernel(const DecodeKernelParams p) {
   constexpr int kCombineBatch = Shape::kBatch;
-#if SELKV_DECODE_TIMELINE
-  if (threadIdx.x == 0) atomicMin(&g_ctl[kCtlEntry], ctl_now());
-#endif
+  SELKV_CTL(ctl_min(kCtlEntry);)
   extern __shared__ float4 s_lse[];  // [splits]: partial lse of the CTA's 4 heads
   // Split row blockIdx.x of the plan's table (metadata written by the scheduler kernel, which
   // completed before the decode kernel started, so it can be read before the dependency wait).
@@ -169,10 +161,7 @@ decode_combine_kernel(const DecodeKernelParams p) {
   // Launched as a programmatic dependent of the decode kernel: wait for its completion (and the
   // visibility of its partials) before reading them.
   asm volatile("griddepcontrol.wait;" ::: "memory");
-#if SELKV_DECODE_TIMELINE
-  if (threadIdx.x == 0) atomicMin(&g_ctl[kCtlFirstAfterWait], ctl_now());
-  ctl_max(kCtlLastAfterWait);
-#endif
+  SELKV_CTL(ctl_min(kCtlFirstAfterWait); ctl_max(kCtlLastAfterWait);)
 
   for (int32_t i = int32_t(threadIdx.x); i < n; i += kCombineThreads)
     s_lse[i] = *reinterpret_cast<const float4*>(p.accum_lse + slot(i) * p.num_heads + h0);

@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "decode/sm90/config.h"
+#include "decode/timeline_clock.cuh"
 
 namespace selkv::decode::sm90 {
 
@@ -17,28 +18,15 @@ namespace selkv::decode::sm90 {
 // cluster sync), 8 its first index in a register, 9 its first round's first record chunk in a register
 // (8 and 9 make thread 0 wait for the value). The 4-heads combine kernel adds its own stamps
 // (entry, wait, lse table, merged, row ready, end: combine.cu), for the same launches.
-#ifndef SELKV_DECODE_TIMELINE
-#define SELKV_DECODE_TIMELINE 0
-#endif
-// SELKV_DECODE_TIMELINE_SKIP=N: print launches N .. N + 5 instead (past a bench case's oracle
-// check and warmups, so the printed launches are timed ones, after the bench's flush).
-#ifndef SELKV_DECODE_TIMELINE_SKIP
-#define SELKV_DECODE_TIMELINE_SKIP 0
-#endif
 #if SELKV_DECODE_TIMELINE
 inline constexpr int kTlStamps = 10;
 inline constexpr int kTlMaxCtas = 512;  // CTAs stamped per launch (the grid is at most one per SM)
 __device__ unsigned long long g_tl[kTlMaxCtas][kTlStamps];
 __device__ unsigned int g_tl_done;
 __device__ unsigned int g_tl_prints;
-__device__ __forceinline__ unsigned long long tl_now() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
-  return t;
-}
 __device__ __forceinline__ int tl_cta() { return int(blockIdx.y * gridDim.x + blockIdx.x); }
 __device__ __forceinline__ void tl_stamp(int k) {
-  if (tl_cta() < kTlMaxCtas) g_tl[tl_cta()][k] = tl_now();
+  if (tl_cta() < kTlMaxCtas) g_tl[tl_cta()][k] = timeline_now();
 }
 // Makes the calling thread wait until v (a load's destination) has arrived.
 __device__ volatile uint32_t g_tl_sink;
@@ -70,7 +58,7 @@ static __global__ void tl_print_kernel() {  // static: one per translation unit,
   g_tl_ctas = 0;
   const int n = int(total < kTlMaxCtas ? total : kTlMaxCtas);
   const unsigned launch = g_tl_prints++;
-  if (launch >= SELKV_DECODE_TIMELINE_SKIP && launch < SELKV_DECODE_TIMELINE_SKIP + 6) {
+  if (timeline_prints_launch(launch)) {
     unsigned long long t0 = ~0ull;
     for (int c = 0; c < n; ++c)
       if (g_tl[c][0] != 0 && g_tl[c][0] < t0) t0 = g_tl[c][0];
