@@ -57,7 +57,7 @@ static_assert(kProducerRegs + kSoftmaxWgRegs + kPvWgRegs == 3 * 168, "setmaxnreg
 
 // Named barriers (id 0 is __syncthreads).
 enum class NamedBar : uint32_t {
-  kPReady = 1, kPFree = 2, kRowSum = 3, kQReady = 4,
+  kPReady = 1, kPFree = 2, kRowSum = 3, kQReady = 4, kStageFree = 5,
 };
 
 // The kernel's geometry for one record format (DecodeLayout<F>, a template parameter of the

@@ -37,12 +37,41 @@ struct RowStats {
   float m0, m1, l0, l1;
 };
 
+// The row epilogue's 16-bit staging area: the Q tile, free from the row-end barrier (kRowSum: every
+// S wgmma of the row has completed) until the next row's Q load (after kStageFree). Consumer cw's
+// 64 rows x 256 columns at cw * 32 KB, warp w's 16 rows at + 8 KB w; row j of a warp is 512 bytes
+// whose 16-byte chunks are XOR-swizzled by j % 8, so stmatrix (8 rows, one chunk) and the
+// row-wise reads (one row, 32 chunks) are both conflict-free.
+inline constexpr int kStageRowBytes = kDimVPerConsumer * 2;                  // 512
+inline constexpr int kStageBytesPerWarp = 16 * kStageRowBytes;               // 8 KB
+inline constexpr int kStageBytesPerConsumer = kBlockM * kStageRowBytes;      // 32 KB
+__device__ __forceinline__ int stage_row_offset(int j, int chunk) { return j * kStageRowBytes + ((chunk ^ (j & 7)) << 4); }
+
+// Warp scope: the warp's 16 accumulator rows, packed by `pack`, into its staging area at `stage`. stmatrix k writes column chunks 2k and 2k + 1 of both
+// row halves: matrix m = (half m & 1, chunk 2k + (m >> 1)), accumulator values 8k + 2m, + 1.
+template <typename TensorO, typename Pack>
+__device__ __forceinline__ void stage_rows16(uint32_t stage, int lane, const TensorO& tOrO, Pack pack) {
+  const int m = lane >> 3, j = 8 * (m & 1) + (lane & 7);
+  // Chunk 2k + (m >> 1) = 8 (k / 4) + 2 (k % 4) + (m >> 1), and the swizzle flips only its low 3
+  // bits: four row addresses, then immediates.
+  uint32_t row_addr[4];
+  CUTE_UNROLL
+  for (int b = 0; b < 4; ++b) row_addr[b] = stage + uint32_t(stage_row_offset(j, 2 * b + (m >> 1)));
+  CUTE_UNROLL
+  for (int k = 0; k < 16; ++k) {
+    const int i = 8 * k;
+    stsm_x4(row_addr[k % 4] + uint32_t(128 * (k / 4)),
+                         pack(tOrO(i), tOrO(i + 1)), pack(tOrO(i + 2), tOrO(i + 3)), pack(tOrO(i + 4), tOrO(i + 5)),
+                         pack(tOrO(i + 6), tOrO(i + 7)));
+  }
+}
+
 // Epilogue of one row for consumer `cw` (owns d_v [256 cw, 256 cw + 256)): normalize, then bf16
 // out + lse (unsplit) or the normalized partial (scaled fp16 when kF16Partials, else fp32) +
 // partial lse (split).
 template <int kNumHeads, bool kF16Partials, typename TensorO>
-__device__ __forceinline__ void store_row(const DecodeKernelParams& p, const RowWork& w, int cw, int lane,
-                                          int r0, int r1, const RowStats& st, TensorO& tOrO) {
+__device__ __forceinline__ void store_row(const DecodeKernelParams& p, const RowWork& w, uint32_t stage_base, int cw,
+                                          int lane, int r0, int r1, const RowStats& st, TensorO& tOrO) {
   const auto [b, s] = row_coord(w.row, p.batch);
   const int head_base = int(blockIdx.x) * kBlockM;
   // An empty row gives out 0 and lse -inf (the final lse: p.empty_lse, below); a NaN that reached
@@ -99,32 +128,30 @@ __device__ __forceinline__ void store_row(const DecodeKernelParams& p, const Row
       if (any0) f0 *= selkv::sm90::sink_scale(p.attn_sink[h0], lse0);
       if (any1) f1 *= selkv::sm90::sink_scale(p.attn_sink[h1], lse1);
     }
-    // bf16: a 4 x 4 word transpose over the quad gives lane q all four words of chunk 4c + q, so a
-    // warp instruction writes 64 contiguous bytes of each of its 8 rows (whole sectors) instead of
-    // 16 (half sectors, each written twice; docs/perf-log.md: decode epilogue).
-    // (With fp16 partials a split row's partial goes the same way into its slot, [H, 512]
-    // contiguous.)
+    // 16-bit rows (bf16 out, or the scaled fp16 partial into its slot, [H, 512] contiguous) go
+    // through shared memory: each warp's 16 rows by stmatrix into the free Q tile, then 512
+    // contiguous bytes per store. A few hundred instructions instead of the ~1 100 of a register
+    // transpose: the epilogue runs once per row and is fetched cold at a launch's end, where every
+    // CTA waited on that fetch (docs/perf-log.md: staged epilogue).
     const bool to_slot = kF16Partials && w.split;
     uint16_t* orow = to_slot ? reinterpret_cast<uint16_t*>(p.accum_out) + int64_t(w.slot) * kNumHeads * kDimV
                              : p.out + b * p.out_batch_stride + s * p.out_seq_stride;
     const int64_t hs = to_slot ? int64_t(kDimV) : p.out_head_stride;
-    uint16_t* o0 = orow + int64_t(h0) * hs + cw * kDimVPerConsumer + q4 * 8;
-    uint16_t* o1 = orow + int64_t(h1) * hs + cw * kDimVPerConsumer + q4 * 8;
-    // Not store_o_rows256: the shared helper (even just its pack loop) reschedules this epilogue.
+    const int warp_wg = r0 >> 4;
+    const uint32_t stage = stage_base + uint32_t(cw * kStageBytesPerConsumer + warp_wg * kStageBytesPerWarp);
+    // Scaled once, packed by one of two short stmatrix sequences (not a select per word).
     CUTE_UNROLL
-    for (int c = 0; c < 8; ++c) {
-      CUTE_UNROLL
-      for (int r = 0; r < 2; ++r) {
-        const float f = r ? f1 : f0;
-        uint32_t wd[4];  // word q4 of chunk 4c + k
-        CUTE_UNROLL
-        for (int k = 0; k < 4; ++k) {
-          const int i = 4 * (4 * c + k) + 2 * r;
-          wd[k] = to_slot ? f16x2_bits(tOrO(i) * f, tOrO(i + 1) * f) : bf16x2_bits(tOrO(i) * f, tOrO(i + 1) * f);
-        }
-        selkv::sm90::quad_transpose4(wd, q4);
-        *reinterpret_cast<uint4*>((r ? o1 : o0) + 32 * c) = make_uint4(wd[0], wd[1], wd[2], wd[3]);
-      }
+    for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= ((i >> 1) & 1) ? f1 : f0;
+    if (to_slot) {
+      stage_rows16(stage, lane, tOrO, [](float a, float b) { return f16x2_bits(a, b); });
+    } else {
+      stage_rows16(stage, lane, tOrO, [](float a, float b) { return bf16x2_bits(a, b); });
+    }
+    __syncwarp();
+    uint16_t* dst = orow + int64_t(head_base + 16 * warp_wg) * hs + cw * kDimVPerConsumer + lane * 8;
+#pragma unroll 4
+    for (int j = 0; j < 16; ++j) {
+      *reinterpret_cast<uint4*>(dst + j * hs) = lds_128(stage + uint32_t(stage_row_offset(j, lane)));
     }
     if (cw == 0 && (lane & 3) == 0 && !to_slot) {
       float* lrow = p.lse + b * p.lse_batch_stride + s * p.lse_seq_stride;
@@ -228,6 +255,7 @@ __device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, type
   const int warp_wg = tid_wg / 32, lane = tid_wg % 32;
   const int r0 = warp_wg * 16 + lane / 4, r1 = r0 + 8;
   const float sl2 = p.sm_scale_log2;
+  static_assert(sizeof(ss.q) >= 2 * kStageBytesPerConsumer, "the row epilogue stages both halves in the Q tile");
 
   TiledMmaQK mma_qk;
   TiledMmaPVrs mma_pv;
@@ -245,7 +273,10 @@ __device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, type
   RowWork w;
   SELKV_TL(bool tl_first = true;)
   selkv::sm90::mbar_wait<true>(smem_u32(&ss.bar_first_loads), 0u);  // see run_producer
+  bool first_row = true;
   while (it.next(w)) {
+    if (!first_row) consumers_sync(NamedBar::kStageFree);  // both WGs have read the previous row's staging
+    first_row = false;
     load_q_tile<L>(p, ss, w);
     SELKV_TL(if (tid_wg == 0 && tl_first) tl_stamp(3);)
     clear(tOrO);
@@ -320,7 +351,8 @@ __device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, type
     // WG2 reads row_sum / row_max right after kRowSum; WG1 rewrites them only after the next
     // row's kQReady barrier, which WG2 reaches after that read.
     SELKV_TL(if (tid_wg == 0) tl_stamp(6);)  // overwritten per row: the last row's remains
-    store_row<kNumHeads, kF16Partials>(p, w, 0, lane, r0, r1, RowStats{sm.m0, sm.m1, sm.l0, sm.l1}, tOrO);
+    store_row<kNumHeads, kF16Partials>(p, w, smem_u32(ss.q), 0, lane, r0, r1, RowStats{sm.m0, sm.m1, sm.l0, sm.l1},
+                                       tOrO);
   }
   SELKV_TL(if (tid_wg == 0) { tl_stamp(5); tl_finish(p); })
 }
@@ -343,7 +375,10 @@ __device__ __forceinline__ void run_pv_wg(const DecodeKernelParams& p, typename 
   uint32_t phase = 0;
   RowWork w;
   selkv::sm90::mbar_wait<true>(smem_u32(&ss.bar_first_loads), 0u);  // see run_producer
+  bool first_row = true;
   while (it.next(w)) {
+    if (!first_row) consumers_sync(NamedBar::kStageFree);
+    first_row = false;
     load_q_tile<L>(p, ss, w);
     clear(tOrO);
     for (int32_t blk = w.blk_begin; blk < w.blk_end; ++blk) {
@@ -365,7 +400,7 @@ __device__ __forceinline__ void run_pv_wg(const DecodeKernelParams& p, typename 
     }
     consumers_sync(NamedBar::kRowSum);
     const RowStats st{ss.row_max[r0], ss.row_max[r1], ss.row_sum[r0], ss.row_sum[r1]};
-    store_row<kNumHeads, kF16Partials>(p, w, 1, lane, r0, r1, st, tOrO);
+    store_row<kNumHeads, kF16Partials>(p, w, smem_u32(ss.q), 1, lane, r0, r1, st, tOrO);
   }
 }
 

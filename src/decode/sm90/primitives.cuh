@@ -29,6 +29,13 @@ __device__ __forceinline__ void stsm_x4(uint32_t addr, uint32_t m0, uint32_t m1,
                : "memory");
 }
 
+// 16 bytes from shared memory (a generic load would need the smem pointer, not its address).
+__device__ __forceinline__ uint4 lds_128(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
+}
+
 // Address of the same shared-memory offset in CTA `rank` of the cluster (shared::cluster window).
 __device__ __forceinline__ uint32_t map_smem_to_rank(uint32_t addr, uint32_t rank) {
   uint32_t out;
