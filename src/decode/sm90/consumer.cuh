@@ -42,13 +42,16 @@ struct RowStats {
 // 64 rows x 256 columns at cw * 32 KB, warp w's 16 rows at + 8 KB w; row j of a warp is 512 bytes
 // whose 16-byte chunks are XOR-swizzled by j % 8, so stmatrix (8 rows, one chunk) and the
 // row-wise reads (one row, 32 chunks) are both conflict-free.
-inline constexpr int kStageRowBytes = kDimVPerConsumer * 2;                  // 512
-inline constexpr int kStageBytesPerWarp = 16 * kStageRowBytes;               // 8 KB
-inline constexpr int kStageBytesPerConsumer = kBlockM * kStageRowBytes;      // 32 KB
-__device__ __forceinline__ int stage_row_offset(int j, int chunk) { return j * kStageRowBytes + ((chunk ^ (j & 7)) << 4); }
+inline constexpr int kStageRowBytes = kDimVPerConsumer * 2;              // 512
+inline constexpr int kStageBytesPerWarp = 16 * kStageRowBytes;           // 8 KB
+inline constexpr int kStageBytesPerConsumer = kBlockM * kStageRowBytes;  // 32 KB
+__device__ __forceinline__ int stage_row_offset(int j, int chunk) {
+  return j * kStageRowBytes + ((chunk ^ (j & 7)) << 4);
+}
 
-// Warp scope: the warp's 16 accumulator rows, packed by `pack`, into its staging area at `stage`. stmatrix k writes column chunks 2k and 2k + 1 of both
-// row halves: matrix m = (half m & 1, chunk 2k + (m >> 1)), accumulator values 8k + 2m, + 1.
+// Warp scope: the warp's 16 accumulator rows, packed by `pack`, into its staging area at `stage`.
+// stmatrix k writes column chunks 2k and 2k + 1 of both row halves: matrix m = (half m & 1, chunk
+// 2k + (m >> 1)), accumulator values 8k + 2m and 8k + 2m + 1.
 template <typename TensorO, typename Pack>
 __device__ __forceinline__ void stage_rows16(uint32_t stage, int lane, const TensorO& tOrO, Pack pack) {
   const int m = lane >> 3, j = 8 * (m & 1) + (lane & 7);
@@ -60,9 +63,8 @@ __device__ __forceinline__ void stage_rows16(uint32_t stage, int lane, const Ten
   CUTE_UNROLL
   for (int k = 0; k < 16; ++k) {
     const int i = 8 * k;
-    stsm_x4(row_addr[k % 4] + uint32_t(128 * (k / 4)),
-                         pack(tOrO(i), tOrO(i + 1)), pack(tOrO(i + 2), tOrO(i + 3)), pack(tOrO(i + 4), tOrO(i + 5)),
-                         pack(tOrO(i + 6), tOrO(i + 7)));
+    stsm_x4(row_addr[k % 4] + uint32_t(128 * (k / 4)), pack(tOrO(i), tOrO(i + 1)), pack(tOrO(i + 2), tOrO(i + 3)),
+            pack(tOrO(i + 4), tOrO(i + 5)), pack(tOrO(i + 6), tOrO(i + 7)));
   }
 }
 
@@ -130,9 +132,9 @@ __device__ __forceinline__ void store_row(const DecodeKernelParams& p, const Row
     }
     // 16-bit rows (bf16 out, or the scaled fp16 partial into its slot, [H, 512] contiguous) go
     // through shared memory: each warp's 16 rows by stmatrix into the free Q tile, then 512
-    // contiguous bytes per store. A few hundred instructions instead of the ~1 100 of a register
-    // transpose: the epilogue runs once per row and is fetched cold at a launch's end, where every
-    // CTA waited on that fetch (docs/perf-log.md: staged epilogue).
+    // contiguous bytes per store. Why: shorter code than a select per word and a quad transpose in
+    // registers; the epilogue runs once per row, so a launch's end fetches it cold and every CTA
+    // waits on that fetch (docs/perf-log.md: staged epilogue).
     const bool to_slot = kF16Partials && w.split;
     uint16_t* orow = to_slot ? reinterpret_cast<uint16_t*>(p.accum_out) + int64_t(w.slot) * kNumHeads * kDimV
                              : p.out + b * p.out_batch_stride + s * p.out_seq_stride;
