@@ -374,6 +374,7 @@ cudaError_t launch_decode_combine(const DecodeKernelParams& p, int32_t max_split
                        : cudaLaunchKernelEx(&cfg, decode_combine_fat_kernel<false>, p);
   }
   if (err != cudaSuccess) return err;
+  SELKV_CTL(tl_enqueue_decode_print(stream);)  // timeline builds: the decode launch's print, after the combine
   return cudaGetLastError();
 }
 

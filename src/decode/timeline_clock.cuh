@@ -28,5 +28,15 @@ __device__ __forceinline__ unsigned long long timeline_now() {
   return t;
 }
 
+// The decode launch's print kernel (static in its instantiation's translation unit, beside its
+// stamps), enqueued by launch_decode_combine after the combine: a print kernel between the two
+// launches would break their programmatic dependent launch, so the timeline could not show the
+// hand-over. Host side; set by launch_sparse_decode_sm90, cleared when enqueued.
+inline void (*g_tl_print_decode)(cudaStream_t) = nullptr;
+inline void tl_enqueue_decode_print(cudaStream_t stream) {
+  if (g_tl_print_decode != nullptr) g_tl_print_decode(stream);
+  g_tl_print_decode = nullptr;
+}
+
 }  // namespace selkv::decode
 #endif

@@ -135,9 +135,12 @@ cudaError_t launch_sparse_decode_sm90(const DecodeKernelParams& p, cudaStream_t 
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
   cfg.numAttrs = DecodeTraits<kNumHeads>::kCluster > 1 ? 1 : 0;
+  SELKV_TL(tl_enqueue_decode_print(stream);)  // a previous launch's print not yet enqueued
   err = cudaLaunchKernelEx(&cfg, kernel, p);
   if (err != cudaSuccess) return err;
-  SELKV_TL(tl_print_kernel<<<1, 1, 0, stream>>>();)  // timeline builds: print what the launch stamped
+  // Timeline builds: the print of what this launch stamped, enqueued after the combine (or before
+  // the next decode launch when there was none).
+  SELKV_TL(g_tl_print_decode = [](cudaStream_t s) { tl_print_kernel<<<1, 1, 0, s>>>(); };)
   return cudaGetLastError();
 }
 
