@@ -9,10 +9,10 @@
 
 namespace selkv::decode::sm90 {
 
-// Globaltimer stamps per CTA; a one-thread kernel launched after the decode prints min / median / max
-// of every stamp relative to the first CTA's entry, for the first launches of the process (run one
-// case per process; in these builds the combine waits for that kernel, so its entry no longer
-// overlaps the decode's tail, while its work after the dependency wait is timed as before). Stamps:
+// Globaltimer stamps per CTA; a one-thread kernel enqueued after the combine (timeline_clock.cuh:
+// tl_enqueue_decode_print, so the decode -> combine hand-over is not disturbed) prints min / median
+// / max of every stamp relative to the first CTA's entry, for the first launches of the process (run
+// one case per process). Stamps:
 // 0 entry, 1 producer's first publish, 2 producer end, 3 softmax WG's first Q ready, 4 its first S
 // done, 5 its end, 6 the start of its last row's epilogue (store_row), 7 the producer's start (after the
 // cluster sync), 8 its first index in a register, 9 its first round's first record chunk in a register
