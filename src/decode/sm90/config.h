@@ -142,6 +142,19 @@ SELKV_DEC_HD constexpr int p_tile_offset(int m, int k) {
   return m * 64 + ((((k >> 3) & 7) ^ (m & 7)) << 3) + (k & 7);
 }
 
+// The row epilogue's 16-bit staging area (consumer.cuh store_row): the Q tile, free from the
+// row-end barrier (kRowSum: every S wgmma of the row has completed) until the next row's Q load
+// (after kStageFree). Consumer cw's 64 rows x 256 columns at cw * 32 KB, warp w's 16 rows at + 8 KB
+// w; row j of a warp is 512 bytes whose 16-byte chunks are XOR-swizzled by j % 8, so stmatrix (8
+// rows, one chunk) and the row-wise reads (one row, 32 chunks) are both conflict-free (checked in
+// layout_check.cu).
+inline constexpr int kStageRowBytes = kDimVPerConsumer * 2;              // 512
+inline constexpr int kStageBytesPerWarp = 16 * kStageRowBytes;           // 8 KB
+inline constexpr int kStageBytesPerConsumer = kBlockM * kStageRowBytes;  // 32 KB
+SELKV_DEC_HD constexpr int stage_row_offset(int j, int chunk) {  // bytes, in a warp's area
+  return j * kStageRowBytes + ((chunk ^ (j & 7)) << 4);
+}
+
 using TiledMmaQK = decltype(make_tiled_mma(
     SM90_64x64x16_F32BF16BF16_SS<GMMA::Major::K, GMMA::Major::K>{}, Layout<Shape<_1, _1, _1>>{}));
 // WG1: P from registers (RS); WG2: P from the shared P tile (SS).

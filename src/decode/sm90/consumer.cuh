@@ -37,18 +37,6 @@ struct RowStats {
   float m0, m1, l0, l1;
 };
 
-// The row epilogue's 16-bit staging area: the Q tile, free from the row-end barrier (kRowSum: every
-// S wgmma of the row has completed) until the next row's Q load (after kStageFree). Consumer cw's
-// 64 rows x 256 columns at cw * 32 KB, warp w's 16 rows at + 8 KB w; row j of a warp is 512 bytes
-// whose 16-byte chunks are XOR-swizzled by j % 8, so stmatrix (8 rows, one chunk) and the
-// row-wise reads (one row, 32 chunks) are both conflict-free.
-inline constexpr int kStageRowBytes = kDimVPerConsumer * 2;              // 512
-inline constexpr int kStageBytesPerWarp = 16 * kStageRowBytes;           // 8 KB
-inline constexpr int kStageBytesPerConsumer = kBlockM * kStageRowBytes;  // 32 KB
-__device__ __forceinline__ int stage_row_offset(int j, int chunk) {
-  return j * kStageRowBytes + ((chunk ^ (j & 7)) << 4);
-}
-
 // Warp scope: the warp's 16 accumulator rows, packed by `pack`, into its staging area at `stage`.
 // stmatrix k writes column chunks 2k and 2k + 1 of both row halves: matrix m = (half m & 1, chunk
 // 2k + (m >> 1)), accumulator values 8k + 2m and 8k + 2m + 1.

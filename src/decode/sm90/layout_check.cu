@@ -1,4 +1,6 @@
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "decode/sm90/config.h"
 #include "decode/sm90/layout_check.h"
@@ -61,7 +63,34 @@ std::string check_layout() {
 
 }  // namespace
 
+// The epilogue's staging area: a bijection onto each warp's 8 KB, rows contiguous, and both access
+// patterns conflict-free (8 rows of one chunk, as stmatrix writes them, in 8 distinct 16-byte bank
+// groups; a row's 32 chunks fill 512 contiguous bytes); both consumers fit in either Q tile.
+std::string check_stage_layout() {
+  static_assert(2 * kStageBytesPerConsumer <= int(sizeof(DsMlaLayout::SharedStorage::q)) &&
+                2 * kStageBytesPerConsumer <= int(sizeof(Model1Layout::SharedStorage::q)));
+  static_assert(4 * kStageBytesPerWarp == kStageBytesPerConsumer);
+  std::vector<int> seen(kStageBytesPerWarp / 16, 0);
+  for (int j = 0; j < 16; ++j)
+    for (int c = 0; c < kStageRowBytes / 16; ++c) {
+      const int off = stage_row_offset(j, c);
+      if (off % 16 != 0 || off < j * kStageRowBytes || off >= (j + 1) * kStageRowBytes) return "stage row " + std::to_string(j);
+      ++seen[off / 16];
+    }
+  for (int u : seen)
+    if (u != 1) return "stage area not a bijection";
+  for (int g = 0; g < 16; g += 8)
+    for (int c = 0; c < kStageRowBytes / 16; ++c) {
+      int groups = 0;
+      for (int r = 0; r < 8; ++r) groups |= 1 << ((stage_row_offset(g + r, c) / 16) % 8);
+      if (groups != 0xff) return "stmatrix conflict at chunk " + std::to_string(c);
+    }
+  return {};
+}
+
 std::string check_tile_layouts() {
+  const std::string st = check_stage_layout();
+  if (!st.empty()) return "epilogue staging: " + st;
   const std::string ds = check_layout<DsMlaLayout>();
   if (!ds.empty()) return "ds_mla_fp8: " + ds;
   const std::string m1 = check_layout<Model1Layout>();
