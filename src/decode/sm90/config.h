@@ -60,6 +60,19 @@ enum class NamedBar : uint32_t {
   kPReady = 1, kPFree = 2, kRowSum = 3, kQReady = 4, kStageFree = 5,
 };
 
+// The row epilogue's 16-bit staging area (consumer.cuh store_row): the Q tile, free from the
+// row-end barrier (kRowSum: every S wgmma of the row has completed) until the next row's Q load
+// (after kStageFree). Consumer cw's 64 rows x 256 columns at cw * 32 KB, warp w's 16 rows at + 8 KB
+// w; row j of a warp is 512 bytes whose 16-byte chunks are XOR-swizzled by j % 8, so stmatrix (8
+// rows, one chunk) and the row-wise reads (one row, 32 chunks) are both conflict-free (checked in
+// layout_check.cu).
+inline constexpr int kStageRowBytes = kDimVPerConsumer * 2;              // 512
+inline constexpr int kStageBytesPerWarp = 16 * kStageRowBytes;           // 8 KB
+inline constexpr int kStageBytesPerConsumer = kBlockM * kStageRowBytes;  // 32 KB
+SELKV_DEC_HD constexpr int stage_row_offset(int j, int chunk) {  // bytes, in a warp's area
+  return j * kStageRowBytes + ((chunk ^ (j & 7)) << 4);
+}
+
 // The kernel's geometry for one record format (DecodeLayout<F>, a template parameter of the
 // kernel, its warpgroups and their smem): kDimQK = the dequantized K width (576 ds_mla_fp8: 8
 // NoPE tiles of 64 + RoPE; 512 model1_fp8: 7 NoPE tiles of 64 + RoPE), the NoPE width, and the
@@ -94,6 +107,7 @@ struct DecodeLayout {
       SmemLayoutK{}, make_layout(Shape<Int<kDimVPerConsumer>, Int<kBlockN>>{}, Stride<Int<kBlockN>, _1>{})));
   using SharedStorage = SharedStorageOf<kDimQK>;
   static_assert(cosize_v<SmemLayoutK> == kBlockN * kDimQK);
+  static_assert(2 * kStageBytesPerConsumer <= kBlockM * kDimQK * 2, "the row epilogue stages in the Q tile");
 
   // Element offset of (t, d), d % 8 == 0, in a Q/K tile (SmemLayoutK / SmemLayoutQ, base
   // 1024-byte aligned): the 16-byte chunk holding elements [d, d+8) of row t. Checked against
@@ -140,19 +154,6 @@ SELKV_DEC_HD constexpr int k_tile_offset(int t, int d) { return DsMlaLayout::k_t
 // Element offset of (m, k) in the P tile (SmemLayoutP, base 1024-byte aligned).
 SELKV_DEC_HD constexpr int p_tile_offset(int m, int k) {
   return m * 64 + ((((k >> 3) & 7) ^ (m & 7)) << 3) + (k & 7);
-}
-
-// The row epilogue's 16-bit staging area (consumer.cuh store_row): the Q tile, free from the
-// row-end barrier (kRowSum: every S wgmma of the row has completed) until the next row's Q load
-// (after kStageFree). Consumer cw's 64 rows x 256 columns at cw * 32 KB, warp w's 16 rows at + 8 KB
-// w; row j of a warp is 512 bytes whose 16-byte chunks are XOR-swizzled by j % 8, so stmatrix (8
-// rows, one chunk) and the row-wise reads (one row, 32 chunks) are both conflict-free (checked in
-// layout_check.cu).
-inline constexpr int kStageRowBytes = kDimVPerConsumer * 2;              // 512
-inline constexpr int kStageBytesPerWarp = 16 * kStageRowBytes;           // 8 KB
-inline constexpr int kStageBytesPerConsumer = kBlockM * kStageRowBytes;  // 32 KB
-SELKV_DEC_HD constexpr int stage_row_offset(int j, int chunk) {  // bytes, in a warp's area
-  return j * kStageRowBytes + ((chunk ^ (j & 7)) << 4);
 }
 
 using TiledMmaQK = decltype(make_tiled_mma(

@@ -245,7 +245,6 @@ __device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, type
   const int warp_wg = tid_wg / 32, lane = tid_wg % 32;
   const int r0 = warp_wg * 16 + lane / 4, r1 = r0 + 8;
   const float sl2 = p.sm_scale_log2;
-  static_assert(sizeof(ss.q) >= 2 * kStageBytesPerConsumer, "the row epilogue stages both halves in the Q tile");
 
   TiledMmaQK mma_qk;
   TiledMmaPVrs mma_pv;

@@ -65,10 +65,9 @@ std::string check_layout() {
 
 // The epilogue's staging area: a bijection onto each warp's 8 KB, rows contiguous, and both access
 // patterns conflict-free (8 rows of one chunk, as stmatrix writes them, in 8 distinct 16-byte bank
-// groups; a row's 32 chunks fill 512 contiguous bytes); both consumers fit in either Q tile.
+// groups; a row's 32 chunks fill 512 contiguous bytes). (That both consumers fit in the Q tile is a
+// static_assert of DecodeLayout.)
 std::string check_stage_layout() {
-  static_assert(2 * kStageBytesPerConsumer <= int(sizeof(DsMlaLayout::SharedStorage::q)) &&
-                2 * kStageBytesPerConsumer <= int(sizeof(Model1Layout::SharedStorage::q)));
   static_assert(4 * kStageBytesPerWarp == kStageBytesPerConsumer);
   std::vector<int> seen(kStageBytesPerWarp / 16, 0);
   for (int j = 0; j < 16; ++j)
