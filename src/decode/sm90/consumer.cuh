@@ -391,6 +391,7 @@ __device__ __forceinline__ void run_pv_wg(const DecodeKernelParams& p, typename 
     const RowStats st{ss.row_max[r0], ss.row_max[r1], ss.row_sum[r0], ss.row_sum[r1]};
     store_row<kNumHeads, kF16Partials>(p, w, smem_u32(ss.q), 1, lane, r0, r1, st, tOrO);
   }
+  SELKV_TL(if (tid_wg == 0) tl_stamp(10);)
 }
 
 }  // namespace selkv::decode::sm90

@@ -110,6 +110,7 @@ sparse_decode_sm90_kernel(const __grid_constant__ DecodeKernelParams p) {
     cute::cluster_arrive_relaxed();
     cute::cluster_wait();
   }
+  SELKV_TL(if (threadIdx.x == 0) tl_stamp(11);)
 #else
   if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0) __trap();  // built without sm_90a
 #endif

@@ -16,10 +16,11 @@ namespace selkv::decode::sm90 {
 // 0 entry, 1 producer's first publish, 2 producer end, 3 softmax WG's first Q ready, 4 its first S
 // done, 5 its end, 6 the start of its last row's epilogue (store_row), 7 the producer's start (after the
 // cluster sync), 8 its first index in a register, 9 its first round's first record chunk in a register
-// (8 and 9 make thread 0 wait for the value). The 4-heads combine kernel adds its own stamps
+// (8 and 9 make thread 0 wait for the value), 10 the PV WG's end, 11 the CTA's exit (after the cluster's
+// last barrier). The 4-heads combine kernel adds its own stamps
 // (entry, wait, lse table, merged, row ready, end: combine.cu), for the same launches.
 #if SELKV_DECODE_TIMELINE
-inline constexpr int kTlStamps = 10;
+inline constexpr int kTlStamps = 12;
 inline constexpr int kTlMaxCtas = 512;  // CTAs stamped per launch (the grid is at most one per SM)
 __device__ unsigned long long g_tl[kTlMaxCtas][kTlStamps];
 __device__ unsigned int g_tl_done;
@@ -64,7 +65,8 @@ static __global__ void tl_print_kernel() {  // static: one per translation unit,
       if (g_tl[c][0] != 0 && g_tl[c][0] < t0) t0 = g_tl[c][0];
     printf("TIMELINE decode rows=%d ctas=%d t0=%llu ns (us from t0: min / median / max)\n", g_tl_rows, n, t0);
     const char* names[kTlStamps] = {"entry", "producer_first_publish", "producer_end", "q_ready", "first_S", "end",
-                                    "last_epilogue_start", "producer_start", "index0_ready", "records0_ready"};
+                                    "last_epilogue_start", "producer_start", "index0_ready", "records0_ready",
+                                    "pv_end", "exit"};
     for (int k = 0; k < kTlStamps; ++k) {
       unsigned long long v[kTlMaxCtas];
       int m = 0;
