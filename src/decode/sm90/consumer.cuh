@@ -153,10 +153,13 @@ __device__ __forceinline__ void store_row(const DecodeKernelParams& p, const Row
 
 // Q [64 heads x kDimQK] of row `w` -> smem by both consumer warpgroups (256 threads, 18 (576) / 16
 // (512) cp.async of 16 bytes each, all in flight at once: one DRAM latency per row, no registers),
-// waited. The caller guarantees every wgmma of the previous row has completed (the row-end barrier).
+// waited. The caller guarantees every wgmma of the previous row has completed (the row-end barrier);
+// the Q tile is also the previous row's epilogue staging (store_row), so the load first waits until
+// both warpgroups have read theirs (kStageFree).
 template <class L>
 __device__ __forceinline__ void load_q_tile(const DecodeKernelParams& p, typename L::SharedStorage& ss,
                                             const RowWork& w) {
+  consumers_sync(NamedBar::kStageFree);
   const int tid = int(threadIdx.x) - 128;
   const int head_base = int(blockIdx.x) * kBlockM;
   const auto [b, s] = row_coord(w.row, p.batch);
@@ -262,10 +265,7 @@ __device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, type
   RowWork w;
   SELKV_TL(bool tl_first = true;)
   selkv::sm90::mbar_wait<true>(smem_u32(&ss.bar_first_loads), 0u);  // see run_producer
-  bool first_row = true;
   while (it.next(w)) {
-    if (!first_row) consumers_sync(NamedBar::kStageFree);  // both WGs have read the previous row's staging
-    first_row = false;
     load_q_tile<L>(p, ss, w);
     SELKV_TL(if (tid_wg == 0 && tl_first) tl_stamp(3);)
     clear(tOrO);
@@ -364,10 +364,7 @@ __device__ __forceinline__ void run_pv_wg(const DecodeKernelParams& p, typename 
   uint32_t phase = 0;
   RowWork w;
   selkv::sm90::mbar_wait<true>(smem_u32(&ss.bar_first_loads), 0u);  // see run_producer
-  bool first_row = true;
   while (it.next(w)) {
-    if (!first_row) consumers_sync(NamedBar::kStageFree);
-    first_row = false;
     load_q_tile<L>(p, ss, w);
     clear(tOrO);
     for (int32_t blk = w.blk_begin; blk < w.blk_end; ++blk) {
