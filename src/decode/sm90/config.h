@@ -48,6 +48,18 @@ inline constexpr int kNumConsumerThreads = 256;
 inline constexpr int kProducerRegs = 136;   // setmaxnreg.dec
 inline constexpr int kSoftmaxWgRegs = 208;  // setmaxnreg.inc: O (128) + S (32) + P (16) + state
 inline constexpr int kPvWgRegs = 160;       // setmaxnreg.dec: O (128) + state
+inline constexpr int kLaunchRegs = 168;     // __launch_bounds__(384, 1) on 64K registers
+// The split of one instantiation. H = 64 fixed top-k with fp16 partials: 144 / 192 / 168, where
+// the producer (H = 64's bottleneck) spills at 136 once the packed L2 prefetch runs at indexing;
+// every other kernel spills more that way (docs/perf-log.md: register split per instantiation).
+template <int kNumHeads, bool kDynamic, bool kF16Partials>
+struct RegisterSplit {
+  static constexpr bool kWideProducer = kNumHeads == 64 && !kDynamic && kF16Partials;
+  static constexpr int kProducer = kWideProducer ? 144 : kProducerRegs;
+  static constexpr int kSoftmaxWg = kWideProducer ? 192 : kSoftmaxWgRegs;
+  static constexpr int kPvWg = kWideProducer ? kLaunchRegs : kPvWgRegs;
+  static_assert(kProducer + kSoftmaxWg + kPvWg == 3 * kLaunchRegs, "setmaxnreg budget");
+};
 inline constexpr int kTokensPerConsumer = kBlockN / 2;  // 32: the H = 128 cluster halves of a block
 inline constexpr int kDimVPerConsumer = kDimV / 2;      // 256
 inline constexpr int kVHalfDimOffset = (kDimVPerConsumer / 64) * 512;  // 2048: dims [256, 512) of a tile

@@ -469,9 +469,14 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, typena
   // Round 1's records to L2 now, alongside round 0's, not in step 0 after round 0 landed: the first
   // block of an H = 64 part needs both rounds (docs/perf-log.md: decode prologue prefetch).
   constexpr bool kL2Prefetch = !kPacked || DecodeTraits<kNumHeads>::kPackedL2Prefetch;
+  // Packed records need no index load: their prefetch goes out as soon as the round is indexed,
+  // three rounds ahead of its conversion instead of two (docs/perf-log.md: packed prefetch at
+  // indexing).
+  constexpr bool kPrefetchAtIndex = kPacked && kL2Prefetch;
   if constexpr (kL2Prefetch) prefetch_record(s1, e1);
   v2_0 = valid2(s0p, e0);
   load_index(s0, s0p, e0);  // round 2
+  if constexpr (kPrefetchAtIndex) prefetch_record(s0, e0);
 
   // One step: convert round n from `cx` while loading the records of round n + 1 into `nx`
   // (index slot `ni`, peer `ni2`) and prefetching round n + 2's into L2 (slot `pi`), then load
@@ -488,9 +493,10 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, typena
       nrec = record_of(more ? ni : -1, nx.valid);  // !more: nothing loaded
     }
     if (more) v2n = valid2(ni2, nie);
-    if constexpr (kL2Prefetch) prefetch_record(pi, pie);
+    if constexpr (kL2Prefetch && !kPrefetchAtIndex) prefetch_record(pi, pie);
     convert(n, cx, v2c, nx, nrec);
     load_index(ni, ni2, nie);
+    if constexpr (kPrefetchAtIndex) prefetch_record(ni, nie);  // round n + 3
   };
 #pragma unroll 1
   for (int32_t n = 0; n < total_rounds; n += 2) {

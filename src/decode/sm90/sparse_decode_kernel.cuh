@@ -93,16 +93,17 @@ sparse_decode_sm90_kernel(const __grid_constant__ DecodeKernelParams p) {
   // after the prologue, then the softmax WG's, then the PV WG's. With the producer's code last, a
   // call with cold instruction caches (as in a serving engine) started its first KV block later
   // (docs/perf-log.md: decode code layout).
+  using Regs = RegisterSplit<kNumHeads, kDynamic, kF16Partials>;
   if (wg != 0) {
     if (wg == 2) {
-      cutlass::arch::warpgroup_reg_dealloc<kPvWgRegs>();
+      if constexpr (Regs::kPvWg != kLaunchRegs) cutlass::arch::warpgroup_reg_dealloc<Regs::kPvWg>();
       run_pv_wg<L, kNumHeads, kF16Partials>(p, ss, it);
     } else {
-      cutlass::arch::warpgroup_reg_alloc<kSoftmaxWgRegs>();
+      cutlass::arch::warpgroup_reg_alloc<Regs::kSoftmaxWg>();
       run_softmax_wg<L, kNumHeads, kF16Partials>(p, ss, it);
     }
   } else {
-    cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
+    cutlass::arch::warpgroup_reg_dealloc<Regs::kProducer>();
     run_producer<L, kNumHeads, kDynamic, kPacked>(p, ss, it, rank, extra_len_lane);
   }
   if constexpr (kCluster == 2) {
