@@ -127,9 +127,9 @@ __device__ __forceinline__ MergedRow merged_row(const DecodeKernelParams& p, int
 // One CTA per (split row, 4 heads): column i merges entry i of the plan's split-row table (the
 // scheduler wrote it from split_row_of_part, in part order), so no CTA is launched just to find
 // that it has nothing to merge (docs/perf-log.md: combine grid). Every load a CTA needs is issued
-// at once: the partial lse of all splits (one
-// float4 = 4 heads per split) into shared memory, and the partial rows kCombineBatch splits at a
-// time, so a row split n ways costs ~ceil(n / kCombineBatch) L2 round trips instead of ~n. The merge arithmetic and its order (max,
+// at once: each warp's partial lse and inverse scales of 32 splits (one per lane), and the partial
+// rows kCombineBatch splits at a time, so a row split n ways costs ~ceil(n / kCombineBatch) L2 round
+// trips instead of ~n. The merge arithmetic and its order (max,
 // then w_i = exp(lse_i - max), sum and accumulation in split order) are fixed: deterministic.
 // kF16Partials: the partials are fp16 with a power-of-two inverse scale per (split, head, d_v half)
 // (decode_params.h f16_partials_by_default), else fp32. Same element offsets either way.
@@ -138,7 +138,6 @@ __global__ void __launch_bounds__(kCombineThreads, Shape::kMinCtas)
 decode_combine_kernel(const DecodeKernelParams p) {
   constexpr int kCombineBatch = Shape::kBatch;
   SELKV_CTL(ctl_min(kCtlEntry);)
-  extern __shared__ float4 s_lse[];  // [splits]: partial lse of the CTA's 4 heads
   // Split row blockIdx.x of the plan's table (metadata written by the scheduler kernel, which
   // completed before the decode kernel started, so it can be read before the dependency wait).
   // Entries are checked against the call's shape: a corrupt table gives wrong rows, never an
@@ -163,15 +162,18 @@ decode_combine_kernel(const DecodeKernelParams p) {
   asm volatile("griddepcontrol.wait;" ::: "memory");
   SELKV_CTL(ctl_min(kCtlFirstAfterWait); ctl_max(kCtlLastAfterWait);)
 
-  for (int32_t i = int32_t(threadIdx.x); i < n; i += kCombineThreads)
-    s_lse[i] = *reinterpret_cast<const float4*>(p.accum_lse + slot(i) * p.num_heads + h0);
-  // Inverse scales of the fp16 partials: [split][4 heads][2 halves] after the lse table.
-  float* s_inv = reinterpret_cast<float*>(s_lse + p.num_sm_parts);
-  if constexpr (kF16Partials) {
-    const float* inv = p.accum_out + f16_inv_scales_offset(p.num_sm_parts, p.num_heads);
-    for (int32_t k = int32_t(threadIdx.x); k < 8 * n; k += kCombineThreads)
-      s_inv[k] = inv[(slot(k >> 3) * p.num_heads + h0 + ((k & 7) >> 1)) * 2 + (k & 1)];
-  }
+  // Warp scope: a warp merges 128 values of one head, all in one d_v half. Lane l holds split
+  // 32 c + l's partial lse (and inverse scale) of chunk c of 32 splits, and the merge takes them by
+  // shuffle: no table in shared memory, no barrier across the CTA's warps, one exp per split and
+  // lane. Same arithmetic in the same order as a per-thread table.
+  const int lane = int(threadIdx.x) % 32;
+  [[maybe_unused]] const float* inv = p.accum_out + f16_inv_scales_offset(p.num_sm_parts, p.num_heads);
+  auto lane_lse = [&](int32_t i) -> float { return i < n ? p.accum_lse[slot(i) * p.num_heads + h] : -INFINITY; };
+  auto lane_inv = [&](int32_t i) -> float {
+    if constexpr (kF16Partials) return i < n ? inv[(slot(i) * p.num_heads + h) * 2 + (d >> 8)] : 0.f;
+    return 1.f;
+  };
+  float lse_c = lane_lse(lane), inv_c = lane_inv(lane);  // chunk 0, in flight with the partials
   using Chunk = std::conditional_t<kF16Partials, uint2, float4>;  // 4 values
   Chunk o[kCombineBatch];
   auto load_batch = [&](int32_t base) {
@@ -188,31 +190,36 @@ decode_combine_kernel(const DecodeKernelParams p) {
       return o[j];
     }
   };
-  load_batch(0);  // in flight with the lse loads
-  __syncthreads();
+  load_batch(0);
+  // The max over splits (order-free: nan_sticky_max is exact and NaN-sticky).
+  float max_lse = lse_c;
+  for (int32_t c = 32; c < n; c += 32) max_lse = nan_sticky_max(max_lse, lane_lse(c + lane));
+  #pragma unroll
+  for (int off = 16; off > 0; off >>= 1) max_lse = nan_sticky_max(max_lse, __shfl_xor_sync(0xffffffffu, max_lse, off));
   SELKV_CTL(ctl_max(kCtlLastLseTable);)
-  const float* lse_of = reinterpret_cast<const float*>(s_lse) + hl;  // split i: lse_of[4 * i]
 
-  float max_lse = -INFINITY;
-  for (int32_t i = 0; i < n; ++i) {
-    const float x = lse_of[4 * i];
-    max_lse = nan_sticky_max(max_lse, x);
-  }
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
   float sum_w = 0.f;
   if (max_lse != -INFINITY) {
+    static_assert(32 % kCombineBatch == 0, "a batch lies in one chunk of 32 splits");
+    float w_c = expf(lse_c - max_lse);  // 0 for an empty split (lse = -inf) and past n
     for (int32_t base = 0; base < n; base += kCombineBatch) {
-      if (base != 0) load_batch(base);
+      if (base != 0) {
+        load_batch(base);
+        if ((base & 31) == 0) {  // next chunk of 32 splits (rows split more than 32 ways)
+          w_c = expf(lane_lse(base + lane) - max_lse);
+          inv_c = lane_inv(base + lane);
+        }
+      }
       #pragma unroll
       for (int j = 0; j < kCombineBatch; ++j) {
+        const int src = (int(base) + j) & 31;
+        const float w = __shfl_sync(0xffffffffu, w_c, src);
+        [[maybe_unused]] const float is = __shfl_sync(0xffffffffu, inv_c, src);
         if (base + j < n) {
-          const float w = expf(lse_of[4 * (base + j)] - max_lse);  // 0 for an empty split (lse = -inf)
           sum_w += w;
           float4 v = value(j);
-          if constexpr (kF16Partials) {
-            const float is = s_inv[8 * (base + j) + 2 * hl + (d >> 8)];
-            v = make_float4(v.x * is, v.y * is, v.z * is, v.w * is);
-          }
+          if constexpr (kF16Partials) v = make_float4(v.x * is, v.y * is, v.z * is, v.w * is);
           acc.x += w * v.x; acc.y += w * v.y; acc.z += w * v.z; acc.w += w * v.w;
         }
       }
@@ -343,9 +350,7 @@ cudaError_t launch_decode_combine(const DecodeKernelParams& p, int32_t max_split
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(max_split_rows > 0 ? max_split_rows : 1, p.num_heads / kHeadsPerCombineCta, 1);
   cfg.blockDim = dim3(kCombineThreads, 1, 1);
-  // A row has <= parts splits: their lse (float4 of 4 heads), and with fp16 partials the
-  // inverse scales (8 floats).
-  cfg.dynamicSmemBytes = size_t(p.num_sm_parts) * sizeof(float4) * (f16_partials ? 3 : 1);
+  cfg.dynamicSmemBytes = 0;  // the 4-heads kernel keeps its splits' lse in registers
   cfg.stream = stream;
   // Programmatic dependent launch: the launch overlaps the decode kernel's tail (small batches
   // are latency-bound); correctness comes from griddepcontrol.wait in the kernel.
