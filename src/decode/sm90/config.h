@@ -30,10 +30,10 @@ struct DecodeTraits {
   static_assert(kCluster == 1 || kCluster == 2, "the producer splits a block between at most 2 CTAs");
   static constexpr int kRoundsPerBlock = 2 / kCluster;  // 32-token rounds a CTA dequantizes per block
   static constexpr int kEmptyArrivals = 8 * kCluster;   // consumer warps of the cluster freeing a K buffer
-  // Packed decode (C6): whether the producer prefetches a round's records into L2 two rounds ahead
-  // as the native path does. H = 64 is producer-bound and waits on its loads without it; H = 128
-  // is consumer-bound and runs faster without the prefetch instructions (docs/perf-log.md:
-  // packed prefetch).
+  // Packed decode (C6): whether the producer prefetches a round's records into L2 (as soon as the
+  // round is indexed: three rounds ahead; the native path, two). H = 64 is producer-bound and waits
+  // on its loads without it; H = 128 is consumer-bound and runs faster without the prefetch
+  // instructions (docs/perf-log.md: packed prefetch).
   static constexpr bool kPackedL2Prefetch = kNumHeads == 64;
 };
 
