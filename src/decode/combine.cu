@@ -29,9 +29,9 @@ struct CombineNarrow {
 #if SELKV_DECODE_TIMELINE
 // Launch timeline (SELKV_DECODE_TIMELINE=1 builds only, see sm90/timeline.cuh): globaltimer ns of
 // the first CTA entry and first return from griddepcontrol.wait (min over CTAs), then, max over
-// CTAs (thread 0's path, the 4-heads kernel), the return from the wait, the lse table with the
-// first batch of partials issued (after __syncthreads), partials merged, merged row ready
-// (attn_sink), and the end (the fat kernel has no stamps); printed by the last CTA, relative to the first entry,
+// CTAs (thread 0's path, the 4-heads kernel), the return from the wait, the splits' max lse (the
+// lse loads and the first batch of partials issued; printed as last_lse_table), partials merged,
+// merged row ready (attn_sink), and the end (the fat kernel has no stamps); printed by the last CTA, relative to the first entry,
 // for launches SKIP .. SKIP + 5 of the process, as the decode's stamps.
 enum CtlStamp { kCtlEntry, kCtlFirstAfterWait, kCtlEnd, kCtlLastAfterWait, kCtlLastLseTable, kCtlLastMerged,
                 kCtlLastRowReady, kCtlStamps };

@@ -49,9 +49,10 @@ inline constexpr int kProducerRegs = 136;   // setmaxnreg.dec
 inline constexpr int kSoftmaxWgRegs = 208;  // setmaxnreg.inc: O (128) + S (32) + P (16) + state
 inline constexpr int kPvWgRegs = 160;       // setmaxnreg.dec: O (128) + state
 inline constexpr int kLaunchRegs = 168;     // __launch_bounds__(384, 1) on 64K registers
-// The split of one instantiation. H = 64 fixed top-k with fp16 partials: 144 / 192 / 168, where
-// the producer (H = 64's bottleneck) spills at 136 once the packed L2 prefetch runs at indexing;
-// every other kernel spills more that way (docs/perf-log.md: register split per instantiation).
+// The split of one instantiation. H = 64 fixed top-k with fp16 partials (native, packed, MODEL1):
+// 144 / 192 / 168, where at 136 the producer (H = 64's bottleneck) spilled, the packed one more
+// once its L2 prefetch moved to indexing; every other kernel spills more that way (docs/perf-log.md:
+// register split per instantiation).
 template <int kNumHeads, bool kDynamic, bool kF16Partials>
 struct RegisterSplit {
   static constexpr bool kWideProducer = kNumHeads == 64 && !kDynamic && kF16Partials;

@@ -480,7 +480,7 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, typena
 
   // One step: convert round n from `cx` while loading the records of round n + 1 into `nx`
   // (index slot `ni`, peer `ni2`) and prefetching round n + 2's into L2 (slot `pi`), then load
-  // round n + 3's indices into the slot just used.
+  // round n + 3's indices into the slot just used (packed: and prefetch its records right away).
   auto step = [&](int32_t n, Raw& cx, int32_t& v2c, Raw& nx, int32_t& v2n, int32_t& ni,
                   int32_t& ni2, Ext& nie, int32_t pi, Ext pie) {
     const bool more = n + 1 < total_rounds;
