@@ -138,6 +138,41 @@ struct BlockCursor {
   }
 };
 
+// Packed decode (C6): the records of a part's first kPackedEntryPrefetchBlocks blocks (this CTA's
+// tokens of each) prefetched into L2 by every thread at kernel entry, before the barrier init, the
+// cluster sync and the register split. Their addresses are arithmetic, so the first DRAM round trip
+// overlaps the kernel's start instead of following it (docs/perf-log.md: packed entry prefetch).
+// Only lines of tokens the producer will load are touched (the row's first blocks in this part, below
+// its clamped top-k length): never an address outside the buffer, whatever the plan says.
+inline constexpr int kPackedEntryPrefetchBlocks = 2;
+template <int kNumHeads, bool kDynamic, class Schedule>
+__device__ __forceinline__ void prefetch_packed_part_head(const DecodeKernelParams& p, const PartIter<Schedule>& it,
+                                                          uint32_t rank) {
+  constexpr int kCluster = DecodeTraits<kNumHeads>::kCluster;
+  constexpr int kSpan = kBlockN / kCluster;  // tokens of a block this CTA dequantizes
+  const BlockCursor<kDynamic, Schedule> cur(it);
+  const int32_t row = cur.row < p.num_rows ? cur.row : p.num_rows - 1;
+  if (row < 0) return;  // a corrupt dynamic plan: no prefetch
+  const auto [b, s] = row_coord(row, p.batch);
+  int32_t len = kDynamic ? cur.len : p.topk;
+  len = len < p.topk ? len : p.topk;
+  const int32_t blk0 = it.g0 - cur.row_begin;
+  const int32_t end = it.g1 < cur.row_end ? it.g1 : cur.row_end;
+  if (blk0 < 0) return;
+  const uintptr_t base =
+      reinterpret_cast<uintptr_t>(p.cache) + uintptr_t(int64_t(b * p.seq_q + s) * p.topk) * KvFmt::kRecordBytes;
+#pragma unroll 1
+  for (int32_t i = 0; i < kPackedEntryPrefetchBlocks && it.g0 + i < end; ++i) {
+    const int32_t t_lo = (blk0 + i) * kBlockN + kSpan * int32_t(rank);
+    const int32_t t_hi = t_lo + kSpan < len ? t_lo + kSpan : len;
+    if (t_hi <= t_lo) break;
+    const uintptr_t lo = base + uintptr_t(t_lo) * KvFmt::kRecordBytes, hi = base + uintptr_t(t_hi) * KvFmt::kRecordBytes;
+#pragma unroll 1
+    for (uintptr_t a = (lo & ~uintptr_t(127)) + 128u * threadIdx.x; a < hi; a += 128u * kNumThreads)
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+  }
+}
+
 // kPacked: the records come from a packed KV buffer (selkv/packed.h) instead of the paged cache.
 // Token k of row (b, s) is entry e = (b * S_q + s) * K + k at byte e * 656 of p.cache, an address
 // by arithmetic: no index load precedes a record load, and nothing is translated. The "index" of

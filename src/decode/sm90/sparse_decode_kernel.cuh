@@ -66,6 +66,7 @@ sparse_decode_sm90_kernel(const __grid_constant__ DecodeKernelParams p) {
   using Traits = DecodeTraits<kNumHeads>;
   constexpr int kCluster = Traits::kCluster;
   const uint32_t rank = kCluster == 2 ? uint32_t(blockIdx.x) : 0u;
+  if constexpr (kPacked) prefetch_packed_part_head<kNumHeads, kDynamic>(p, it, rank);
 
   if (threadIdx.x == 0) {
     CUTE_UNROLL
