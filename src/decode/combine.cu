@@ -215,7 +215,8 @@ decode_combine_kernel(const DecodeKernelParams p) {
       for (int j = 0; j < kCombineBatch; ++j) {
         const int src = (int(base) + j) & 31;
         const float w = __shfl_sync(0xffffffffu, w_c, src);
-        [[maybe_unused]] const float is = __shfl_sync(0xffffffffu, inv_c, src);
+        float is = 1.f;  // fp32 partials carry no scale
+        if constexpr (kF16Partials) is = __shfl_sync(0xffffffffu, inv_c, src);
         if (base + j < n) {
           sum_w += w;
           float4 v = value(j);
