@@ -51,16 +51,18 @@ inline constexpr int kPvWgRegs = 160;       // setmaxnreg.dec: O (128) + state
 // __launch_bounds__(384, 1) on 64K registers, in the allocation's units of 8: 168. setmaxnreg moves
 // registers between the warpgroups of a CTA; their sum stays 3 x this.
 inline constexpr int kLaunchRegs = 65536 / kNumThreads / 8 * 8;
-// The split of one instantiation. H = 64 fixed top-k with fp16 partials (native, packed, MODEL1):
-// 144 / 192 / 168, where at 136 the producer (H = 64's bottleneck) spilled, the packed one more
-// once its L2 prefetch moved to indexing; every other kernel spills more that way (docs/perf-log.md:
-// register split per instantiation).
-template <int kNumHeads, bool kDynamic, bool kF16Partials>
+// The split of one instantiation. H = 64 fixed top-k with fp16 partials (native, MODEL1):
+// 144 / 192 / 168, where at 136 the producer (H = 64's bottleneck) spilled; every other kernel
+// spills more that way (docs/perf-log.md: register split per instantiation). Packed H = 64 with
+// fp16 partials: 152 / 192 / 160, the packed lane mapping's producer (two tokens a thread) spilled
+// 28 B at 144 (docs/perf-log.md: packed lane mapping).
+template <int kNumHeads, bool kDynamic, bool kF16Partials, bool kPacked = false>
 struct RegisterSplit {
-  static constexpr bool kWideProducer = kNumHeads == 64 && !kDynamic && kF16Partials;
-  static constexpr int kProducer = kWideProducer ? 144 : kProducerRegs;
-  static constexpr int kSoftmaxWg = kWideProducer ? 192 : kSoftmaxWgRegs;
-  static constexpr int kPvWg = kWideProducer ? kLaunchRegs : kPvWgRegs;
+  static constexpr bool kPackedWide = kPacked && kNumHeads == 64 && kF16Partials;
+  static constexpr bool kWideProducer = !kPacked && kNumHeads == 64 && !kDynamic && kF16Partials;
+  static constexpr int kProducer = kPackedWide ? 152 : kWideProducer ? 144 : kProducerRegs;
+  static constexpr int kSoftmaxWg = kPackedWide || kWideProducer ? 192 : kSoftmaxWgRegs;
+  static constexpr int kPvWg = kPackedWide ? kPvWgRegs : kWideProducer ? kLaunchRegs : kPvWgRegs;
   static_assert(kProducer + kSoftmaxWg + kPvWg == 3 * kLaunchRegs, "setmaxnreg budget");
 };
 inline constexpr int kTokensPerConsumer = kBlockN / 2;  // 32: the H = 128 cluster halves of a block

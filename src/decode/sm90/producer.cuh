@@ -39,8 +39,19 @@ struct RoundRawModel1 {
   uint4 rope[2];
   int valid;
 };
-template <class L>
-using RoundRawOf = std::conditional_t<L::kFormat == KvFormat::kModel1Fp8, RoundRawModel1, RoundRaw>;
+// Packed buffer: the thread's two tokens of the round (warp w's tokens 8w + q and 8w + q + 4),
+// NoPE piece k of token X at nope[4 X + k] (record bytes 128 k + 16 l7: eight lanes read a token's
+// 128 contiguous bytes, a warp four tokens' 512), both tokens' scales and RoPE chunk l7 of each.
+struct RoundRawPacked {
+  uint4 nope[8];
+  float4 sc[2];
+  uint4 rope[2];
+  int valid;    // token 8w + q
+  int valid_b;  // token 8w + q + 4
+};
+template <class L, bool kPacked = false>
+using RoundRawOf = std::conditional_t<L::kFormat == KvFormat::kModel1Fp8, RoundRawModel1,
+                                      std::conditional_t<kPacked, RoundRawPacked, RoundRaw>>;
 // The cache a round reads (model1_fp8 kernels: 0 main, 1 extra); nothing for the others.
 struct NoExtra {};
 
@@ -151,11 +162,9 @@ __device__ __forceinline__ void prefetch_packed_part_head(const DecodeKernelPara
   constexpr int kCluster = DecodeTraits<kNumHeads>::kCluster;
   constexpr int kSpan = kBlockN / kCluster;  // tokens of a block this CTA dequantizes
   const BlockCursor<kDynamic, Schedule> cur(it);
-  const int32_t row = cur.row < p.num_rows ? cur.row : p.num_rows - 1;
-  if (row < 0) return;  // a corrupt dynamic plan: no prefetch
+  const int32_t row = cur.row < p.num_rows ? cur.row : p.num_rows - 1;  // the plan's row is >= 0
   const auto [b, s] = row_coord(row, p.batch);
-  int32_t len = kDynamic ? cur.len : p.topk;
-  len = len < p.topk ? len : p.topk;
+  const int32_t len = kDynamic ? clamp_topk_length(cur.len, p.topk) : p.topk;
   const int32_t blk0 = it.g0 - cur.row_begin;
   const int32_t end = it.g1 < cur.row_end ? it.g1 : cur.row_end;
   if (blk0 < 0) return;
@@ -198,7 +207,7 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, typena
   constexpr bool kExtra = kM1;
   static_assert(!(kM1 && kPacked), "the packed buffer holds ds_mla_fp8 records");
   using Ext = std::conditional_t<kExtra, int32_t, NoExtra>;
-  using Raw = RoundRawOf<L>;
+  using Raw = RoundRawOf<L, kPacked>;
   constexpr int kNopeChunks = L::kDimNope / 64;  // 64-byte NoPE chunks per record: 8 / 7
   constexpr int kKRowGroupStride = L::kKRowGroupStride;
   constexpr int kDimNope = L::kDimNope;
@@ -275,7 +284,12 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, typena
       // Entry of the block's token 0 (rows * K < 2^31: checked by the host API); the validity
       // words follow the entries, one per 32 (p.indices).
       const int32_t e0 = (b * p.seq_q + s) * p.topk + (in_part ? blk : 0) * kBlockN;
-      idx = wanted(tok) ? e0 + tok : -1;
+      // The round's first entry (a multiple of 32) with, in its low 5 bits, the number of wanted
+      // tokens of the round minus one (all the thread's data loads need); -1: none wanted.
+      const int hb = tok - tl;  // the round's first token in the block: 0 or 32
+      int32_t nw = kDynamic ? len - (blk * kBlockN + hb) : 32;
+      nw = in_part ? (nw < 32 ? nw : 32) : 0;
+      idx = nw > 0 ? (e0 + hb) | (nw - 1) : -1;
       // This lane's published token: its own (H = 64, and q != 1), the peer half's (H = 128, q == 1).
       const int pub = kCluster == 2 && q == 1 ? 32 * int(rank ^ 1u) + tl : tok;
       idx2 = ld_s32_pred_or_zero(p.indices + (e0 >> 5) + (pub >> 5), wanted(pub));
@@ -319,12 +333,17 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, typena
       return nullptr;
     }
   };
+  // Packed: the record of the thread's first token (its second is 4 entries on), validity of both.
+  auto record_of_packed = [&](int32_t idx, int32_t& valid, int32_t& valid_b) -> const uint8_t* {
+    const int32_t nw = (idx & 31) + 1, ta = warp * 8 + q;
+    valid = idx >= 0 && ta < nw;
+    valid_b = idx >= 0 && ta + 4 < nw;
+    return idx >= 0 ? p.cache + int64_t((idx & ~31) + ta) * KvFmt::kRecordBytes : p.cache;
+  };
   auto record_of = [&](int32_t idx, int32_t& valid) -> const uint8_t* {
     valid = idx >= 0 && int64_t(idx) < p.num_slots;
     const uint8_t* rec = p.cache;
-    if constexpr (kPacked) {
-      if (valid) rec += int64_t(idx) * KvFmt::kRecordBytes;
-    } else if (valid) {
+    if (valid) {
       uint32_t blk_id, in_page;
       p.page.divmod(uint32_t(idx), blk_id, in_page);  // valid: 0 <= idx < 2^31
       rec += int64_t(blk_id) * p.block_stride_bytes + KvFmt::record_offset(in_page);
@@ -349,6 +368,16 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, typena
       r.sc = ld_8_pred(sc, r.valid);
       r.rope[0] = load16(rec, r.valid, Fmt::kRopeOffset + 16 * q);
       r.rope[1] = load16(rec, r.valid, Fmt::kRopeOffset + 16 * (q + 4));
+    } else if constexpr (kPacked) {
+      const uint8_t* rec = record_of_packed(idx, r.valid, r.valid_b);
+      constexpr int kB = 4 * KvFmt::kRecordBytes;  // the second token's record
+      CUTE_UNROLL
+      for (int d = 0; d < 8; ++d)
+        r.nope[d] = load16(rec, d < 4 ? r.valid : r.valid_b, (d < 4 ? 0 : kB) + KvFmt::kNopeOffset + 128 * (d & 3) + 16 * l7);
+      r.sc[0] = load_scales(rec, r.valid);
+      r.sc[1] = load_scales(rec + kB, r.valid_b);
+      r.rope[0] = load16(rec, r.valid, KvFmt::kRopeOffset + 16 * l7);
+      r.rope[1] = load16(rec, r.valid_b, kB + KvFmt::kRopeOffset + 16 * l7);
     } else {
       const uint8_t* rec = record_of(idx, r.valid);
       CUTE_UNROLL
@@ -383,7 +412,10 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, typena
     }
     // needed first in round n + 1 (after the wait: fewer live registers there; model1_fp8: loaded
     // by the caller, with the address it has in hand)
-    if constexpr (!kM1) nx.sc = load_scales(nrec, nx.valid);
+    [[maybe_unused]] constexpr int kB = 4 * KvFmt::kRecordBytes;  // packed: the thread's second token's record
+    if constexpr (!kM1 && !kPacked) {
+      nx.sc = load_scales(nrec, nx.valid);
+    }
     const int half = kCluster == 2 ? int(rank) : int(rin);
     const int base = half * kHalfOff + row_base;
     bf16_t* sk = ss.k[buf];
@@ -393,28 +425,57 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, typena
       peer_k = peer_smem + uint32_t(reinterpret_cast<uint8_t*>(sk) - reinterpret_cast<uint8_t*>(&ss));
       peer_bar = peer_smem + uint32_t(reinterpret_cast<uint8_t*>(&ss.bar_remote[buf]) - reinterpret_cast<uint8_t*>(&ss));
     }
-    CUTE_UNROLL
-    for (int d = 0; d < kNopeChunks; ++d) {
-      float s;
-      if constexpr (kM1) {
-        s = dev::ue8m0_to_float(d < 4 ? r.sc.x >> (8 * d) : r.sc.y >> (8 * (d - 4)));  // chunk d = tile d
-      } else {
-        s = (d >> 1) == 0 ? r.sc.x : (d >> 1) == 1 ? r.sc.y : (d >> 1) == 2 ? r.sc.z : r.sc.w;
+    if constexpr (kPacked) {
+      // Token X (0: row q of the warp's group, 1: row q + 4), piece k: 16 codes of atom 2k + l7 / 4,
+      // 16-byte chunks 2 (l7 % 4) and 2 (l7 % 4) + 1 of its row, swizzled by the row as above.
+      CUTE_UNROLL
+      for (int d = 0; d < 8; ++d) {
+        const int x = d >> 2, k = d & 3, row = q + 4 * x;
+        const float4 sc = r.sc[x];
+        const float s = k == 0 ? sc.x : k == 1 ? sc.y : k == 2 ? sc.z : sc.w;
+        const uint2 a = dev::dequant_e4m3x4(r.nope[d].x, s);
+        const uint2 bq = dev::dequant_e4m3x4(r.nope[d].y, s);
+        const uint2 c = dev::dequant_e4m3x4(r.nope[d].z, s);
+        const uint2 e = dev::dequant_e4m3x4(r.nope[d].w, s);
+        const uint4 lo = make_uint4(a.x, a.y, bq.x, bq.y), hi = make_uint4(c.x, c.y, e.x, e.y);
+        const int o = half * kHalfOff + warp * kKRowGroupStride + row * 64 + (2 * k + (l7 >> 2)) * 512;
+        store_local(o + (((2 * (l7 & 3)) ^ row) << 3), lo);
+        store_local(o + (((2 * (l7 & 3) + 1) ^ row) << 3), hi);
+        nx.nope[d] = load16(nrec, x ? nx.valid_b : nx.valid, (x ? kB : 0) + KvFmt::kNopeOffset + 128 * k + 16 * l7);
+        // a token's next scales once its current ones are dead (half a round of lead)
+        if (k == 3) nx.sc[x] = load_scales(nrec + (x ? kB : 0), x ? nx.valid_b : nx.valid);
       }
-      const uint2 a = dev::dequant_e4m3x4(r.nope[d].x, s);
-      const uint2 bq = dev::dequant_e4m3x4(r.nope[d].y, s);
-      const uint2 c = dev::dequant_e4m3x4(r.nope[d].z, s);
-      const uint2 e = dev::dequant_e4m3x4(r.nope[d].w, s);
-      const uint4 lo = make_uint4(a.x, a.y, bq.x, bq.y), hi = make_uint4(c.x, c.y, e.x, e.y);
-      const int o0 = base + d * 512 + c0, o1 = base + d * 512 + c1;
-      store_local(o0, lo);
-      store_local(o1, hi);
-      nx.nope[d] = load16(nrec, nx.valid, Fmt::kNopeOffset + 64 * d + 16 * q);
+      CUTE_UNROLL
+      for (int x = 0; x < 2; ++x) {
+        const int row = q + 4 * x;
+        store_local(half * kHalfOff + warp * kKRowGroupStride + row * 64 + (kDimNope / 64) * 512 + ((l7 ^ row) << 3), r.rope[x]);
+      }
+      nx.rope[0] = load16(nrec, nx.valid, KvFmt::kRopeOffset + 16 * l7);
+      nx.rope[1] = load16(nrec, nx.valid_b, kB + KvFmt::kRopeOffset + 16 * l7);
+    } else {
+      CUTE_UNROLL
+      for (int d = 0; d < kNopeChunks; ++d) {
+        float s;
+        if constexpr (kM1) {
+          s = dev::ue8m0_to_float(d < 4 ? r.sc.x >> (8 * d) : r.sc.y >> (8 * (d - 4)));  // chunk d = tile d
+        } else {
+          s = (d >> 1) == 0 ? r.sc.x : (d >> 1) == 1 ? r.sc.y : (d >> 1) == 2 ? r.sc.z : r.sc.w;
+        }
+        const uint2 a = dev::dequant_e4m3x4(r.nope[d].x, s);
+        const uint2 bq = dev::dequant_e4m3x4(r.nope[d].y, s);
+        const uint2 c = dev::dequant_e4m3x4(r.nope[d].z, s);
+        const uint2 e = dev::dequant_e4m3x4(r.nope[d].w, s);
+        const uint4 lo = make_uint4(a.x, a.y, bq.x, bq.y), hi = make_uint4(c.x, c.y, e.x, e.y);
+        const int o0 = base + d * 512 + c0, o1 = base + d * 512 + c1;
+        store_local(o0, lo);
+        store_local(o1, hi);
+        nx.nope[d] = load16(nrec, nx.valid, Fmt::kNopeOffset + 64 * d + 16 * q);
+      }
+      store_local(base + r0, r.rope[0]);
+      store_local(base + r1, r.rope[1]);
+      nx.rope[0] = load16(nrec, nx.valid, Fmt::kRopeOffset + 16 * q);
+      nx.rope[1] = load16(nrec, nx.valid, Fmt::kRopeOffset + 16 * (q + 4));
     }
-    store_local(base + r0, r.rope[0]);
-    store_local(base + r1, r.rope[1]);
-    nx.rope[0] = load16(nrec, nx.valid, Fmt::kRopeOffset + 16 * q);
-    nx.rope[1] = load16(nrec, nx.valid, Fmt::kRopeOffset + 16 * (q + 4));
     // Validity bits of the block (bit t = token t): lanes 0-7 (q == 0) hold this CTA's tokens of
     // the warp, lanes 8-15 (q == 1) the peer half's (H = 128); one byte per 8 tokens.
     {
@@ -467,6 +528,17 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, typena
         asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
         if (b <= last) asm volatile("prefetch.global.L2 [%0];" ::"l"(b));
         if (q == 0) asm volatile("prefetch.global.L2 [%0];" ::"l"(sc));
+      }
+      return;
+    }
+    if constexpr (kPacked) {
+      // The round's wanted records are contiguous: the producer's 128 threads take its lines in turn.
+      if (idx >= 0) {
+        const uintptr_t lo = reinterpret_cast<uintptr_t>(p.cache) + uintptr_t(idx & ~31) * KvFmt::kRecordBytes;
+        const uintptr_t hi = lo + uintptr_t((idx & 31) + 1) * KvFmt::kRecordBytes;
+#pragma unroll 1
+        for (uintptr_t a = (lo & ~uintptr_t(127)) + 128u * threadIdx.x; a < hi; a += 128u * 128u)
+          asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
       }
       return;
     }
@@ -524,6 +596,8 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, typena
     if constexpr (kM1) {
       nrec = record_of_m1(more ? ni : -1, nie, nx.valid, nsc);  // !more: nothing loaded
       nx.sc = ld_8_pred(nsc, nx.valid);
+    } else if constexpr (kPacked) {
+      nrec = record_of_packed(more ? ni : -1, nx.valid, nx.valid_b);  // !more: nothing loaded
     } else {
       nrec = record_of(more ? ni : -1, nx.valid);  // !more: nothing loaded
     }
