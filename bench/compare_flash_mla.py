@@ -59,8 +59,9 @@ D_QK, D_V, RECORD_BYTES, PAGE = 576, 512, 656, 64
 class Timer:
     """L2-flushed event timing shared by both libraries (median / min / max in microseconds).
 
-    ``pair`` times two calls interleaved (a b, b a, a b, ...): the clock and power state a call
-    sees then depends on neither library's place in the run. Timing one library's reps after the
+    Calls timed together are interleaved, each round in another order (a b, b a, b a, a b, ...;
+    three calls: all six orders): the clock and power state a call sees, and the call it follows,
+    then depend on no library's place in the run. Timing one library's reps after the
     other's gives the second a hotter GPU under the board power cap."""
 
     def __init__(self, reps: int, warmup: int, graph: bool):
@@ -89,8 +90,13 @@ class Timer:
         torch.cuda.synchronize()
         events: list[list[tuple]] = [[] for _ in calls]
         pre = pre or {}
+        n = len(calls)
         for r in range(self.reps):
-            order = range(len(calls)) if r % 2 == 0 else reversed(range(len(calls)))
+            # Every call takes every place in the round: rotated by r, reversed every other n reps
+            # (a fixed a b c / c b a order kept b in the middle, a place of its own).
+            order = [(i + r) % n for i in range(n)]
+            if (r // n) % 2:
+                order.reverse()
             for i in order:
                 self.flush_buf.zero_()  # the host enqueues the call while the GPU runs the flush
                 if i in pre:
