@@ -168,6 +168,9 @@ TEST(DecodeChecks, MakeMetadataValidates) {
   expect_arg_error(st, "num_sms");
 }
 
+// The hand-written tile offsets against CuTe's layouts, the epilogue staging, and the producer's
+// store offsets (native / MODEL1 and packed lane mappings: every chunk of a K tile written once, at
+// the element of the token and dims the lane converts).
 TEST(DecodeChecks, SmemLayoutsAgreeWithCute) {
   const std::string err = decode::sm90::check_tile_layouts();
   EXPECT_TRUE(err.empty()) << err;

@@ -129,6 +129,29 @@ struct DecodeLayout {
   SELKV_DEC_HD static constexpr int k_tile_offset(int t, int d) {
     return (t >> 3) * kKRowGroupStride + (d >> 6) * 512 + (t & 7) * 64 + ((((d >> 3) & 7) ^ (t & 7)) << 3);
   }
+
+  // The producer's 16-byte tile stores (producer.cuh) in the coordinates a lane has (warp w, lane
+  // 8 q + l7), split so that the lane's part is loop-invariant; each sum is k_tile_offset of the
+  // (token, dims) the lane converts, for every lane (check_tile_layouts, a CPU test).
+  // Native / MODEL1: token 32 half + 8 w + l7; NoPE chunk c (0, 1) of atom a = dims 64 a + 16 q + 8 c
+  // at half * kKHalfTokenOffset + lane_row_base + 512 a + lane_nope_chunk; RoPE chunk j (q and
+  // q + 4) = dims kDimNope + 8 j at half * kKHalfTokenOffset + lane_row_base + lane_rope_chunk.
+  SELKV_DEC_HD static constexpr int lane_row_base(int w, int l7) { return w * kKRowGroupStride + l7 * 64; }
+  SELKV_DEC_HD static constexpr int lane_nope_chunk(int q, int l7, int c) { return ((2 * q + c) ^ l7) << 3; }
+  SELKV_DEC_HD static constexpr int lane_rope_chunk(int j, int l7) { return (kDimNope / 64) * 512 + ((j ^ l7) << 3); }
+  // Packed (two tokens a lane): token 32 half + 8 w + row, row = q or q + 4 (the half included
+  // here); NoPE piece k, chunk c = dims 128 k + 16 l7 + 8 c (the record's bytes 128 k + 16 l7:
+  // eight lanes read 128 contiguous bytes) at packed_nope_base + packed_nope_chunk, and RoPE chunk
+  // l7 = dims kDimNope + 8 l7 at packed_rope_offset.
+  SELKV_DEC_HD static constexpr int packed_nope_base(int half, int w, int row, int l7, int k) {
+    return half * kKHalfTokenOffset + w * kKRowGroupStride + row * 64 + (2 * k + (l7 >> 2)) * 512;
+  }
+  SELKV_DEC_HD static constexpr int packed_nope_chunk(int row, int l7, int c) {
+    return ((2 * (l7 & 3) + c) ^ row) << 3;
+  }
+  SELKV_DEC_HD static constexpr int packed_rope_offset(int half, int w, int row, int l7) {
+    return half * kKHalfTokenOffset + w * kKRowGroupStride + row * 64 + (kDimNope / 64) * 512 + ((l7 ^ row) << 3);
+  }
 };
 
 template <int kDimQK_>

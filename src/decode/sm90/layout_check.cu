@@ -8,6 +8,63 @@
 namespace selkv::decode::sm90 {
 namespace {
 
+// The producer's store offsets (DecodeLayout's lane_* and packed_* functions), for every lane of
+// the four producer warps and both CTA halves: each 16-byte chunk a lane writes is k_tile_offset of
+// the (token, dims) it converts, and each mapping writes every chunk of the tile exactly once.
+template <class L>
+std::string check_producer_stores() {
+  constexpr int kChunks = kBlockN * L::kDimQK / 8;
+  std::vector<int> native(kChunks, 0), packed(kChunks, 0);
+  std::ostringstream err;
+  auto put = [&](std::vector<int>& seen, const char* what, int got, int t, int d) {
+    const int want = L::k_tile_offset(t, d);
+    if (got != want) {
+      err << what << " store of token " << t << " dims " << d << ": offset " << got << ", tile " << want;
+      return false;
+    }
+    ++seen[want / 8];
+    return true;
+  };
+  for (int half = 0; half < 2; ++half)
+    for (int w = 0; w < 4; ++w)
+      for (int lane = 0; lane < 32; ++lane) {
+        const int q = lane >> 3, l7 = lane & 7, hb = half * L::kKHalfTokenOffset;
+        const int t = 32 * half + 8 * w + l7;
+        for (int a = 0; a < L::kDimNope / 64; ++a)
+          for (int c = 0; c < 2; ++c)
+            if (!put(native, "native NoPE", hb + L::lane_row_base(w, l7) + a * 512 + L::lane_nope_chunk(q, l7, c), t,
+                     64 * a + 16 * q + 8 * c))
+              return err.str();
+        for (int j : {q, q + 4})
+          if (!put(native, "native RoPE", hb + L::lane_row_base(w, l7) + L::lane_rope_chunk(j, l7), t,
+                   L::kDimNope + 8 * j))
+            return err.str();
+        if constexpr (L::kFormat == KvFormat::kDsMlaFp8) {  // the packed buffer holds ds_mla_fp8 records
+          for (int row : {q, q + 4}) {
+            const int tp = 32 * half + 8 * w + row;
+            for (int k = 0; k < L::kDimNope / 128; ++k)
+              for (int c = 0; c < 2; ++c)
+                if (!put(packed, "packed NoPE",
+                         L::packed_nope_base(half, w, row, l7, k) + L::packed_nope_chunk(row, l7, c), tp,
+                         128 * k + 16 * l7 + 8 * c))
+                  return err.str();
+            if (!put(packed, "packed RoPE", L::packed_rope_offset(half, w, row, l7), tp, L::kDimNope + 8 * l7))
+              return err.str();
+          }
+        }
+      }
+  auto once = [&](const std::vector<int>& seen, const char* what) -> std::string {
+    for (int i = 0; i < kChunks; ++i)
+      if (seen[i] != 1)
+        return std::string(what) + " stores: tile chunk " + std::to_string(i) + " written " + std::to_string(seen[i]) +
+               " times";
+    return {};
+  };
+  std::string e = once(native, "native producer");
+  if (e.empty() && L::kFormat == KvFormat::kDsMlaFp8) e = once(packed, "packed producer");
+  return e;
+}
+
 // The offsets of one format's geometry (DecodeLayout<F>).
 template <class L>
 std::string check_layout() {
@@ -58,7 +115,7 @@ std::string check_layout() {
         err << "p_tile_offset(" << m << "," << k << ") mismatch";
         return err.str();
       }
-  return {};
+  return check_producer_stores<L>();
 }
 
 }  // namespace

@@ -220,12 +220,12 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, typena
   [[maybe_unused]] const int32_t max_blocks_x = kExtra ? p.topk_extra / kBlockN : 0;
   const int32_t total_rounds = (it.g1 - it.g0) * kRounds;
 
-  // smem element offsets within a K tile (k_tile_offset, loop invariant): token row base of
-  // token tl (+ 4 row groups per 32-token half), the two swizzled 16-byte chunks of NoPE quarter q
-  // in each 64-dim atom, and the two RoPE chunks q, q + 4.
-  const int row_base = warp * kKRowGroupStride + l7 * 64;
-  const int c0 = ((2 * q) ^ l7) << 3, c1 = ((2 * q + 1) ^ l7) << 3;
-  const int r0 = (kDimNope / 64) * 512 + ((q ^ l7) << 3), r1 = (kDimNope / 64) * 512 + (((q + 4) ^ l7) << 3);
+  // smem element offsets within a K tile (DecodeLayout's lane_* functions, loop invariant): token
+  // row base of token tl (+ 4 row groups per 32-token half), the two swizzled 16-byte chunks of
+  // NoPE quarter q in each 64-dim atom, and the two RoPE chunks q, q + 4.
+  const int row_base = L::lane_row_base(warp, l7);
+  const int c0 = L::lane_nope_chunk(q, l7, 0), c1 = L::lane_nope_chunk(q, l7, 1);
+  const int r0 = L::lane_rope_chunk(q, l7), r1 = L::lane_rope_chunk(q + 4, l7);
   constexpr int kHalfOff = L::kKHalfTokenOffset;  // tokens [32, 64)
   static_assert(kHalfOff == 4 * kKRowGroupStride, "a cluster half is the 4 producer warps' row groups");
   uint32_t peer_smem = 0;
@@ -427,7 +427,7 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, typena
     }
     if constexpr (kPacked) {
       // Token X (0: row q of the warp's group, 1: row q + 4), piece k: 16 codes of atom 2k + l7 / 4,
-      // 16-byte chunks 2 (l7 % 4) and 2 (l7 % 4) + 1 of its row, swizzled by the row as above.
+      // 16-byte chunks 2 (l7 % 4) and 2 (l7 % 4) + 1 of its row (DecodeLayout::packed_nope_base, packed_nope_chunk).
       CUTE_UNROLL
       for (int d = 0; d < 8; ++d) {
         const int x = d >> 2, k = d & 3, row = q + 4 * x;
@@ -438,9 +438,9 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, typena
         const uint2 c = dev::dequant_e4m3x4(r.nope[d].z, s);
         const uint2 e = dev::dequant_e4m3x4(r.nope[d].w, s);
         const uint4 lo = make_uint4(a.x, a.y, bq.x, bq.y), hi = make_uint4(c.x, c.y, e.x, e.y);
-        const int o = half * kHalfOff + warp * kKRowGroupStride + row * 64 + (2 * k + (l7 >> 2)) * 512;
-        store_local(o + (((2 * (l7 & 3)) ^ row) << 3), lo);
-        store_local(o + (((2 * (l7 & 3) + 1) ^ row) << 3), hi);
+        const int o = L::packed_nope_base(half, warp, row, l7, k);
+        store_local(o + L::packed_nope_chunk(row, l7, 0), lo);
+        store_local(o + L::packed_nope_chunk(row, l7, 1), hi);
         nx.nope[d] = load16(nrec, x ? nx.valid_b : nx.valid, (x ? kB : 0) + KvFmt::kNopeOffset + 128 * k + 16 * l7);
         // a token's next scales once its current ones are dead (half a round of lead)
         if (k == 3) nx.sc[x] = load_scales(nrec + (x ? kB : 0), x ? nx.valid_b : nx.valid);
@@ -448,7 +448,7 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, typena
       CUTE_UNROLL
       for (int x = 0; x < 2; ++x) {
         const int row = q + 4 * x;
-        store_local(half * kHalfOff + warp * kKRowGroupStride + row * 64 + (kDimNope / 64) * 512 + ((l7 ^ row) << 3), r.rope[x]);
+        store_local(L::packed_rope_offset(half, warp, row, l7), r.rope[x]);
       }
       nx.rope[0] = load16(nrec, nx.valid, KvFmt::kRopeOffset + 16 * l7);
       nx.rope[1] = load16(nrec, nx.valid_b, kB + KvFmt::kRopeOffset + 16 * l7);
