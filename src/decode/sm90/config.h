@@ -62,7 +62,7 @@ struct RegisterSplit {
   static constexpr bool kWideProducer = !kPacked && kNumHeads == 64 && !kDynamic && kF16Partials;
   static constexpr int kProducer = kPackedWide ? 152 : kWideProducer ? 144 : kProducerRegs;
   static constexpr int kSoftmaxWg = kPackedWide || kWideProducer ? 192 : kSoftmaxWgRegs;
-  static constexpr int kPvWg = kPackedWide ? kPvWgRegs : kWideProducer ? kLaunchRegs : kPvWgRegs;
+  static constexpr int kPvWg = kWideProducer ? kLaunchRegs : kPvWgRegs;
   static_assert(kProducer + kSoftmaxWg + kPvWg == 3 * kLaunchRegs, "setmaxnreg budget");
 };
 inline constexpr int kTokensPerConsumer = kBlockN / 2;  // 32: the H = 128 cluster halves of a block

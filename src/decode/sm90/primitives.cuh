@@ -121,4 +121,12 @@ __device__ __forceinline__ int32_t ld_s32_pred_or_zero(const int32_t* gptr, int3
   return v;
 }
 
+// L2 prefetch of every 128-byte line holding a byte of [lo, hi), the lines dealt round-robin to
+// `nthreads` threads (`tid` of them). The first line may start up to 127 bytes before lo.
+__device__ __forceinline__ void prefetch_l2_span(uintptr_t lo, uintptr_t hi, uint32_t tid, uint32_t nthreads) {
+#pragma unroll 1
+  for (uintptr_t a = (lo & ~uintptr_t(127)) + 128u * tid; a < hi; a += 128u * nthreads)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+}
+
 }  // namespace selkv::decode::sm90

@@ -175,10 +175,8 @@ __device__ __forceinline__ void prefetch_packed_part_head(const DecodeKernelPara
     const int32_t t_lo = (blk0 + i) * kBlockN + kSpan * int32_t(rank);
     const int32_t t_hi = t_lo + kSpan < len ? t_lo + kSpan : len;
     if (t_hi <= t_lo) break;
-    const uintptr_t lo = base + uintptr_t(t_lo) * KvFmt::kRecordBytes, hi = base + uintptr_t(t_hi) * KvFmt::kRecordBytes;
-#pragma unroll 1
-    for (uintptr_t a = (lo & ~uintptr_t(127)) + 128u * threadIdx.x; a < hi; a += 128u * kNumThreads)
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+    prefetch_l2_span(base + uintptr_t(t_lo) * KvFmt::kRecordBytes, base + uintptr_t(t_hi) * KvFmt::kRecordBytes,
+                     threadIdx.x, kNumThreads);
   }
 }
 
@@ -219,6 +217,8 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, typena
   const int32_t max_blocks = p.topk / kBlockN;
   [[maybe_unused]] const int32_t max_blocks_x = kExtra ? p.topk_extra / kBlockN : 0;
   const int32_t total_rounds = (it.g1 - it.g0) * kRounds;
+  // packed: a thread's second token (8w + q + 4) is 4 records after its first
+  [[maybe_unused]] constexpr int kSecondToken = 4 * KvFmt::kRecordBytes;
 
   // smem element offsets within a K tile (DecodeLayout's lane_* functions, loop invariant): token
   // row base of token tl (+ 4 row groups per 32-token half), the two swizzled 16-byte chunks of
@@ -370,14 +370,14 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, typena
       r.rope[1] = load16(rec, r.valid, Fmt::kRopeOffset + 16 * (q + 4));
     } else if constexpr (kPacked) {
       const uint8_t* rec = record_of_packed(idx, r.valid, r.valid_b);
-      constexpr int kB = 4 * KvFmt::kRecordBytes;  // the second token's record
       CUTE_UNROLL
       for (int d = 0; d < 8; ++d)
-        r.nope[d] = load16(rec, d < 4 ? r.valid : r.valid_b, (d < 4 ? 0 : kB) + KvFmt::kNopeOffset + 128 * (d & 3) + 16 * l7);
+        r.nope[d] = load16(rec, d < 4 ? r.valid : r.valid_b,
+                           (d < 4 ? 0 : kSecondToken) + KvFmt::kNopeOffset + 128 * (d & 3) + 16 * l7);
       r.sc[0] = load_scales(rec, r.valid);
-      r.sc[1] = load_scales(rec + kB, r.valid_b);
+      r.sc[1] = load_scales(rec + kSecondToken, r.valid_b);
       r.rope[0] = load16(rec, r.valid, KvFmt::kRopeOffset + 16 * l7);
-      r.rope[1] = load16(rec, r.valid_b, kB + KvFmt::kRopeOffset + 16 * l7);
+      r.rope[1] = load16(rec, r.valid_b, kSecondToken + KvFmt::kRopeOffset + 16 * l7);
     } else {
       const uint8_t* rec = record_of(idx, r.valid);
       CUTE_UNROLL
@@ -412,7 +412,6 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, typena
     }
     // needed first in round n + 1 (after the wait: fewer live registers there; model1_fp8: loaded
     // by the caller, with the address it has in hand)
-    [[maybe_unused]] constexpr int kB = 4 * KvFmt::kRecordBytes;  // packed: the thread's second token's record
     if constexpr (!kM1 && !kPacked) {
       nx.sc = load_scales(nrec, nx.valid);
     }
@@ -441,9 +440,10 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, typena
         const int o = L::packed_nope_base(half, warp, row, l7, k);
         store_local(o + L::packed_nope_chunk(row, l7, 0), lo);
         store_local(o + L::packed_nope_chunk(row, l7, 1), hi);
-        nx.nope[d] = load16(nrec, x ? nx.valid_b : nx.valid, (x ? kB : 0) + KvFmt::kNopeOffset + 128 * k + 16 * l7);
+        nx.nope[d] = load16(nrec, x ? nx.valid_b : nx.valid,
+                            (x ? kSecondToken : 0) + KvFmt::kNopeOffset + 128 * k + 16 * l7);
         // a token's next scales once its current ones are dead (half a round of lead)
-        if (k == 3) nx.sc[x] = load_scales(nrec + (x ? kB : 0), x ? nx.valid_b : nx.valid);
+        if (k == 3) nx.sc[x] = load_scales(nrec + (x ? kSecondToken : 0), x ? nx.valid_b : nx.valid);
       }
       CUTE_UNROLL
       for (int x = 0; x < 2; ++x) {
@@ -451,7 +451,7 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, typena
         store_local(L::packed_rope_offset(half, warp, row, l7), r.rope[x]);
       }
       nx.rope[0] = load16(nrec, nx.valid, KvFmt::kRopeOffset + 16 * l7);
-      nx.rope[1] = load16(nrec, nx.valid_b, kB + KvFmt::kRopeOffset + 16 * l7);
+      nx.rope[1] = load16(nrec, nx.valid_b, kSecondToken + KvFmt::kRopeOffset + 16 * l7);
     } else {
       CUTE_UNROLL
       for (int d = 0; d < kNopeChunks; ++d) {
@@ -535,10 +535,8 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, typena
       // The round's wanted records are contiguous: the producer's 128 threads take its lines in turn.
       if (idx >= 0) {
         const uintptr_t lo = reinterpret_cast<uintptr_t>(p.cache) + uintptr_t(idx & ~31) * KvFmt::kRecordBytes;
-        const uintptr_t hi = lo + uintptr_t((idx & 31) + 1) * KvFmt::kRecordBytes;
-#pragma unroll 1
-        for (uintptr_t a = (lo & ~uintptr_t(127)) + 128u * threadIdx.x; a < hi; a += 128u * 128u)
-          asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+        prefetch_l2_span(lo, lo + uintptr_t((idx & 31) + 1) * KvFmt::kRecordBytes, threadIdx.x,
+                         kNumThreads - kNumConsumerThreads);
       }
       return;
     }
