@@ -15,7 +15,8 @@
 namespace selkv {
 
 // ---- C1: cache write -------------------------------------------------------------------------
-// bf16 latent [T,512] (+ RoPE [T,64] for ds_mla_fp8) -> FP8 records at slot_mapping[t].
+// bf16 latent [T,512] (model1_fp8: [T,448]) + RoPE [T,64] (ds_mla_fp8, model1_fp8) -> FP8 records
+// at slot_mapping[t]; model1_fp8 takes only ScaleMode::kPow2 (its scales are UE8M0 powers of two).
 // slot_mapping < 0 skips the token (CUDA-graph padding); a slot >= num_slots is also skipped
 // (never written), so no caller value can write out of bounds. Valid slots must be distinct
 // (two tokens writing one slot race on the GPU; the oracle keeps the later one).
@@ -23,9 +24,9 @@ namespace selkv {
 // block_stride_bytes a multiple of 16; rope must be null for nope_fp8. The cache (every block of
 // the view) must not share memory with latent, rope or slot_mapping.
 struct WriteKvCacheParams {
-  const void* latent = nullptr;    // bf16 [num_tokens, 512], rows 16-byte aligned
+  const void* latent = nullptr;    // bf16 [num_tokens, 512] (model1_fp8: 448), rows 16-byte aligned
   int64_t latent_row_stride = 0;   // in elements
-  const void* rope = nullptr;      // bf16 [num_tokens, 64]; required for ds_mla_fp8, else null
+  const void* rope = nullptr;      // bf16 [num_tokens, 64]; required for ds_mla_fp8 and model1_fp8, null for nope_fp8
   int64_t rope_row_stride = 0;     // in elements
   const int64_t* slot_mapping = nullptr;  // [num_tokens]
   int64_t num_tokens = 0;
@@ -73,7 +74,8 @@ Status convert_req_indices_to_slots(const ConvertIndicesParams& p, cudaStream_t 
 // ---- C3: gather + upconvert ------------------------------------------------------------------
 // For each request r < num_reqs: tokens [seq_starts[r], seq_starts[r] + seq_lens[r]) are read
 // through block_table row r, dequantized to bf16 and written to out rows
-// [ws_starts[r], ws_starts[r] + seq_lens[r]). ds_mla_fp8 -> [.., 576], nope_fp8 -> [.., 512].
+// [ws_starts[r], ws_starts[r] + seq_lens[r]). ds_mla_fp8 -> [.., 576], nope_fp8 and model1_fp8 ->
+// [.., 512] (dequant_dim).
 // Starts need not be page aligned. Tokens whose block is missing (past max_blocks_per_req or a
 // block id outside [0, num_blocks)) or whose position is negative are written as zeros; out rows
 // outside [0, out_rows) are never written, nor are rows no request covers. Output ranges must

@@ -41,6 +41,9 @@
 
 namespace selkv {
 
+// The cache formats both routes take (model1_fp8 has no composed route: its decode is C5).
+constexpr bool composed_prefill_format(KvFormat f) { return f == KvFormat::kDsMlaFp8 || f == KvFormat::kNopeFp8; }
+
 // ---- (a) FP8 paged cache + physical indices -> C4 -> C7 --------------------------------------
 struct DequantPrefillParams {
   // C7 part. attn.indices / indices_token_stride / topk / topk_length are the PHYSICAL slots
@@ -54,7 +57,8 @@ struct DequantPrefillParams {
 // Workspace layout (bytes from the start, each part 256-byte aligned):
 //   [0, A)      bf16 rows [min(T*K, P), D] at row stride D (C4 output, C7 kv)
 //   [A, A + B)  int32 remapped indices [T, K]                  (C4 output, C7 indices)
-// with A = align256(min(T*K, P) * D * 2), B = align256(T * K * 4).
+// with A = align256(min(T*K, P) * D * 2), B = align256(T * K * 4). SIZE_MAX for a shape or a
+// format no call accepts.
 size_t dequant_prefill_workspace_size(int64_t num_tokens, int32_t topk, int64_t num_slots,
                                       KvFormat format);
 
@@ -75,7 +79,8 @@ struct GatherPrefillParams {
   size_t workspace_bytes = 0;
 };
 
-// bf16 [num_kv_rows, D] at row stride D = dequant_dim(format), rounded up to 256 bytes.
+// bf16 [num_kv_rows, D] at row stride D = dequant_dim(format), rounded up to 256 bytes; SIZE_MAX
+// for a row count or a format no call accepts.
 size_t gather_prefill_workspace_size(int64_t num_kv_rows, KvFormat format);
 
 // Validation only (no launch); gather_sparse_mla_prefill runs the same checks.

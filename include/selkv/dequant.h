@@ -1,9 +1,9 @@
 // selkv/dequant.h — C4: selected-row dequantization of a paged FP8 cache (DESIGN §3 C4, seed 003).
 //
-// Input: a paged nope_fp8 (528 B) or ds_mla_fp8 (656 B) cache with P = num_slots physical rows,
-// physical indices [T, K] int32 (DESIGN §2: valid iff 0 <= slot < P and k < topk_length[t]
-// when topk_length is given). N = T * K. Output: a bf16 workspace of rows of D = 512 (nope_fp8)
-// or 576 (ds_mla_fp8) elements and remapped indices [T, K] int32 into that workspace, ready for
+// Input: a paged nope_fp8 (528 B), ds_mla_fp8 (656 B) or model1_fp8 (584 B) cache with P =
+// num_slots physical rows, physical indices [T, K] int32 (DESIGN §2: valid iff 0 <= slot < P and
+// k < topk_length[t] when topk_length is given). N = T * K. Output: a bf16 workspace of rows of
+// D = dequant_dim(format) elements (576 ds_mla_fp8, 512 nope_fp8 and model1_fp8) and remapped indices [T, K] int32 into that workspace, ready for
 // the bf16 sparse prefill (selkv/prefill.h, C7) with num_kv = workspace rows used.
 //
 //   N <  P  ("selected"):  row j = t * K + k of the workspace receives the dequantized record of

@@ -50,7 +50,8 @@ inline constexpr int kModel1RecordBytes = KvFormatTraits<KvFormat::kModel1Fp8>::
 inline constexpr float kE4m3Max = 448.0f;
 inline constexpr float kPow2ScaleFloor = 1e-4f;  // lower clamp of amax/448 in pow2 mode
 
-// The formats selkv knows (the cache ops accept all of them; decode only ds_mla_fp8).
+// The formats selkv knows (the cache ops and C4 accept all of them; decode ds_mla_fp8 and
+// model1_fp8; the composed prefill routes ds_mla_fp8 and nope_fp8).
 SELKV_HD constexpr bool known_format(KvFormat f) {
   return f == KvFormat::kDsMlaFp8 || f == KvFormat::kNopeFp8 || f == KvFormat::kModel1Fp8;
 }

@@ -29,8 +29,8 @@ def flash_mla_sparse_fwd(
         d_v: must be 512.
         attn_sink: optional fp32 ``[h_q]``: ``out *= exp(lse) / (exp(lse) + exp(attn_sink))``
             (``-inf`` has no effect, ``+inf`` zeroes the output); no effect on ``lse`` /
-            ``max_logits``. Applied after the kernel in fp32 on the bf16 output (one extra
-            rounding).
+            ``max_logits``. Fused in the kernel's epilogue (on the fp32 output, before its one
+            rounding to bf16).
         topk_length: optional int32 ``[s_q]``: token ``i`` attends only to its first
             ``topk_length[i]`` entries.
 

@@ -28,6 +28,13 @@ class OpsLibraryNotFoundError(ImportError):
     """The operator library was not built or cannot be found (as opposed to failing to load)."""
 
 
+def expect_dims(op: str, name: str, t: torch.Tensor, n: int, doc: str) -> None:
+    """The shape defaults of a wrapper read ``t``'s dims: a tensor of another rank is the op's own
+    error (the text of the C++ binding's TensorArg.dims), not an IndexError."""
+    if t.dim() != n:
+        raise RuntimeError(f"{op}: {name}: expected a {n}-d tensor {doc}, got shape {list(t.shape)}")
+
+
 def library_path() -> str:
     """Path of the operator library that :func:`load_library` loads (or would load)."""
     if _loaded_path is not None:

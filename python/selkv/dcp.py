@@ -15,8 +15,9 @@ its own pages. One decode step on each rank::
 one plan shape serves all ranks; a row with no owned entry gives ``out = 0``, ``lse = -inf`` on
 that rank, which the merge reads as an empty shard. ``attn_sink`` is applied after the merge (it
 needs the global lse). The step synchronizes no host and is CUDA-graph capturable when the
-collective is (NCCL); pass ``gather_out`` / ``gather_lse`` / ``out`` / ``lse`` to allocate
-nothing.
+collective is (NCCL); ``gather_out`` / ``gather_lse`` / ``out`` / ``lse`` can be preallocated
+(the step still allocates its temporaries: the local positions and slots, the rank's partial
+``out`` / ``lse``, and with ``attn_sink`` the merge's sink shard).
 
 :func:`dcp_slot_mapping` is the write side (the slots of new tokens on this rank, ``-1`` for
 tokens other ranks own, as :func:`selkv.write_kv_cache` skips them), and
@@ -78,14 +79,29 @@ def dcp_slot_mapping(
         page_size, rank, world_size: as named.
 
     Returns:
-        int64 ``[T]``: the local slot of each token this rank owns, ``-1`` for the others.
+        int64 ``[T]``: the local slot of each token this rank owns, ``-1`` for the others and
+        for tokens whose request id is outside ``[0, num_reqs)`` (padding, e.g. ``-1``) or whose
+        block is not in the table, as :func:`selkv.convert_req_indices_to_slots` treats them.
     """
+    op = "selkv.dcp_slot_mapping"
+    if positions.dim() != 1 or req_ids.dim() != 1 or req_ids.shape[0] != positions.shape[0]:
+        raise RuntimeError(f"{op}: positions and req_ids: expected two [T] tensors, got "
+                           f"{tuple(positions.shape)} and {tuple(req_ids.shape)}")
+    if block_table.dim() != 2:
+        raise RuntimeError(f"{op}: block_table: expected [num_reqs, max_local_blocks], got "
+                           f"{tuple(block_table.shape)}")
+    if int(page_size) < 1:
+        raise RuntimeError(f"{op}: page_size: must be >= 1, got {page_size}")
     local = dcp_local_positions(positions, rank, world_size).long()
-    owned = local >= 0
+    if block_table.numel() == 0:  # no request has a block here
+        return torch.full(positions.shape, -1, dtype=torch.int64, device=positions.device)
+    req = req_ids.long()
+    owned = (local >= 0) & (req >= 0) & (req < block_table.shape[0])
     safe = torch.where(owned, local, 0)
     col = safe // page_size
     in_table = col < block_table.shape[1]
-    blk = block_table[req_ids.long(), torch.where(in_table, col, 0)].long()
+    # (indices clamped first: a padding request id is never used to index the table)
+    blk = block_table[torch.where(owned, req, 0), torch.where(in_table, col, 0)].long()
     slot = blk * page_size + safe % page_size
     ok = owned & in_table & (blk >= 0)
     return torch.where(ok, slot, torch.full((), -1, dtype=torch.int64, device=slot.device))
@@ -177,6 +193,9 @@ def dcp_local_decode(
         ``(out [B, S_q, H, 512] bf16, lse [B, S_q, H] fp32)`` over the owned selected tokens
         (``0`` / ``-inf`` for a row with none).
     """
+    if topk_positions.dim() != 3:
+        raise RuntimeError("selkv.dcp_local_decode: topk_positions: expected a 3-d tensor [B, S_q, K], got "
+                           f"shape {list(topk_positions.shape)}")
     B, S, K = topk_positions.shape
     if req_id_per_token is None:
         req_id_per_token = torch.arange(B, dtype=torch.int32, device=topk_positions.device)
@@ -247,6 +266,9 @@ def dcp_merge(
         merge_attn_states(outs.view(W, T, H, D), lses.view(W, T, H),
                           out=out.view(T, H, D), lse=lse.view(T, H))
         return out, lse
+    if attn_sink.dim() != 1 or attn_sink.shape[0] != H:  # (expand would broadcast a [1] silently)
+        raise RuntimeError(f"selkv.dcp_merge: attn_sink: expected [num_heads] = [{H}], got "
+                           f"{list(attn_sink.shape)}")
     # The sink is one more shard with out 0 and lse attn_sink[h]: sum_i w_i out_i / (sum_i w_i +
     # exp(sink - m)) is the sink formula, rounded once. The returned lse excludes the sink.
     shards = list(outs.view(W, T, H, D).unbind(0))

@@ -50,6 +50,7 @@ import functools
 
 import torch
 
+from ._ops import expect_dims
 from ._ops import ops as _ops
 
 __all__ = [
@@ -293,7 +294,7 @@ def sparse_mla_decode(
         alignment, outputs that overlap each other or an input, or a plan mismatch;
         NotImplementedError on a GPU other than SM90.
     """
-    sm_scale, out, lse, workspace = _call_args(q, metadata, sm_scale, out, lse, workspace)
+    sm_scale, out, lse, workspace = _call_args("selkv::sparse_mla_decode", q, metadata, sm_scale, out, lse, workspace)
     _ops.sparse_mla_decode(
         q,
         kv_cache,
@@ -360,7 +361,8 @@ def sparse_mla_decode_packed(
         outputs that overlap each other or an input, or a plan mismatch (a ``topk`` other than
         the plan's included); NotImplementedError on a GPU other than SM90.
     """
-    sm_scale, out, lse, workspace = _call_args(q, metadata, sm_scale, out, lse, workspace)
+    sm_scale, out, lse, workspace = _call_args("selkv::sparse_mla_decode_packed", q, metadata, sm_scale, out, lse,
+                                               workspace)
     if topk is None:
         topk = _plan_field(metadata.plan, "topk")
     _ops.sparse_mla_decode_packed(
@@ -381,6 +383,7 @@ def sparse_mla_decode_packed(
 
 
 def _call_args(
+    op: str,
     q: torch.Tensor,
     metadata: DecodeMetadata,
     sm_scale: float | None,
@@ -390,6 +393,7 @@ def _call_args(
 ) -> tuple[float, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The defaults both decodes share: the scale, the outputs and the split workspace (the
     plan's on the stream that made it, a fresh one on any other stream)."""
+    expect_dims(op, "q", q, 4, "[batch, seq_q, num_heads, d_qk]")
     if sm_scale is None:
         sm_scale = q.shape[-1] ** -0.5
     B, S, H = q.shape[0], q.shape[1], q.shape[2]

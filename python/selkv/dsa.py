@@ -439,9 +439,9 @@ class DsaAttention:
         if p is None:
             raise RuntimeError("selkv.dsa.run: call plan() first")
         H, K = self.num_heads, self.topk
-        T_pad, T = q.shape[0], p.num_tokens
         if q.dim() != 3 or q.shape[1] != H or q.shape[2] != _formats.QK_DIM:
             raise ValueError(f"selkv.dsa.run: q: expected [T_pad, {H}, 576], got {tuple(q.shape)}")
+        T_pad, T = q.shape[0], p.num_tokens
         if T_pad < T or T_pad > self.max_num_tokens:
             raise ValueError(f"selkv.dsa.run: q has {T_pad} rows, the plan {T} (at most max_num_tokens {self.max_num_tokens})")
         if tuple(kv_cache.shape[:2]) != (self.num_blocks, self.page_size):

@@ -270,7 +270,7 @@ def flash_mla_with_kvcache(
             Reusable across calls (layers) with the same shapes and the same ``topk_length``
             values, as in FlashMLA.
         num_splits: must be ``None``.
-        softmax_scale: default ``576 ** -0.5``; finite and > 0 with ``softmax_scale * log2(e)``
+        softmax_scale: default ``d_qk ** -0.5`` (``576 ** -0.5``, MODEL1 ``512 ** -0.5``); finite and > 0 with ``softmax_scale * log2(e)``
             finite in fp32 (else :class:`ValueError` naming it).
         causal: must be ``False``.
         is_fp8_kvcache: must be ``True``.

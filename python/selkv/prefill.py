@@ -27,6 +27,7 @@ from __future__ import annotations
 import torch
 
 from . import formats as _formats
+from ._ops import expect_dims
 from ._ops import ops as _ops
 
 __all__ = [
@@ -40,7 +41,8 @@ __all__ = [
 ]
 
 
-def _stats_outputs(q, out, max_logits, lse):
+def _stats_outputs(op, q, out, max_logits, lse):
+    expect_dims(op, "q", q, 3, "[num_tokens, num_heads, d_qk]")
     T, H = q.shape[0], q.shape[1]
     if out is None:
         out = torch.empty((T, H, 512), dtype=torch.bfloat16, device=q.device)
@@ -86,7 +88,7 @@ def sparse_prefill(
         ``(out, max_logits, lse)``: ``max_logits`` the largest valid scaled score, ``lse`` the
         natural-log logsumexp; ``-inf`` both (and ``out = 0``) for a token with no valid entry.
     """
-    out, max_logits, lse = _stats_outputs(q, out, max_logits, lse)
+    out, max_logits, lse = _stats_outputs("selkv::sparse_prefill", q, out, max_logits, lse)
     _ops.sparse_prefill(q, kv, indices, topk_length, _default_scale(q, sm_scale), out, max_logits, lse, attn_sink)
     return out, max_logits, lse
 
@@ -125,6 +127,8 @@ def dequant_selected(
         ``(workspace, out_indices)``; feed them to :func:`sparse_prefill` as ``kv`` / ``indices``
         (bit-exact ``bf16(float(e4m3) * scale)`` rows).
     """
+    expect_dims("selkv::dequant_selected", "indices", indices, 2, "[T, K]")
+    expect_dims("selkv::dequant_selected", "cache", cache, 3, "[num_blocks, page_size, record_bytes]")
     T, K = indices.shape[0], indices.shape[1]
     P = cache.shape[0] * cache.shape[1]
     if workspace is None:
@@ -173,11 +177,13 @@ def dequant_sparse_prefill(
     Returns:
         ``(out, max_logits, lse)`` as :func:`sparse_prefill` over the dequantized rows.
     """
+    expect_dims("selkv::dequant_sparse_prefill", "indices", indices, 2, "[T, K]")
+    expect_dims("selkv::dequant_sparse_prefill", "cache", cache, 3, "[num_blocks, page_size, record_bytes]")
     T, K = indices.shape[0], indices.shape[1]
     if workspace is None:
         n = dequant_prefill_workspace_size(T, K, cache.shape[0] * cache.shape[1], format)
         workspace = torch.empty((max(n, 16),), dtype=torch.uint8, device=cache.device)
-    out, max_logits, lse = _stats_outputs(q, out, max_logits, lse)
+    out, max_logits, lse = _stats_outputs("selkv::dequant_sparse_prefill", q, out, max_logits, lse)
     _ops.dequant_sparse_prefill(
         q, cache, indices, topk_length, format, _default_scale(q, sm_scale), workspace, out, max_logits, lse,
         attn_sink,
@@ -238,7 +244,7 @@ def gather_sparse_prefill(
     if workspace is None:
         n = gather_prefill_workspace_size(num_kv_rows, format)
         workspace = torch.empty((max(n, 16),), dtype=torch.uint8, device=cache.device)
-    out, max_logits, lse = _stats_outputs(q, out, max_logits, lse)
+    out, max_logits, lse = _stats_outputs("selkv::gather_sparse_prefill", q, out, max_logits, lse)
     _ops.gather_sparse_prefill(
         q,
         cache,

@@ -294,6 +294,9 @@ Status check_plan(const char* kOp, const P& p, const DecodeMetadata& md, size_t 
                         md.num_sm_parts >= 1 && md.num_sm_parts <= decode::kMaxDecodeParts &&
                         md.min_blocks_per_part >= 1 && md.min_blocks_per_part <= kMaxCallBlocks,
                     "metadata", "buffer too small for this shape, or not made by make_decode_metadata");
+    // The kernels read the plan's header and split-row table with 16-byte loads; a copy of the
+    // plan at another offset would fault before the header check could reject it.
+    SELKV_CHECK_ARG(aligned16(md.data), "metadata", "data must be 16-byte aligned");
   }
   const size_t need = decode_workspace_size(md);
   if (workspace_bytes < need)

@@ -40,7 +40,7 @@ Status check_attn_kv_unset(const char* kOp, const SparsePrefillParams& a, KvForm
                   "must be 0: the call sets them (got ", a.kv_row_stride, ", ", a.num_kv, ")");
   SELKV_CHECK_ARG(a.d_qk == fmt::dequant_dim(format), "attn.d_qk", "must be ",
                   fmt::dequant_dim(format), " for format ",
-                  format == KvFormat::kDsMlaFp8 ? "ds_mla_fp8" : "nope_fp8", ", got ", a.d_qk);
+                  fmt::format_name(format), ", got ", a.d_qk);
   return Status::Ok();
 }
 
@@ -77,8 +77,8 @@ Status plan_dequant(const DequantPrefillParams& p, DequantPlan* plan) {
   constexpr const char* kOp = "selkv::dequant_sparse_mla_prefill";
   const SparsePrefillParams& a = p.attn;
   const KvFormat f = p.cache.format;
-  SELKV_CHECK_ARG(f == KvFormat::kDsMlaFp8 || f == KvFormat::kNopeFp8, "cache.format",
-                  "unknown KvFormat ", int(f));
+  SELKV_CHECK_ARG(composed_prefill_format(f), "cache.format", "must be ds_mla_fp8 or nope_fp8, got ",
+                  fmt::format_name(f), " (", int(f), ")");
   SELKV_RETURN_IF_ERROR(check_attn_kv_unset(kOp, a, f));
   SELKV_CHECK_ARG(a.num_tokens >= 0, "attn.num_tokens", "must be >= 0, got ", a.num_tokens);
   SELKV_CHECK_ARG(a.topk >= 0 && a.topk % 64 == 0, "attn.topk",
@@ -145,8 +145,8 @@ Status plan_gather(const GatherPrefillParams& p, GatherPlan* plan) {
   constexpr const char* kOp = "selkv::gather_sparse_mla_prefill";
   const SparsePrefillParams& a = p.attn;
   const KvFormat f = p.gather.format;
-  SELKV_CHECK_ARG(f == KvFormat::kDsMlaFp8 || f == KvFormat::kNopeFp8, "gather.format",
-                  "unknown KvFormat ", int(f));
+  SELKV_CHECK_ARG(composed_prefill_format(f), "gather.format", "must be ds_mla_fp8 or nope_fp8, got ",
+                  fmt::format_name(f), " (", int(f), ")");
   SELKV_RETURN_IF_ERROR(check_attn_kv_unset(kOp, a, f));
   SELKV_CHECK_ARG(p.gather.out == nullptr && p.gather.out_row_stride == 0 && p.gather.out_rows == 0,
                   "gather.out/out_row_stride/out_rows",
@@ -188,7 +188,8 @@ Status plan_gather(const GatherPrefillParams& p, GatherPlan* plan) {
 
 size_t dequant_prefill_workspace_size(int64_t num_tokens, int32_t topk, int64_t num_slots,
                                       KvFormat format) {
-  if (num_tokens < 0 || topk < 0 || num_tokens > kMaxEntries / (int64_t(topk) + 1))
+  if (!composed_prefill_format(format) || num_tokens < 0 || topk < 0 ||
+      num_tokens > kMaxEntries / (int64_t(topk) + 1))
     return std::numeric_limits<size_t>::max();  // no call accepts these shapes
   const int64_t N = num_tokens * int64_t(topk);
   const int64_t rows = dequant_selected_workspace_rows(num_tokens, topk, num_slots);
@@ -196,7 +197,8 @@ size_t dequant_prefill_workspace_size(int64_t num_tokens, int32_t topk, int64_t 
 }
 
 size_t gather_prefill_workspace_size(int64_t num_kv_rows, KvFormat format) {
-  if (num_kv_rows < 0 || num_kv_rows > kMaxEntries) return std::numeric_limits<size_t>::max();
+  if (!composed_prefill_format(format) || num_kv_rows < 0 || num_kv_rows > kMaxEntries)
+    return std::numeric_limits<size_t>::max();
   return size_t(align_up(num_kv_rows * fmt::dequant_dim(format) * 2));
 }
 

@@ -90,6 +90,9 @@ TEST(ComposedChecks, WorkspaceSizes) {
   EXPECT_EQ(gather_prefill_workspace_size(32768, KvFormat::kDsMlaFp8), size_t(32768) * 1152);
   EXPECT_EQ(gather_prefill_workspace_size(3, KvFormat::kNopeFp8), 3072u);
   EXPECT_EQ(gather_prefill_workspace_size(-5, KvFormat::kNopeFp8), SIZE_MAX);
+  // model1_fp8 has no composed route: no size (was a size no call could use)
+  EXPECT_EQ(dequant_prefill_workspace_size(3, 64, 1000, KvFormat::kModel1Fp8), SIZE_MAX);
+  EXPECT_EQ(gather_prefill_workspace_size(3, KvFormat::kModel1Fp8), SIZE_MAX);
 }
 
 TEST(ComposedChecks, DequantValidAndRejections) {
@@ -133,6 +136,12 @@ TEST(ComposedChecks, DequantValidAndRejections) {
     const Status st2 = dequant_sparse_mla_prefill(p, nullptr);
     EXPECT_EQ(st2.code(), st.code()) << st2.to_string();
   }
+  {  // a known format without a composed route is named as such
+    auto p = valid_dequant();
+    p.cache.format = KvFormat::kModel1Fp8;
+    const Status st = check_dequant_sparse_mla_prefill(p);
+    EXPECT_TRUE(has(st, "cache.format: must be ds_mla_fp8 or nope_fp8, got model1_fp8")) << st.message();
+  }
 }
 
 TEST(ComposedChecks, GatherValidAndRejections) {
@@ -167,6 +176,12 @@ TEST(ComposedChecks, GatherValidAndRejections) {
     EXPECT_FALSE(st.ok()) << b.arg;
     EXPECT_TRUE(has(st, std::string("selkv::gather_sparse_mla_prefill: ") + b.arg)) << st.message();
     EXPECT_EQ(gather_sparse_mla_prefill(p, nullptr).code(), st.code());
+  }
+  {
+    auto p = valid_gather();
+    p.gather.format = KvFormat::kModel1Fp8;
+    const Status st = check_gather_sparse_mla_prefill(p);
+    EXPECT_TRUE(has(st, "gather.format: must be ds_mla_fp8 or nope_fp8, got model1_fp8")) << st.message();
   }
 }
 

@@ -307,3 +307,26 @@ def test_cache_ops_zero_rows(selkv, device):
     assert torch.equal(cache, before)
 
 
+
+
+# ---- wrappers: a tensor of the wrong rank is the op's error, not an IndexError -------------------
+def test_wrappers_name_a_wrong_rank(selkv):
+    """The Python wrappers read shapes for their defaults (outputs, workspaces); a tensor of another
+    rank is an error naming the op and the argument before any of that."""
+    q1 = torch.zeros(QK, dtype=torch.bfloat16)
+    idx1 = torch.zeros(64, dtype=torch.int32)
+    kv = torch.zeros(4, QK, dtype=torch.bfloat16)
+    cache = torch.zeros(1, 64, REC, dtype=torch.uint8)
+    md = selkv.get_decode_metadata(1, 1, 64, 64, device="cpu")
+    cases = [
+        (lambda: selkv.sparse_mla_decode(q1, cache, idx1, md), "selkv::sparse_mla_decode: q: expected a 4-d"),
+        (lambda: selkv.sparse_prefill(q1, kv, idx1), "selkv::sparse_prefill: q: expected a 3-d"),
+        (lambda: selkv.dequant_selected(cache, idx1), "selkv::dequant_selected: indices: expected a 2-d"),
+        (lambda: selkv.dequant_selected(cache[0], idx1[None]), "selkv::dequant_selected: cache: expected a 3-d"),
+        (lambda: selkv.dequant_sparse_prefill(q1, cache, idx1), "selkv::dequant_sparse_prefill: indices"),
+        (lambda: selkv.dcp.dcp_local_decode(q1, cache, idx1, None, md, rank=0, world_size=1),
+         "selkv.dcp_local_decode: topk_positions: expected a 3-d"),
+    ]
+    for call, msg in cases:
+        with pytest.raises(RuntimeError, match=msg):
+            call()

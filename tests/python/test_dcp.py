@@ -161,6 +161,33 @@ def test_slot_mapping_write_builds_the_shard(selkv, gen):
         assert torch.equal(fresh.view(-1, 656)[slot[mine]], records[mine])
 
 
+def test_slot_mapping_skips_padding_requests(selkv):
+    """A request id outside [0, num_reqs) (padding, e.g. -1) maps to -1, as
+    convert_req_indices_to_slots treats it: never a slot of another request (a -1 read as the
+    table's last row would overwrite that request's token), never an out-of-range table read."""
+    table = torch.tensor([[10, 11], [20, 21], [30, 31]], dtype=torch.int32)
+    pos = torch.tensor([0, 0, 0, 1, 64, 300])
+    req = torch.tensor([-1, 3, 1, 2**40, 0, 0])
+    slot = selkv.dcp.dcp_slot_mapping(pos, req, table, 64, 0, 2)
+    assert slot.tolist() == [-1, -1, 20 * 64, -1, 10 * 64 + 32, -1]
+    assert selkv.dcp.dcp_slot_mapping(pos, req, table[:0], 64, 0, 2).tolist() == [-1] * 6
+    with pytest.raises(RuntimeError, match="dcp_slot_mapping: page_size: must be >= 1"):
+        selkv.dcp.dcp_slot_mapping(pos, req, table, 0, 0, 2)
+    with pytest.raises(RuntimeError, match="dcp_slot_mapping: positions and req_ids"):
+        selkv.dcp.dcp_slot_mapping(pos, req[:2], table, 64, 0, 2)
+    with pytest.raises(RuntimeError, match="dcp_slot_mapping: block_table"):
+        selkv.dcp.dcp_slot_mapping(pos, req, table[0], 64, 0, 2)
+
+
+def test_merge_checks_the_sink_shape(selkv):
+    outs = torch.zeros(2, 1, 1, 4, 8, dtype=torch.bfloat16)
+    lses = torch.zeros(2, 1, 1, 4)
+    selkv.dcp.dcp_merge(outs, lses, attn_sink=torch.zeros(4))
+    for bad in (torch.zeros(1), torch.zeros(2, 2)):
+        with pytest.raises(RuntimeError, match=r"dcp_merge: attn_sink: expected \[num_heads\] = \[4\]"):
+            selkv.dcp.dcp_merge(outs, lses, attn_sink=bad)
+
+
 # ---- (b), (c) the distributed path --------------------------------------------------------------
 def _worker(rank, world_size, init_file, backend, seed, dynamic, result_dir):
     import torch.distributed as dist

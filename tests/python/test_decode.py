@@ -293,6 +293,48 @@ def test_errors_name_argument(selkv, device):
         torch.ops.selkv.get_decode_metadata(2, 1, 64, 64, tl[:1], 0, md.metadata)
 
 
+def test_meta_kernel_runs_the_cpp_checks(selkv):
+    """The Meta kernel (torch.compile's tracing) runs the C++ API's checks on stand-in pointers:
+    a call that would fail when run fails when traced, naming the argument."""
+    q, cache, idx, md = _small(selkv, "cpu")
+    tl = torch.full((2,), 64, dtype=torch.int32)
+    md_tl = selkv.get_decode_metadata(2, 1, 64, 64, tl)
+    out = torch.empty(2, 1, 64, V, dtype=torch.bfloat16, device="meta")
+    lse = torch.empty(2, 1, 64, dtype=torch.float32, device="meta")
+
+    def call(plan_md=md, indices=idx, topk_length=None, sm_scale=SM_SCALE, workspace=None):
+        m = lambda t: None if t is None else t.to("meta")  # noqa: E731
+        torch.ops.selkv.sparse_mla_decode(
+            m(q), m(cache), m(indices), m(topk_length), None, m(plan_md.metadata), plan_md.plan,
+            m(plan_md.workspace if workspace is None else workspace), sm_scale, out, lse)
+
+    call()
+    call(plan_md=md_tl, topk_length=tl)  # the plan's lengths tensor, traced as a meta tensor
+    p = "selkv::sparse_mla_decode: "
+    for kw, msg in [
+        (dict(sm_scale=-1.0), p + "sm_scale: must be finite and > 0"),
+        (dict(indices=torch.cat([idx, idx], -1)), p + "metadata: made for"),
+        (dict(topk_length=tl), p + "metadata: made with a different topk_length"),
+        (dict(plan_md=md_tl), p + "metadata: made with a different topk_length"),
+        (dict(workspace=md.workspace[:16]), p + "workspace: needs"),
+    ]:
+        with pytest.raises(RuntimeError, match=msg):
+            call(**kw)
+
+
+def test_misaligned_metadata_rejected(selkv):
+    """The kernels read the plan with 16-byte loads: a copy of it at another offset is an error
+    naming metadata, not a misaligned-address fault."""
+    q, cache, idx, md = _small(selkv, "cpu")
+    shifted = torch.empty(md.metadata.numel() + 1, dtype=torch.int32)[1:]
+    shifted.copy_(md.metadata)
+    out = torch.empty(2, 1, 64, V, dtype=torch.bfloat16)
+    lse = torch.empty(2, 1, 64, dtype=torch.float32)
+    with pytest.raises(RuntimeError, match="sparse_mla_decode: metadata: data must be 16-byte aligned"):
+        torch.ops.selkv.sparse_mla_decode(q, cache, idx, None, None, shifted, md.plan, md.workspace,
+                                          SM_SCALE, out, lse)
+
+
 def test_errors_name_wrong_device(selkv, cuda_device):
     q, cache, idx, md = _small(selkv, cuda_device)
     with pytest.raises(RuntimeError, match=r"sparse_mla_decode: indices: expected a CUDA"):

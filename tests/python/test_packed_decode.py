@@ -321,6 +321,29 @@ def test_errors_name_argument(selkv, device):
         call(lse=packed[:512].view(torch.float32).view(2, 1, 64))
 
 
+def test_meta_kernel_runs_the_cpp_checks(selkv):
+    """The Meta kernel runs the C++ API's checks on stand-in pointers (torch.compile)."""
+    q, packed, md = _small(selkv, "cpu")
+    out = torch.empty(2, 1, 64, V, dtype=torch.bfloat16, device="meta")
+    lse = torch.empty(2, 1, 64, dtype=torch.float32, device="meta")
+
+    def call(packed_kv=packed, topk=64, sm_scale=SM_SCALE):
+        m = lambda t: t.to("meta")  # noqa: E731
+        torch.ops.selkv.sparse_mla_decode_packed(m(q), m(packed_kv), topk, None, None, m(md.metadata),
+                                                 md.plan, m(md.workspace), sm_scale, out, lse)
+
+    call()
+    p = "selkv::sparse_mla_decode_packed: "
+    for kw, msg in [
+        (dict(packed_kv=packed[:-16]), p + "packed_kv: needs 83984 bytes"),
+        (dict(topk=100), p + "topk: must be a positive multiple of 64"),
+        (dict(topk=128), p + "metadata: made for"),
+        (dict(sm_scale=0.0), p + "sm_scale: must be finite and > 0"),
+    ]:
+        with pytest.raises(RuntimeError, match=msg):
+            call(**kw)
+
+
 def test_errors_name_wrong_device(selkv, cuda_device):
     q, packed, md = _small(selkv, cuda_device)
     with pytest.raises(RuntimeError, match=r"sparse_mla_decode_packed: packed_kv: expected a CUDA"):

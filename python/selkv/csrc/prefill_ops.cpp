@@ -181,6 +181,8 @@ constexpr const char* kDqPrefillOp = "selkv::dequant_sparse_prefill";
 int64_t dequant_prefill_workspace_size_op(int64_t num_tokens, int64_t topk, int64_t num_slots,
                                           c10::string_view format) {
   const KvFormat f = parse_format("selkv::dequant_prefill_workspace_size", format);
+  TORCH_CHECK(selkv::composed_prefill_format(f), "selkv::dequant_prefill_workspace_size: format: must be ",
+              "ds_mla_fp8 or nope_fp8, got ", format);
   const int32_t k = to_int32("selkv::dequant_prefill_workspace_size", "topk", topk);
   const size_t n = selkv::dequant_prefill_workspace_size(num_tokens, k, num_slots, f);
   TORCH_CHECK(n <= size_t(INT64_MAX), "selkv::dequant_prefill_workspace_size: num_tokens: shape (", num_tokens,
@@ -224,6 +226,8 @@ constexpr const char* kGaPrefillOp = "selkv::gather_sparse_prefill";
 
 int64_t gather_prefill_workspace_size_op(int64_t num_kv_rows, c10::string_view format) {
   const KvFormat f = parse_format("selkv::gather_prefill_workspace_size", format);
+  TORCH_CHECK(selkv::composed_prefill_format(f), "selkv::gather_prefill_workspace_size: format: must be ",
+              "ds_mla_fp8 or nope_fp8, got ", format);
   const size_t n = selkv::gather_prefill_workspace_size(num_kv_rows, f);
   TORCH_CHECK(n <= size_t(INT64_MAX), "selkv::gather_prefill_workspace_size: num_kv_rows: ", num_kv_rows,
               " is not supported");
