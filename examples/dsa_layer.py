@@ -133,7 +133,9 @@ def main(argv=None):
     ap.add_argument("--prefill-chunk", type=int, default=48, help="prompt tokens per request per step")
     ap.add_argument("--decode-steps", type=int, default=6)
     ap.add_argument("--page-size", type=int, default=16)
-    ap.add_argument("--workspace-mib", type=float, default=0.25, help="prefill workspace budget")
+    ap.add_argument("--workspace-mib", type=float, default=None,
+                    help="prefill workspace budget (default: 0.25 MiB, or 32 prefill tokens' C4 "
+                         "workspace when 0.25 MiB does not hold one, e.g. at --topk 2048)")
     ap.add_argument("--prefill-route", default="auto", choices=["auto", "dequant", "gather"],
                     help="selkv.DsaPolicy.prefill_route (C4, C3 or per request)")
     ap.add_argument("--no-check", action="store_true", help="skip the per-step fp64 check")
@@ -161,9 +163,14 @@ def main(argv=None):
     idx_keys = [torch.zeros(n, layer.idx_dim, device=dev, dtype=torch.bfloat16) for n in total]
 
     max_tokens = R * max(args.prefill_chunk, 1) + R
+    if args.workspace_mib is not None:
+        workspace_bytes = int(args.workspace_mib * (1 << 20))
+    else:  # the planner cuts prefill chunks to the budget, which must hold one token's C4 rows
+        ws_tokens = lambda n: selkv.dequant_prefill_workspace_size(n, args.topk, num_blocks * page)  # noqa: E731
+        workspace_bytes = 1 << 18 if ws_tokens(1) <= 1 << 18 else ws_tokens(32)
     attn = selkv.DsaAttention(
         args.heads, args.topk, num_blocks=num_blocks, page_size=page,
-        workspace_bytes=int(args.workspace_mib * (1 << 20)), max_num_tokens=max_tokens, max_num_reqs=R,
+        workspace_bytes=workspace_bytes, max_num_tokens=max_tokens, max_num_reqs=R,
         sm_scale=layer.sm_scale, policy=selkv.DsaPolicy(prefill_route=args.prefill_route), device=dev)
 
     done = [0] * R  # tokens of each request already in the cache

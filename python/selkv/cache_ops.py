@@ -64,7 +64,8 @@ def write_kv_cache(
             ``nope_fp8``.
         slot_mapping: int64 ``[T]`` contiguous; token ``t`` goes to physical slot
             ``slot_mapping[t]``. Negative slots (CUDA-graph padding) and slots
-            ``>= num_blocks * page_size`` are skipped, never written.
+            ``>= num_blocks * page_size`` are skipped, never written. Valid slots must be
+            distinct (two tokens writing one slot race on the GPU; the CPU op keeps the later).
         cache: uint8 ``[num_blocks, page_size, record_bytes(format)]``, pages dense, block
             stride ``cache.stride(0) >= page_bytes(format, page_size)``. Modified in place.
         format: ``"ds_mla_fp8"`` (656-byte records), ``"nope_fp8"`` (528) or ``"model1_fp8"``

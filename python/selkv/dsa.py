@@ -32,8 +32,11 @@ prefill requests; ``query_start_loc`` ``[R + 1]`` and ``seq_lens`` ``[R]`` (cont
 step's tokens, i.e. the length after the write) are given on the host; ``block_table``
 ``[>= R, max_blocks]`` int32 and ``slot_mapping`` ``[>= T]`` int64 on the device. ``q`` is
 ``[T_pad, H, 576]`` bf16 (latent + RoPE, the up-projection already absorbed), ``topk_indices``
-``[>= T, K]`` int32 request-local positions (``-1`` or anything outside ``[0, seq_len)`` is
-invalid), output ``[T_pad, H, 512]`` bf16 and optionally ``lse [T_pad, H]`` fp32.
+``[>= T, K]`` int32 request-local positions (negative entries and positions past the request's
+blocks in ``block_table`` are invalid: skipped, never read; positions in ``[seq_len, allocated)``
+must not be selected: the decode and C4 routes read their slots (stale or unwritten records:
+in bounds, but no token of the request), while the C3 route gathers only ``[0, seq_len)`` and
+skips them; a lightning indexer never selects them), output ``[T_pad, H, 512]`` bf16 and optionally ``lse [T_pad, H]`` fp32.
 ``T = query_start_loc[-1]`` are the planned tokens; rows ``[T, T_pad)`` of ``q`` are padding:
 their output is 0 and lse ``-inf`` and nothing else is done for them. Padding *requests* (e.g. a
 decode batch padded to a captured size) are ordinary decode requests whose slot_mapping entries
@@ -213,6 +216,11 @@ class DsaAttention:
             raise ValueError(f"selkv.dsa: num_heads: expected 64 or 128, got {num_heads}")
         if topk <= 0 or topk % 64:
             raise ValueError(f"selkv.dsa: topk: expected a positive multiple of 64, got {topk}")
+        if int(num_blocks) < 1 or int(page_size) < 1:
+            raise ValueError(f"selkv.dsa: num_blocks and page_size: expected >= 1, got {num_blocks} and {page_size}")
+        if int(max_num_tokens) < 0 or (max_num_reqs is not None and int(max_num_reqs) < 0):
+            raise ValueError(f"selkv.dsa: max_num_tokens / max_num_reqs: expected >= 0, got {max_num_tokens} / "
+                             f"{max_num_reqs}")
         self.num_heads, self.topk = int(num_heads), int(topk)
         self.num_blocks, self.page_size = int(num_blocks), int(page_size)
         self.num_slots = self.num_blocks * self.page_size
@@ -308,6 +316,8 @@ class DsaAttention:
                 f"selkv.dsa.plan: {T} tokens / {R} requests exceed max_num_tokens {self.max_num_tokens} / "
                 f"max_num_reqs {self.max_num_reqs}"
             )
+        if not isinstance(block_table, torch.Tensor) or block_table.dim() != 2:
+            raise ValueError("selkv.dsa.plan: block_table: expected a device int32 tensor [>= R, max_blocks]")
         if R and block_table.size(0) < R:
             raise ValueError(f"selkv.dsa.plan: block_table has {block_table.size(0)} rows for {R} requests")
         if num_decodes is None:

@@ -1,5 +1,6 @@
 // Oracle for the memory-bound cache ops C1-C3 (include/selkv/cache_ops.h): plain loops over
 // host pointers with the exact skip / -1 / zero-row semantics the GPU ops promise.
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -159,9 +160,12 @@ Status gather_kv_bf16(const GatherKvParams& p) {
   for (int32_t r = 0; r < p.num_reqs; ++r) {
     const int64_t start = p.seq_starts[r];
     const int64_t ws = p.ws_starts[r];
-    for (int64_t i = 0; i < int64_t(p.seq_lens[r]); ++i) {
+    // Only the tokens whose row is inside the workspace: never write outside it, and no loop over
+    // a length that lands nowhere (the GPU sizes its grid by rows too).
+    const int64_t i0 = ws < 0 ? -ws : 0;
+    const int64_t i1 = std::min<int64_t>(p.seq_lens[r], p.out_rows - ws);
+    for (int64_t i = i0; i < i1; ++i) {
       const int64_t row = ws + i;
-      if (row < 0 || row >= p.out_rows) continue;  // never write outside the workspace
       uint16_t* dst = out + row * p.out_row_stride;
       const int64_t pos = start + i;
       int64_t block_id = -1;

@@ -246,6 +246,11 @@ SparseDecodeParams decode_params(const at::Tensor& q, const at::Tensor& kv_cache
                                  const std::optional<at::Tensor>& extra_indices,
                                  const std::optional<at::Tensor>& extra_topk_length) {
   constexpr const char* kOp = kDecodeOp;
+  // (the record size picks the format: name both when it is neither)
+  TORCH_CHECK(kv_cache.dim() != 3 || kv_cache.size(2) == fmt::record_bytes(KvFormat::kDsMlaFp8) ||
+                  kv_cache.size(2) == fmt::kModel1RecordBytes,
+              kOp, ": kv_cache: expected size 656 (ds_mla_fp8) or 584 (model1_fp8) in dim 2, got shape ",
+              kv_cache.sizes());
   const KvFormat format = decode_cache_format(kv_cache);
   const QShape qs = check_q_tensor(kOp, q, fmt::dequant_dim(format));
   const CacheTensorView cv = check_cache_tensor(kOp, "kv_cache", kv_cache, format);
