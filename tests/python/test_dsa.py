@@ -376,7 +376,17 @@ def test_errors_cpu(selkv, gen):
         selkv.DsaAttention(32, 128, num_blocks=4, page_size=8, workspace_bytes=1 << 24, max_num_tokens=8, device="cpu")
     with pytest.raises(ValueError, match="prefill_route"):
         selkv.DsaPolicy(prefill_route="dense")
+    for nb, ps in ((0, 8), (4, 0), (-1, 8)):
+        with pytest.raises(ValueError, match="num_blocks and page_size: expected >= 1"):
+            selkv.DsaAttention(64, 128, num_blocks=nb, page_size=ps, workspace_bytes=1 << 24, max_num_tokens=8,
+                               device="cpu")
+    with pytest.raises(ValueError, match="max_num_tokens / max_num_reqs"):
+        selkv.DsaAttention(64, 128, num_blocks=4, page_size=8, workspace_bytes=1 << 24, max_num_tokens=-1,
+                           device="cpu")
     attn = _make(selkv, b, "cpu")
+    for bt in (None, b.block_table[0]):
+        with pytest.raises(ValueError, match="block_table: expected a device int32 tensor"):
+            attn.plan(b.qsl, b.seq_lens, bt)
     with pytest.raises(RuntimeError, match="plan"):
         attn.run(b.q, b.cache.clone(), b.topk)
     with pytest.raises(ValueError, match="query length"):
