@@ -37,6 +37,8 @@ struct WriteKvCacheParams {
   KvFormat format = KvFormat::kDsMlaFp8;
   ScaleMode scale_mode = ScaleMode::kPow2;
 };
+// Validation only (no launch): the checks write_kv_cache runs before it touches the device.
+Status check_write_kv_cache(const WriteKvCacheParams& p);
 Status write_kv_cache(const WriteKvCacheParams& p, cudaStream_t stream);
 
 // ---- C2: request-local top-k positions -> physical slots -----------------------------------
@@ -69,6 +71,8 @@ struct ConvertIndicesParams {
   int32_t* valid_counts = nullptr;             // optional [num_tokens]
   bool compact = false;
 };
+// Validation only (no launch), as for write_kv_cache.
+Status check_convert_req_indices_to_slots(const ConvertIndicesParams& p);
 Status convert_req_indices_to_slots(const ConvertIndicesParams& p, cudaStream_t stream);
 
 // ---- C3: gather + upconvert ------------------------------------------------------------------
@@ -101,6 +105,8 @@ struct GatherKvParams {
   int64_t out_row_stride = 0;            // in elements
   int64_t out_rows = 0;
 };
+// Validation only (no launch), as for write_kv_cache.
+Status check_gather_kv_bf16(const GatherKvParams& p);
 Status gather_kv_bf16(const GatherKvParams& p, cudaStream_t stream);
 
 }  // namespace selkv

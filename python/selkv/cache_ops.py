@@ -3,7 +3,8 @@
 Each function wraps one out-variant operator ``torch.ops.selkv.<name>``. The operators have
 CUDA kernels (the C++ API, launched on the current stream, CUDA-graph capturable, no host
 synchronization), CPU kernels (the bit-exact CPU reference, for testing and as a reference
-implementation) and Meta kernels (shape checks only, for ``torch.compile``). The device of the
+implementation) and Meta kernels (the C++ API's checks without the data, for ``torch.compile``:
+a traced call fails as the run would). The device of the
 tensors picks the implementation; mixing devices is an error.
 
 Arguments are validated and fail closed: a wrong dtype, device, rank, size or stride raises

@@ -170,3 +170,21 @@ Status check_gather_kv(const GatherKvParams& p, Work* work) {
 }
 
 }  // namespace selkv::cache
+
+// ---- the public validation-only calls (include/selkv/cache_ops.h) ---------------------------------
+namespace selkv {
+
+Status check_write_kv_cache(const WriteKvCacheParams& p) {
+  cache::Work work;
+  return cache::check_write_kv_cache(p, &work);
+}
+Status check_convert_req_indices_to_slots(const ConvertIndicesParams& p) {
+  cache::Work work;
+  return cache::check_convert_indices(p, &work);
+}
+Status check_gather_kv_bf16(const GatherKvParams& p) {
+  cache::Work work;
+  return cache::check_gather_kv(p, &work);
+}
+
+}  // namespace selkv

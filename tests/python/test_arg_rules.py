@@ -330,3 +330,81 @@ def test_wrappers_name_a_wrong_rank(selkv):
     for call, msg in cases:
         with pytest.raises(RuntimeError, match=msg):
             call()
+
+
+# ---- Meta kernels run the C++ API's checks (torch.compile traces fail as the run would) -----------
+def _meta_cases(selkv):
+    bf, i32, i64 = torch.bfloat16, torch.int32, torch.int64
+    T = 4
+
+    def cache(d, nb=4, ps=16, fmt="ds_mla_fp8"):
+        c = selkv.empty_kv_cache(nb, ps, fmt, device=d)
+        return c if d == "meta" else c.zero_()
+
+    def lat(d, n=512):
+        return torch.zeros(T, n, dtype=bf, device=d)
+
+    def rope(d):
+        return torch.zeros(T, 64, dtype=bf, device=d)
+
+    packed = lambda d: torch.zeros(selkv.packed_kv_workspace_size(1, 1, 64), dtype=torch.uint8, device=d)  # noqa: E731
+    valid = [
+        lambda d: selkv.write_kv_cache(lat(d), rope(d), torch.arange(T, device=d), cache(d)),
+        lambda d: selkv.convert_req_indices_to_slots(torch.zeros(T, 8, dtype=i32, device=d),
+                                                     torch.zeros(T, dtype=i32, device=d),
+                                                     torch.zeros(2, 4, dtype=i32, device=d), 16, 8),
+        lambda d: selkv.gather_kv_bf16(cache(d), torch.zeros(1, 2, dtype=i32, device=d), torch.zeros(1, dtype=i32, device=d),
+                                       torch.ones(1, dtype=i32, device=d), torch.zeros(1, dtype=i32, device=d), num_rows=1),
+        lambda d: selkv.dequant_selected(cache(d), torch.zeros(1, 2, dtype=i32, device=d)),
+        lambda d: selkv.pack_selected_kv(cache(d), torch.zeros(1, 1, 64, dtype=i32, device=d)),
+        lambda d: selkv.patch_packed_kv(packed(d), torch.zeros(2, dtype=i64, device=d),
+                                        torch.zeros(2, 656, dtype=torch.uint8, device=d), batch=1, seq_q=1, topk=64),
+    ]
+    bad = [  # (call, the argument the error names)
+        (lambda d: selkv.write_kv_cache(lat(d), rope(d), torch.arange(T, device=d), cache(d, 1).expand(4, 16, 656)),
+         "block_stride_bytes"),
+        (lambda d: selkv.write_kv_cache(lat(d, 448), rope(d), torch.arange(T, device=d),
+                                        torch.zeros(4, 16, 584, dtype=torch.uint8, device=d), "model1_fp8"),
+         "block_stride_bytes"),
+        (lambda d: selkv.convert_req_indices_to_slots(torch.zeros(T, 8, dtype=i32, device=d),
+                                                      torch.zeros(T, dtype=i32, device=d),
+                                                      torch.zeros(2, 4, dtype=i32, device=d), 0, 8), "page_size"),
+        (lambda d: selkv.convert_req_indices_to_slots(torch.zeros(T, 8, dtype=i32, device=d),
+                                                      torch.zeros(T, dtype=i32, device=d),
+                                                      torch.zeros(2, 4, dtype=i32, device=d), 16, -1), "num_blocks"),
+        (lambda d: selkv.gather_kv_bf16(cache(d, 1).expand(4, 16, 656), torch.zeros(1, 2, dtype=i32, device=d),
+                                        torch.zeros(1, dtype=i32, device=d), torch.ones(1, dtype=i32, device=d),
+                                        torch.zeros(1, dtype=i32, device=d), num_rows=1), "block_stride_bytes"),
+        (lambda d: selkv.dequant_selected(cache(d), torch.zeros(1, 2, dtype=i32, device=d),
+                                          workspace=torch.zeros(1, 576, dtype=bf, device=d).expand(4, 576)),
+         "workspace"),
+        (lambda d: selkv.pack_selected_kv(cache(d, 1).expand(4, 16, 656), torch.zeros(1, 1, 64, dtype=i32, device=d)),
+         "block_stride_bytes"),
+        (lambda d: selkv.patch_packed_kv(packed(d), torch.zeros(2, dtype=i64, device=d),
+                                         torch.zeros(2, 657, dtype=torch.uint8, device=d)[:, :656],
+                                         batch=1, seq_q=1, topk=64), "record_stride_bytes"),
+        (lambda d: selkv.dequant_sparse_prefill(torch.zeros(2, 64, QK, dtype=bf, device=d), cache(d),
+                                                torch.zeros(2, 64, dtype=i32, device=d),
+                                                workspace=torch.zeros(16, dtype=torch.uint8, device=d)),
+         "workspace_bytes"),
+        (lambda d: selkv.gather_sparse_prefill(torch.zeros(2, 64, QK, dtype=bf, device=d), cache(d),
+                                               torch.zeros(1, 2, dtype=i32, device=d), torch.zeros(1, dtype=i32, device=d),
+                                               torch.ones(1, dtype=i32, device=d), torch.zeros(1, dtype=i32, device=d),
+                                               torch.zeros(2, 64, dtype=i32, device=d), -5,
+                                               workspace=torch.zeros(4096, dtype=torch.uint8, device=d)),
+         "num_kv_rows"),
+    ]
+    return valid, bad
+
+
+def test_meta_kernels_run_the_cpp_checks(selkv):
+    """Every call the CPU op rejects for a value the C++ API checks (strides, sizes, counts), the
+    Meta kernel rejects too, naming the same argument; valid calls pass on Meta."""
+    valid, bad = _meta_cases(selkv)
+    for call in valid:
+        call("cpu")
+        call("meta")
+    for call, arg in bad:
+        for d in ("cpu", "meta"):
+            with pytest.raises(RuntimeError, match=f": {arg}:"):
+                call(d)

@@ -2,7 +2,8 @@
 //   selkv::write_kv_cache, selkv::convert_req_indices_to_slots, selkv::gather_kv_bf16.
 // Out-variants (the caller owns all memory; nothing is allocated here). CUDA kernels run the
 // C++ API on torch's current stream; CPU kernels run the CPU oracle (selkv::ref) on the same
-// Params struct, so GPU and CPU results can be compared bit for bit; Meta kernels only check.
+// Params struct, so GPU and CPU results can be compared bit for bit; Meta kernels run the C++
+// API's checks (selkv::check_*) on stand-in pointers, so a traced call fails as the run would.
 #include <ATen/core/Tensor.h>
 #include <torch/library.h>
 
@@ -69,7 +70,16 @@ void write_kv_cache(const at::Tensor& latent, const std::optional<at::Tensor>& r
                 {{"cache", cache}, {"latent", latent}, {"rope", rope},
                  {"slot_mapping", slot_mapping}});
   const WriteKvCacheParams p = write_params(latent, rope, slot_mapping, cache, format, scale_mode);
-  if constexpr (B == Backend::kCuda) {
+  if constexpr (B == Backend::kMeta) {
+    if (concrete_sizes({latent, rope, slot_mapping, cache})) {
+      WriteKvCacheParams m = p;
+      m.latent = meta_stand_in(latent, 1);
+      m.rope = meta_stand_in(rope, 2);
+      m.slot_mapping = static_cast<const int64_t*>(meta_stand_in(slot_mapping, 3));
+      m.cache = meta_stand_in(cache, 4);
+      throw_if_error(selkv::check_write_kv_cache(m));
+    }
+  } else if constexpr (B == Backend::kCuda) {
     const CudaScope scope(cache);
     throw_if_error(selkv::write_kv_cache(p, scope.stream()));
   } else if constexpr (B == Backend::kCpu) {
@@ -135,7 +145,17 @@ void convert_req_indices_to_slots(const at::Tensor& req_local_indices,
   const ConvertIndicesParams p =
       convert_params(req_local_indices, req_id_per_token, block_table, page_size, num_blocks,
                      out_slots, valid_counts, compact);
-  if constexpr (B == Backend::kCuda) {
+  if constexpr (B == Backend::kMeta) {
+    if (concrete_sizes({req_local_indices, req_id_per_token, block_table, out_slots, valid_counts})) {
+      ConvertIndicesParams m = p;
+      m.req_local_indices = static_cast<const int32_t*>(meta_stand_in(req_local_indices, 1));
+      m.req_id_per_token = static_cast<const int32_t*>(meta_stand_in(req_id_per_token, 2));
+      m.block_table = static_cast<const int32_t*>(meta_stand_in(block_table, 3));
+      m.out_slots = static_cast<int32_t*>(meta_stand_in(out_slots, 4));
+      m.valid_counts = static_cast<int32_t*>(meta_stand_in(valid_counts, 5));
+      throw_if_error(selkv::check_convert_req_indices_to_slots(m));
+    }
+  } else if constexpr (B == Backend::kCuda) {
     const CudaScope scope(out_slots);
     throw_if_error(selkv::convert_req_indices_to_slots(p, scope.stream()));
   } else if constexpr (B == Backend::kCpu) {
@@ -196,7 +216,18 @@ void gather_kv_bf16(const at::Tensor& cache, const at::Tensor& block_table,
                  {"seq_starts", seq_starts}, {"seq_lens", seq_lens}, {"ws_starts", ws_starts}});
   const GatherKvParams p =
       gather_params(cache, block_table, seq_starts, seq_lens, ws_starts, format, out);
-  if constexpr (B == Backend::kCuda) {
+  if constexpr (B == Backend::kMeta) {
+    if (concrete_sizes({cache, block_table, seq_starts, seq_lens, ws_starts, out})) {
+      GatherKvParams m = p;
+      m.cache = meta_stand_in(cache, 1);
+      m.block_table = static_cast<const int32_t*>(meta_stand_in(block_table, 2));
+      m.seq_starts = static_cast<const int32_t*>(meta_stand_in(seq_starts, 3));
+      m.seq_lens = static_cast<const int32_t*>(meta_stand_in(seq_lens, 4));
+      m.ws_starts = static_cast<const int32_t*>(meta_stand_in(ws_starts, 5));
+      m.out = meta_stand_in(out, 6);
+      throw_if_error(selkv::check_gather_kv_bf16(m));
+    }
+  } else if constexpr (B == Backend::kCuda) {
     const CudaScope scope(out);
     throw_if_error(selkv::gather_kv_bf16(p, scope.stream()));
   } else if constexpr (B == Backend::kCpu) {

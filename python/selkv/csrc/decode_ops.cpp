@@ -441,15 +441,13 @@ void check_plan_tensors(const char* kOp, const at::Tensor& metadata, const at::T
   TensorArg(kOp, "workspace", workspace, "[plan workspace_bytes]").dtype(at::kByte).dims(1).contiguous();
 }
 
-// Meta kernels: meta tensors have no data, so the C++ checks run on stand-in pointers (never
-// dereferenced; one 1 TiB region each, so the overlap checks see distinct tensors). A length
-// tensor stands in as the address the plan recorded (the plan is matched to the tensors it was
-// made with). `md` gets the metadata's stand-in and size; false when a size is symbolic (then the
-// call is checked when it runs).
-void* stand_in(uintptr_t region) { return reinterpret_cast<void*>(region << 40); }
+// Meta kernels: the C++ checks on stand-in pointers (meta_stand_in). A length tensor stands in as
+// the address the plan recorded (the plan is matched to the tensors it was made with). `md` gets
+// the metadata's stand-in and size; false when a size is symbolic (then the call is checked when
+// it runs).
 const int32_t* stand_in_lengths(const std::optional<at::Tensor>& t, const int32_t* planned, uintptr_t region) {
   if (!t.has_value()) return nullptr;
-  return planned != nullptr ? planned : static_cast<const int32_t*>(stand_in(region));
+  return planned != nullptr ? planned : static_cast<const int32_t*>(meta_stand_in(region));
 }
 template <class P>
 bool meta_stand_ins(P* p, DecodeMetadata* md, const at::Tensor& metadata, const at::Tensor& workspace,
@@ -458,12 +456,12 @@ bool meta_stand_ins(P* p, DecodeMetadata* md, const at::Tensor& metadata, const 
   const auto md_ints = metadata.sym_numel().maybe_as_int();
   const auto ws = workspace.sym_numel().maybe_as_int();
   if (!md_ints.has_value() || !ws.has_value()) return false;
-  p->q = stand_in(1);
-  p->out = stand_in(2);
-  p->lse = static_cast<float*>(stand_in(3));
+  p->q = meta_stand_in(1);
+  p->out = meta_stand_in(2);
+  p->lse = static_cast<float*>(meta_stand_in(3));
   p->topk_length = stand_in_lengths(topk_length, md->shape.topk_length, 4);
-  p->attn_sink = attn_sink.has_value() ? static_cast<const float*>(stand_in(5)) : nullptr;
-  md->data = static_cast<int32_t*>(stand_in(6));
+  p->attn_sink = attn_sink.has_value() ? static_cast<const float*>(meta_stand_in(5)) : nullptr;
+  md->data = static_cast<int32_t*>(meta_stand_in(6));
   md->bytes = size_t(*md_ints) * sizeof(int32_t);
   md->valid = true;
   *workspace_bytes = size_t(*ws);
@@ -494,11 +492,11 @@ void sparse_mla_decode(const at::Tensor& q, const at::Tensor& kv_cache, const at
     DecodeMetadata m = md;
     size_t ws_bytes = 0;
     if (meta_stand_ins(&p, &m, metadata, workspace, topk_length, attn_sink, &ws_bytes)) {
-      p.cache.data = stand_in(7);
-      p.indices = static_cast<const int32_t*>(stand_in(8));
+      p.cache.data = meta_stand_in(7);
+      p.indices = static_cast<const int32_t*>(meta_stand_in(8));
       if (extra_kv_cache.has_value()) {
-        p.extra_cache.data = stand_in(9);
-        p.extra_indices = static_cast<const int32_t*>(stand_in(10));
+        p.extra_cache.data = meta_stand_in(9);
+        p.extra_indices = static_cast<const int32_t*>(meta_stand_in(10));
         p.extra_topk_length = stand_in_lengths(extra_topk_length, m.shape.extra_topk_length, 11);
       }
       throw_if_error(selkv::check_sparse_mla_decode(p, m, ws_bytes));
@@ -536,7 +534,7 @@ void sparse_mla_decode_packed(const at::Tensor& q, const at::Tensor& packed_kv, 
     size_t ws_bytes = 0;
     const auto kv_bytes = packed_kv.sym_numel().maybe_as_int();
     if (kv_bytes.has_value() && meta_stand_ins(&p, &m, metadata, workspace, topk_length, attn_sink, &ws_bytes)) {
-      p.packed_kv = stand_in(7);
+      p.packed_kv = meta_stand_in(7);
       p.packed_kv_bytes = size_t(*kv_bytes);
       throw_if_error(selkv::check_sparse_mla_decode_packed(p, m, ws_bytes));
     }

@@ -3,8 +3,9 @@
 // Out-variants: the caller owns the packed buffer (uint8, contiguous, at least
 // packed_kv_workspace_size bytes). CUDA kernels run the C++ API on torch's current stream (graph
 // capturable, no host sync); CPU kernels run the oracle on the same Params (byte-exact); Meta
-// kernels only check (torch.compile). Tensor-level checks (dtype, device, rank, sizes) are here;
-// strides, alignment, sizes of the buffer and overlaps are the C++ API's (same names).
+// kernels run the C++ checks on stand-in pointers (torch.compile). Tensor-level checks (dtype,
+// device, rank, sizes) are here; strides, alignment, sizes of the buffer and overlaps are the C++
+// API's (same names).
 #include <ATen/core/Tensor.h>
 #include <torch/library.h>
 
@@ -40,7 +41,8 @@ std::optional<size_t> packed_bytes(const at::Tensor& packed_kv) {
   return size_t(packed_kv.numel());
 }
 
-// Meta tensors have no data: the shape rules and the buffer size (when known) are what can be checked.
+// Meta tensors of symbolic size (the C++ checks need every size): the shape rules and the buffer
+// size, when known.
 void meta_checks(const char* op, int64_t batch, int64_t seq_q, int64_t topk, std::optional<size_t> bytes) {
   const size_t need = selkv::packed_kv_workspace_size(batch, seq_q, topk);
   TORCH_CHECK(topk > 0 && topk % 64 == 0 && (batch * seq_q == 0 || need > 0), op,
@@ -77,7 +79,16 @@ void pack_selected_kv(const at::Tensor& kv_cache, const at::Tensor& indices,
   const std::optional<size_t> bytes = packed_bytes(packed_kv);
   p.packed_kv_bytes = bytes.value_or(0);
   if constexpr (B == Backend::kMeta) {
-    meta_checks(kOp, b, s, k, bytes);
+    if (bytes.has_value() && concrete_sizes({kv_cache, indices, topk_length})) {
+      PackSelectedKvParams m = p;  // the C++ checks on stand-ins (meta_stand_in)
+      m.cache.data = meta_stand_in(kv_cache, 1);
+      m.indices = static_cast<const int32_t*>(meta_stand_in(indices, 2));
+      m.topk_length = static_cast<const int32_t*>(meta_stand_in(topk_length, 3));
+      m.packed_kv = meta_stand_in(packed_kv, 4);
+      throw_if_error(selkv::check_pack_selected_kv(m));
+    } else {
+      meta_checks(kOp, b, s, k, bytes);
+    }
   } else if constexpr (B == Backend::kCuda) {
     const CudaScope scope(packed_kv);
     throw_if_error(selkv::pack_selected_kv(p, scope.stream()));
@@ -111,7 +122,15 @@ void patch_packed_kv(const at::Tensor& packed_kv, int64_t batch, int64_t seq_q, 
   p.record_stride_bytes = n <= 1 ? std::max<int64_t>(records.stride(0), kRecord) : records.stride(0);
   p.num_records = n;
   if constexpr (B == Backend::kMeta) {
-    meta_checks(kOp, batch, seq_q, topk, bytes);
+    if (bytes.has_value() && concrete_sizes({positions, records})) {
+      PatchPackedKvParams m = p;
+      m.packed_kv = meta_stand_in(packed_kv, 1);
+      m.positions = static_cast<const int64_t*>(meta_stand_in(positions, 2));
+      m.records = static_cast<const uint8_t*>(meta_stand_in(records, 3));
+      throw_if_error(selkv::check_patch_packed_kv(m));
+    } else {
+      meta_checks(kOp, batch, seq_q, topk, bytes);
+    }
   } else if constexpr (B == Backend::kCuda) {
     const CudaScope scope(packed_kv);
     throw_if_error(selkv::patch_packed_kv(p, scope.stream()));

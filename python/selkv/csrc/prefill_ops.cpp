@@ -5,7 +5,8 @@
 //   selkv::gather_prefill_workspace_size, selkv::gather_sparse_prefill.
 // Out-variants: the caller owns every buffer. CUDA kernels run the C++ API on torch's current
 // stream; CPU kernels run the oracle on the same Params (C4 / C3 bit-exact; attention in fp64, out
-// rounded to bf16); Meta kernels only check (torch.compile). Tensor-level checks (dtype, device,
+// rounded to bf16); Meta kernels run the C++ checks on stand-in pointers (torch.compile: a traced
+// call fails as the run would). Tensor-level checks (dtype, device,
 // rank, sizes) are here; strides, alignment and values are the C++ API's (fail closed, same names).
 #include <ATen/core/Tensor.h>
 #include <torch/library.h>
@@ -75,9 +76,15 @@ void dequant_selected(const at::Tensor& cache, const at::Tensor& indices,
     p.out_indices_row_stride = std::max<int64_t>(p.out_indices_row_stride, K);
   }
   if constexpr (B == Backend::kMeta) {
-    // Meta tensors have no data: only the shape rules (workspace rows) can be checked.
-    const int64_t need = selkv::dequant_selected_workspace_rows(T, K, cv.num_slots());
-    TORCH_CHECK(p.workspace_rows >= need, kOp, ": workspace: need ", need, " rows, got ", p.workspace_rows);
+    if (concrete_sizes({cache, indices, topk_length, workspace, out_indices})) {
+      DequantSelectedParams m = p;
+      m.cache.data = meta_stand_in(cache, 1);
+      m.indices = static_cast<const int32_t*>(meta_stand_in(indices, 2));
+      m.topk_length = static_cast<const int32_t*>(meta_stand_in(topk_length, 3));
+      m.workspace = meta_stand_in(workspace, 4);
+      m.out_indices = static_cast<int32_t*>(meta_stand_in(out_indices, 5));
+      throw_if_error(selkv::check_dequant_selected(m));
+    }
     return;
   }
   if constexpr (B == Backend::kCuda) {
@@ -135,6 +142,21 @@ SparsePrefillParams attn_params(const char* kOp, const at::Tensor& q, const at::
   }
   if (T <= 1) p.indices_token_stride = std::max<int64_t>(p.indices_token_stride, p.topk);
   return p;
+}
+
+// Meta: stand-ins for the C7 part of a composed call (regions 1-7; kv stays null: the composed call
+// sets it).
+void meta_attn_stand_ins(SparsePrefillParams* a, const at::Tensor& q, const at::Tensor& indices,
+                         const std::optional<at::Tensor>& topk_length, const at::Tensor& out,
+                         const at::Tensor& max_logits, const at::Tensor& lse,
+                         const std::optional<at::Tensor>& attn_sink) {
+  a->q = meta_stand_in(q, 1);
+  a->out = meta_stand_in(out, 2);
+  a->indices = static_cast<const int32_t*>(meta_stand_in(indices, 3));
+  a->topk_length = static_cast<const int32_t*>(meta_stand_in(topk_length, 4));
+  a->max_logits = static_cast<float*>(meta_stand_in(max_logits, 5));
+  a->lse = static_cast<float*>(meta_stand_in(lse, 6));
+  a->attn_sink = static_cast<const float*>(meta_stand_in(attn_sink, 7));
 }
 
 template <Backend B>
@@ -208,9 +230,13 @@ void dequant_sparse_prefill(const at::Tensor& q, const at::Tensor& cache, const 
   p.workspace = mutable_data_or_null(workspace);
   p.workspace_bytes = size_t(workspace.numel());
   if constexpr (B == Backend::kMeta) {
-    const size_t need = selkv::dequant_prefill_workspace_size(p.attn.num_tokens, p.attn.topk,
-                                                              p.cache.num_slots(), p.cache.format);
-    TORCH_CHECK(p.workspace_bytes >= need, kOp, ": workspace_bytes: need ", need, " bytes, got ", p.workspace_bytes);
+    if (concrete_sizes({q, cache, indices, topk_length, workspace, out, max_logits, lse, attn_sink})) {
+      DequantPrefillParams m = p;
+      meta_attn_stand_ins(&m.attn, q, indices, topk_length, out, max_logits, lse, attn_sink);
+      m.cache.data = meta_stand_in(cache, 8);
+      m.workspace = meta_stand_in(workspace, 9);
+      throw_if_error(selkv::check_dequant_sparse_mla_prefill(m));
+    }
     return;
   }
   if constexpr (B == Backend::kCuda) {
@@ -275,9 +301,18 @@ void gather_sparse_prefill(const at::Tensor& q, const at::Tensor& cache, const a
   p.workspace = mutable_data_or_null(workspace);
   p.workspace_bytes = size_t(workspace.numel());
   if constexpr (B == Backend::kMeta) {
-    TORCH_CHECK(num_kv_rows >= 0, kOp, ": num_kv_rows: must be >= 0, got ", num_kv_rows);
-    const size_t need = selkv::gather_prefill_workspace_size(num_kv_rows, f);
-    TORCH_CHECK(p.workspace_bytes >= need, kOp, ": workspace_bytes: need ", need, " bytes, got ", p.workspace_bytes);
+    if (concrete_sizes({q, cache, block_table, seq_starts, seq_lens, ws_starts, indices, topk_length, workspace, out,
+                        max_logits, lse, attn_sink})) {
+      GatherPrefillParams m = p;
+      meta_attn_stand_ins(&m.attn, q, indices, topk_length, out, max_logits, lse, attn_sink);
+      m.gather.cache = meta_stand_in(cache, 8);
+      m.gather.block_table = static_cast<const int32_t*>(meta_stand_in(block_table, 9));
+      m.gather.seq_starts = static_cast<const int32_t*>(meta_stand_in(seq_starts, 10));
+      m.gather.seq_lens = static_cast<const int32_t*>(meta_stand_in(seq_lens, 11));
+      m.gather.ws_starts = static_cast<const int32_t*>(meta_stand_in(ws_starts, 12));
+      m.workspace = meta_stand_in(workspace, 13);
+      throw_if_error(selkv::check_gather_sparse_mla_prefill(m));
+    }
     return;
   }
   if constexpr (B == Backend::kCuda) {

@@ -124,6 +124,24 @@ inline float to_float(const char* op, const char* name, double v) {
 }
 
 // Data pointers for the Params structs; meta tensors (shape-only, torch.compile) have none.
+// Meta kernels: meta tensors have no data, so the C++ API's checks run on these addresses instead
+// (never dereferenced; one 16 TiB region each, so the overlap checks see distinct tensors).
+inline void* meta_stand_in(uintptr_t region) { return reinterpret_cast<void*>(region << 44); }
+// A present, non-empty tensor's stand-in (an empty one has no address to check, as when run).
+inline void* meta_stand_in(const at::Tensor& t, uintptr_t region) {
+  return t.numel() > 0 ? meta_stand_in(region) : nullptr;
+}
+inline void* meta_stand_in(const std::optional<at::Tensor>& t, uintptr_t region) {
+  return t.has_value() ? meta_stand_in(*t, region) : nullptr;
+}
+// Whether a Meta call's tensors all have concrete sizes (torch.compile's dynamic shapes give
+// symbolic ones, whose values the checks cannot read: such a call is checked when it runs).
+inline bool concrete_sizes(std::initializer_list<std::optional<at::Tensor>> ts) {
+  for (const auto& t : ts)
+    if (t.has_value() && t->unsafeGetTensorImpl()->has_symbolic_sizes_strides()) return false;
+  return true;
+}
+
 inline const void* data_or_null(const at::Tensor& t) {
   return t.is_meta() ? nullptr : t.const_data_ptr();
 }
