@@ -113,6 +113,23 @@ TEST(CacheChecks, GoodParamsPass) {
   EXPECT_TRUE(cache::check_write_kv_cache(n, &w).ok());
 }
 
+// The public validation-only calls (include/selkv/cache_ops.h) are the launchers' checks.
+TEST(CacheChecks, PublicChecksAreTheLaunchersChecks) {
+  EXPECT_TRUE(check_write_kv_cache(good_write()).ok());
+  EXPECT_TRUE(check_convert_req_indices_to_slots(good_convert()).ok());
+  EXPECT_TRUE(check_gather_kv_bf16(good_gather()).ok());
+  auto w = good_write();
+  w.page_size = 0;
+  EXPECT_EQ(check_write_kv_cache(w).message(), write_kv_cache(w, nullptr).message());
+  auto c = good_convert();
+  c.page_size = 0;
+  EXPECT_EQ(check_convert_req_indices_to_slots(c).message(), convert_req_indices_to_slots(c, nullptr).message());
+  auto g = good_gather();
+  g.out_row_stride = 7;
+  EXPECT_EQ(check_gather_kv_bf16(g).message(), gather_kv_bf16(g, nullptr).message());
+  EXPECT_FALSE(check_gather_kv_bf16(g).ok());
+}
+
 TEST(CacheChecks, WriteRejectsEachBadArgument) {
   struct Case {
     const char* arg;
