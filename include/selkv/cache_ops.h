@@ -45,8 +45,10 @@ Status write_kv_cache(const WriteKvCacheParams& p, cudaStream_t stream);
 // For row t < num_tokens: r = req_id_per_token[t]; for each k,
 //   pos = req_local_indices[t, k]; blk = pos / page_size;
 //   slot = block_table[r, blk] * page_size + pos % page_size
-// and -1 when r is outside [0, num_reqs), pos < 0, blk >= max_blocks_per_req, or the block id
-// is outside [0, num_blocks). Only the first num_tokens entries of req_id_per_token are read
+// and -1 when r is outside [0, num_reqs), pos < 0, pos >= token_seq_lens[t] (when given: the
+// tokens a row may attend, e.g. its request's length after this step's write), blk >=
+// max_blocks_per_req, or the block id is outside [0, num_blocks). Only the first num_tokens
+// entries of req_id_per_token (and token_seq_lens) are read
 // (a longer vector is fine and never causes an out-of-bounds access).
 // valid_counts (optional, [num_tokens]) receives the number of valid slots per row.
 // compact: valid slots are moved to the front of the row in their original order and the rest
@@ -70,6 +72,7 @@ struct ConvertIndicesParams {
   int64_t out_row_stride = 0;                  // in elements
   int32_t* valid_counts = nullptr;             // optional [num_tokens]
   bool compact = false;
+  const int32_t* token_seq_lens = nullptr;     // optional [>= num_tokens]: positions >= it are -1
 };
 // Validation only (no launch), as for write_kv_cache.
 Status check_convert_req_indices_to_slots(const ConvertIndicesParams& p);

@@ -92,13 +92,15 @@ def convert_req_indices_to_slots(
     return_valid_counts: bool = True,
     out: torch.Tensor | None = None,
     valid_counts: torch.Tensor | None = None,
+    token_seq_lens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Maps request-local top-k token positions to physical cache slots (C2).
 
     For row ``t`` with ``r = req_id_per_token[t]`` and ``pos = req_local_indices[t, k]``:
     ``slot = block_table[r, pos // page_size] * page_size + pos % page_size``, or ``-1`` when
-    ``r`` is not a row of ``block_table``, ``pos < 0``, the block index is past
-    ``block_table.size(1)``, or the block id is outside ``[0, num_blocks)``.
+    ``r`` is not a row of ``block_table``, ``pos < 0``, ``pos >= token_seq_lens[t]`` (when given),
+    the block index is past ``block_table.size(1)``, or the block id is outside
+    ``[0, num_blocks)``.
 
     Args:
         req_local_indices: int32 ``[T, topk]``, last dim dense.
@@ -112,6 +114,9 @@ def convert_req_indices_to_slots(
         out: optional int32 ``[T, topk]`` output (may be ``req_local_indices`` itself).
         valid_counts: optional int32 ``[T]`` output for the counts (implies
             ``return_valid_counts``).
+        token_seq_lens: optional int32 ``[>= T]`` contiguous: the positions row ``t`` may use
+            (e.g. its request's length after this step's write); a position at or past it is
+            ``-1``, whatever the block table holds there (stale or unwritten slots).
 
     Returns:
         ``(slots, valid_counts)``; ``valid_counts`` is ``None`` when not requested.
@@ -133,6 +138,7 @@ def convert_req_indices_to_slots(
         out,
         valid_counts,
         compact,
+        token_seq_lens,
     )
     return out, valid_counts
 

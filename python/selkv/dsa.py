@@ -32,11 +32,8 @@ prefill requests; ``query_start_loc`` ``[R + 1]`` and ``seq_lens`` ``[R]`` (cont
 step's tokens, i.e. the length after the write) are given on the host; ``block_table``
 ``[>= R, max_blocks]`` int32 and ``slot_mapping`` ``[>= T]`` int64 on the device. ``q`` is
 ``[T_pad, H, 576]`` bf16 (latent + RoPE, the up-projection already absorbed), ``topk_indices``
-``[>= T, K]`` int32 request-local positions (negative entries and positions past the request's
-blocks in ``block_table`` are invalid: skipped, never read; positions in ``[seq_len, allocated)``
-must not be selected: the decode and C4 routes read their slots (stale or unwritten records:
-in bounds, but no token of the request), while the C3 route gathers only ``[0, seq_len)`` and
-skips them; a lightning indexer never selects them), output ``[T_pad, H, 512]`` bf16 and optionally ``lse [T_pad, H]`` fp32.
+``[>= T, K]`` int32 request-local positions (``-1`` or anything outside ``[0, seq_len)`` is
+invalid on every route: skipped, never read), output ``[T_pad, H, 512]`` bf16 and optionally ``lse [T_pad, H]`` fp32.
 ``T = query_start_loc[-1]`` are the planned tokens; rows ``[T, T_pad)`` of ``q`` are padding:
 their output is 0 and lse ``-inf`` and nothing else is done for them. Padding *requests* (e.g. a
 decode batch padded to a captured size) are ordinary decode requests whose slot_mapping entries
@@ -479,7 +476,7 @@ class DsaAttention:
             convert_req_indices_to_slots(
                 topk_indices[:n_conv], req_id, self._block_table, self.page_size, self.num_blocks,
                 compact=dyn, return_valid_counts=dyn, out=self._slots[:n_conv],
-                valid_counts=self._counts[:n_conv] if dyn else None,
+                valid_counts=self._counts[:n_conv] if dyn else None, token_seq_lens=tok_len,
             )
 
         if n_dec:

@@ -111,6 +111,9 @@ Status check_convert_indices(const ConvertIndicesParams& p, Work* work) {
                   p.topk, "), got ", p.indices_row_stride);
   SELKV_CHECK_ARG(p.req_id_per_token != nullptr, "req_id_per_token", "must not be null");
   SELKV_CHECK_ARG(aligned(p.req_id_per_token, 4), "req_id_per_token", "must be 4-byte aligned");
+  if (p.token_seq_lens != nullptr) {
+    SELKV_CHECK_ARG(aligned(p.token_seq_lens, 4), "token_seq_lens", "must be 4-byte aligned");
+  }
   SELKV_CHECK_ARG(p.out_slots != nullptr, "out_slots", "must not be null");
   SELKV_CHECK_ARG(aligned(p.out_slots, 4), "out_slots", "must be 4-byte aligned");
   SELKV_CHECK_ARG(p.out_row_stride >= p.topk, "out_row_stride", "must be >= topk (", p.topk,

@@ -33,6 +33,7 @@ struct ConvertKernelParams {
   int64_t out_stride = 0;
   int32_t* valid_counts = nullptr;
   bool compact = false;
+  const int32_t* seq_lens = nullptr;  // optional per-row bound: positions >= it are -1
 };
 
 inline constexpr int kConvThreads = 256;
@@ -46,6 +47,7 @@ __global__ void __launch_bounds__(kConvThreads) convert_indices_kernel(const Con
   const int tid = threadIdx.x;
   const int64_t row = blockIdx.x;
   const int32_t r = __ldg(p.req_id + row);  // only rows < num_tokens are ever read
+  const int32_t lim = p.seq_lens != nullptr ? __ldg(p.seq_lens + row) : INT32_MAX;
   const bool req_ok = r >= 0 && r < p.num_reqs;
   const int32_t* bt = p.block_table + (req_ok ? int64_t(r) * p.bt_stride : 0);
   const int32_t* in = p.in + row * p.in_stride;
@@ -82,7 +84,7 @@ __global__ void __launch_bounds__(kConvThreads) convert_indices_kernel(const Con
       for (int c = 0; c < 4; ++c) {
         const int32_t pos = v[j][c];
         int32_t slot = -1;
-        if (req_ok && pos >= 0) {
+        if (req_ok && pos >= 0 && pos < lim) {
           uint32_t blk, off;
           p.page.divmod(uint32_t(pos), blk, off);
           if (blk < uint32_t(p.max_blocks)) {
@@ -147,10 +149,12 @@ __global__ void __launch_bounds__(kConvThreads) convert_indices_kernel(const Con
 struct ConvRow {
   int4 x[2];
   int32_t r;
+  int32_t lim;  // the row's position bound (INT32_MAX: none)
 };
 
 __device__ __forceinline__ void conv_load_row(const ConvertKernelParams& p, int64_t row, int tid, ConvRow& c) {
   c.r = __ldg(p.req_id + row);
+  c.lim = p.seq_lens != nullptr ? __ldg(p.seq_lens + row) : INT32_MAX;
   const int32_t* in = p.in + row * p.in_stride;
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
@@ -161,9 +165,9 @@ __device__ __forceinline__ void conv_load_row(const ConvertKernelParams& p, int6
 }
 
 __device__ __forceinline__ int32_t conv_slot(const ConvertKernelParams& p, const int32_t* bt, bool req_ok,
-                                             int32_t pos) {
+                                             int32_t lim, int32_t pos) {
   int32_t slot = -1;
-  if (req_ok && pos >= 0) {
+  if (req_ok && pos >= 0 && pos < lim) {
     uint32_t blk, off;
     p.page.divmod(uint32_t(pos), blk, off);
     if (blk < uint32_t(p.max_blocks)) {
@@ -202,7 +206,7 @@ __global__ void __launch_bounds__(kConvThreads) convert_rows_kernel(const Conver
       const int32_t x[4] = {cur.x[j].x, cur.x[j].y, cur.x[j].z, cur.x[j].w};
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
-        v[j][c] = conv_slot(p, bt, req_ok, x[c]);
+        v[j][c] = conv_slot(p, bt, req_ok, cur.lim, x[c]);
         cnt[j] += v[j][c] >= 0 ? 1 : 0;  // entries past topk were never loaded: -1
       }
     }

@@ -54,6 +54,7 @@ inline Status check_convert_overlaps(const char* kOp, const ConvertIndicesParams
       reads_table ? extent_of(p.block_table, 4, {Dim{p.num_reqs, p.block_table_row_stride}, Dim{p.max_blocks_per_req, 1}})
                   : Extent{};
   const Extent counts = extent_of(p.valid_counts, 4, {Dim{T, 1}});
+  const Extent lens = extent_of(p.token_seq_lens, 4, {Dim{T, 1}});
   if (static_cast<const void*>(p.out_slots) == static_cast<const void*>(p.req_local_indices)) {
     // In place: each CTA reads its row chunk before writing it, so only an exact alias works.
     SELKV_CHECK_ARG(p.out_row_stride == p.indices_row_stride, "out_row_stride",
@@ -61,11 +62,11 @@ inline Status check_convert_overlaps(const char* kOp, const ConvertIndicesParams
   } else {
     SELKV_RETURN_IF_ERROR(detail::check_disjoint(kOp, "out_slots", out, "req_local_indices", in));
   }
-  SELKV_RETURN_IF_ERROR(
-      detail::check_disjoint_from(kOp, "out_slots", out, {{"req_id_per_token", req}, {"block_table", table}}));
+  SELKV_RETURN_IF_ERROR(detail::check_disjoint_from(
+      kOp, "out_slots", out, {{"req_id_per_token", req}, {"block_table", table}, {"token_seq_lens", lens}}));
   return detail::check_disjoint_from(kOp, "valid_counts", counts,
                                      {{"out_slots", out}, {"req_local_indices", in}, {"req_id_per_token", req},
-                                      {"block_table", table}});
+                                      {"block_table", table}, {"token_seq_lens", lens}});
 }
 
 // C3 (num_reqs > 0, out_rows > 0): out against the cache, block_table, seq_starts, seq_lens and

@@ -95,11 +95,12 @@ Status convert_req_indices_to_slots(const ConvertIndicesParams& p) {
   std::vector<int32_t> row(p.topk);  // the row is read fully first so in-place calls work
   for (int64_t t = 0; t < p.num_tokens; ++t) {
     const int32_t r = p.req_id_per_token[t];
+    const int32_t lim = p.token_seq_lens != nullptr ? p.token_seq_lens[t] : INT32_MAX;
     const int32_t* in = p.req_local_indices + t * p.indices_row_stride;
     for (int k = 0; k < p.topk; ++k) {
       const int32_t pos = in[k];
       int32_t slot = -1;
-      if (r >= 0 && r < p.num_reqs && pos >= 0) {
+      if (r >= 0 && r < p.num_reqs && pos >= 0 && pos < lim) {
         const int32_t blk = pos / p.page_size;
         if (blk < p.max_blocks_per_req) {
           const int64_t block_id = p.block_table[int64_t(r) * p.block_table_row_stride + blk];

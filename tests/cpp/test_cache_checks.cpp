@@ -185,6 +185,7 @@ TEST(CacheChecks, ConvertRejectsEachBadArgument) {
       {"num_blocks", [](auto& p) { p.num_blocks = -1; }},
       {"num_blocks", [](auto& p) { p.num_blocks = (int64_t(1) << 31) / 64 + 1; }},
       {"valid_counts", [](auto& p) { p.valid_counts = fake<int32_t>(2); }},
+      {"token_seq_lens", [](auto& p) { p.token_seq_lens = fake<int32_t>(2); }},
       {"req_local_indices", [](auto& p) { p.req_local_indices = nullptr; }},
       {"req_local_indices", [](auto& p) { p.req_local_indices = fake<const int32_t>(1); }},
       {"indices_row_stride", [](auto& p) { p.indices_row_stride = 2047; }},
@@ -379,6 +380,9 @@ TEST(CacheChecks, ConvertRejectsOverlaps) {
       {"valid_counts", [](auto& p) { p.valid_counts = p.out_slots + 100; }},
       {"valid_counts", [](auto& p) { p.valid_counts = const_cast<int32_t*>(p.req_local_indices) + 5000; }},
       {"valid_counts", [](auto& p) { p.valid_counts = const_cast<int32_t*>(p.block_table) + 20; }},
+      // token_seq_lens is an input: neither output may overlap it
+      {"out_slots", [](auto& p) { p.token_seq_lens = p.out_slots + 8; }},
+      {"valid_counts", [](auto& p) { p.token_seq_lens = p.valid_counts + 1; }},
   };
   for (const auto& c : cases) {
     auto p = good_convert();

@@ -467,6 +467,16 @@ void run_convert_case(const ConvertCase& c, uint64_t salt) {
     }
   }
 
+  // Every other case bounds the rows' positions (token_seq_lens, longer than T like req_ids):
+  // lengths inside the span, 0, negative and INT32_MAX.
+  const bool with_lens = salt % 2 == 1;
+  std::vector<int32_t> lens(size_t(T) + 37);
+  for (auto& l : lens) {
+    const int k = int(rng() % 8);
+    l = k == 0 ? 0 : k == 1 ? -int32_t(rng() % 100) : k == 2 ? std::numeric_limits<int32_t>::max()
+                                                           : int32_t(rng() % (span + 10));
+  }
+
   // Out: exactly T rows, with guard words before and after.
   constexpr int64_t kGuard = 64;
   const int64_t out_elems = T * stride;
@@ -475,7 +485,8 @@ void run_convert_case(const ConvertCase& c, uint64_t salt) {
   if (c.in_place) std::copy(idx.begin(), idx.end(), out.begin() + kGuard);
 
   DevBuf dbt(bt.size() * 4), dreq(req_ids.size() * 4), didx(idx.size() * 4), dout(out.size() * 4),
-      dcnt(counts.size() * 4);
+      dcnt(counts.size() * 4), dlens(lens.size() * 4);
+  dlens.upload(lens);
   dbt.upload(bt);
   dreq.upload(req_ids);
   didx.upload(idx);
@@ -498,6 +509,7 @@ void run_convert_case(const ConvertCase& c, uint64_t salt) {
   p.out_row_stride = stride;
   p.valid_counts = c.counts ? dcnt.as<int32_t>(kGuard * 4) : nullptr;
   p.compact = c.compact;
+  p.token_seq_lens = with_lens ? dlens.as<int32_t>() : nullptr;
   const Status st = convert_req_indices_to_slots(p, nullptr);
   ASSERT_TRUE(st.ok()) << st.to_string();
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -508,6 +520,7 @@ void run_convert_case(const ConvertCase& c, uint64_t salt) {
   h.block_table = bt.data();
   h.out_slots = out.data() + kGuard;
   h.valid_counts = c.counts ? counts.data() + kGuard : nullptr;
+  h.token_seq_lens = with_lens ? lens.data() : nullptr;
   ASSERT_TRUE(ref::convert_req_indices_to_slots(h).ok());
   EXPECT_TRUE(same_bits(out, dout.download<int32_t>())) << "out_slots (incl. guards)";
   EXPECT_TRUE(same_bits(counts, dcnt.download<int32_t>())) << "valid_counts (incl. guards)";

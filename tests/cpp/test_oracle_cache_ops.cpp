@@ -236,6 +236,26 @@ TEST(ConvertIndices, Page2KnownAnswer) {
   for (int k = 0; k < 6; ++k) EXPECT_EQ(c.out[4 * 7 + k], 0x5a5a5a5a);
 }
 
+// token_seq_lens bounds each row's positions: pos >= len is -1 (compaction and counts follow).
+TEST(ConvertIndices, SeqLensBoundThePositions) {
+  ConvertCase c = page2_case();
+  const std::vector<int32_t> lens = {5, 1, 6, 6, 0, 0};  // row 0: positions < 5; row 1: < 1
+  c.p.token_seq_lens = lens.data();
+  c.run(/*compact=*/false, 5);
+  using V = std::vector<int32_t>;
+  EXPECT_EQ(c.row(0), (V{10, 11, 2, -1, -1, -1}));  // position 5 (slot 15) and 6 cut
+  EXPECT_EQ(c.row(1), (V{-1, 4, -1, -1, -1, -1}));  // position 0 kept, 1 (slot 5) cut
+  EXPECT_EQ(c.counts, (V{3, 1, 0, 0, 0x5a5a5a5a}));
+  c.run(/*compact=*/true, 5);
+  EXPECT_EQ(c.row(0), (V{10, 11, 2, -1, -1, -1}));
+  EXPECT_EQ(c.row(1), (V{4, -1, -1, -1, -1, -1}));
+  // a negative or zero length: nothing of the row is valid
+  const std::vector<int32_t> none = {0, -7, 0, 0};
+  c.p.token_seq_lens = none.data();
+  c.run(false, 5);
+  EXPECT_EQ(c.counts, (V{0, 0, 0, 0, 0x5a5a5a5a}));
+}
+
 TEST(ConvertIndices, CompactionKeepsOrder) {
   ConvertCase c = page2_case();
   c.run(/*compact=*/true, 5);

@@ -120,7 +120,7 @@ def ref_decode(records: torch.Tensor, fmt: str) -> torch.Tensor:
     return out
 
 
-def ref_convert(indices, req_ids, block_table, page_size, num_blocks, compact):
+def ref_convert(indices, req_ids, block_table, page_size, num_blocks, compact, seq_lens=None):
     t_rows, topk = indices.shape
     num_reqs, max_blocks = block_table.shape
     out = torch.full((t_rows, topk), -1, dtype=torch.int32)
@@ -131,7 +131,8 @@ def ref_convert(indices, req_ids, block_table, page_size, num_blocks, compact):
         for k in range(topk):
             pos = int(indices[t, k])
             slot = -1
-            if 0 <= r < num_reqs and pos >= 0 and pos // page_size < max_blocks:
+            lim = int(seq_lens[t]) if seq_lens is not None else 2**31 - 1
+            if 0 <= r < num_reqs and 0 <= pos < lim and pos // page_size < max_blocks:
                 blk = int(block_table[r, pos // page_size])
                 if 0 <= blk < num_blocks:
                     slot = blk * page_size + pos % page_size
@@ -261,6 +262,26 @@ def test_convert_cpu_matches_model(selkv, gen, page_size, compact):
     )
     assert_bitwise_equal(slots, exp_slots, "slots")
     assert_bitwise_equal(counts, exp_counts, "valid_counts")
+
+
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+@pytest.mark.parametrize("compact", [False, True])
+def test_convert_bounds_positions_by_token_seq_lens(selkv, gen, device, compact):
+    """token_seq_lens[t] bounds row t's positions (a position at or past it is -1, whatever the
+    block table holds there); only the first T entries are read."""
+    page_size = 16
+    indices, req_ids, block_table, num_blocks = convert_case(gen, page_size, num_tokens=9, topk=64)
+    lens = torch.randint(-3, 200, (9 + 5,), generator=gen, dtype=torch.int32)
+    lens[0], lens[1] = 0, 2**31 - 1
+    slots, counts = selkv.convert_req_indices_to_slots(
+        indices.to(device), req_ids.to(device), block_table.to(device), page_size, num_blocks,
+        compact=compact, token_seq_lens=lens.to(device))
+    exp_slots, exp_counts = ref_convert(indices, req_ids, block_table, page_size, num_blocks, compact, lens)
+    assert_bitwise_equal(slots.cpu(), exp_slots, "slots")
+    assert_bitwise_equal(counts.cpu(), exp_counts, "valid_counts")
+    with pytest.raises(RuntimeError, match="token_seq_lens: expected dtype Int"):
+        selkv.convert_req_indices_to_slots(indices.to(device), req_ids.to(device), block_table.to(device),
+                                           page_size, num_blocks, token_seq_lens=lens.long().to(device))
 
 
 @pytest.mark.parametrize("page_size", PAGE_SIZES)

@@ -368,6 +368,28 @@ def test_seed004_regressions_cpu(selkv, gen):
     assert torch.equal(cache, r_cache) and torch.equal(out, r_out) and torch.equal(lse, r_lse)
 
 
+def test_positions_past_seq_len_are_invalid_on_every_route(selkv):
+    """A top-k position in [seq_len, allocated blocks) is invalid on the decode, C4 and C3 routes
+    alike (C2 bounds positions by the token's visible length): a row selecting only such a
+    position is empty (lse -inf) whichever route serves it."""
+    H, K, NB, PS = 64, 64, 8, 16
+    kc = selkv.empty_kv_cache(NB, PS, device="cpu").zero_()
+    g = torch.Generator().manual_seed(3)
+    selkv.write_kv_cache(torch.randn(NB * PS, 512, generator=g).bfloat16(),
+                         torch.randn(NB * PS, 64, generator=g).bfloat16(), torch.arange(NB * PS), kc)
+
+    def lse_of(route, num_decodes):
+        a = selkv.DsaAttention(H, K, num_blocks=NB, page_size=PS, workspace_bytes=4 << 20, max_num_tokens=4,
+                               device="cpu", policy=selkv.DsaPolicy(prefill_route=route))
+        a.plan([0, 1], [10], torch.tensor([[0, 1, 2, 3]], dtype=torch.int32), None, num_decodes=num_decodes)
+        ti = torch.full((1, K), -1, dtype=torch.int32)
+        ti[0, 0] = 20  # >= seq_len 10, inside the request's first two blocks
+        return a.run(torch.ones(1, H, 576, dtype=torch.bfloat16), kc, ti, return_lse=True)[1][0, 0].item()
+
+    for route, nd in (("auto", 1), ("dequant", 0), ("gather", 0)):
+        assert lse_of(route, nd) == float("-inf"), route
+
+
 def test_errors_cpu(selkv, gen):
     b = Batch(gen, [(1, 40), (3, 30)], num_decodes=1)
     with pytest.raises(ValueError, match="workspace_bytes"):

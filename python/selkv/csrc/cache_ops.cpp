@@ -94,7 +94,8 @@ ConvertIndicesParams convert_params(const at::Tensor& req_local_indices,
                                     const at::Tensor& req_id_per_token,
                                     const at::Tensor& block_table, int64_t page_size,
                                     int64_t num_blocks, const at::Tensor& out_slots,
-                                    const std::optional<at::Tensor>& valid_counts, bool compact) {
+                                    const std::optional<at::Tensor>& valid_counts, bool compact,
+                                    const std::optional<at::Tensor>& token_seq_lens) {
   constexpr const char* kOp = kConvertOp;
   TensorArg(kOp, "req_local_indices", req_local_indices, "[num_tokens, topk]")
       .dtype(at::kInt).dims(2).inner_contiguous();
@@ -110,6 +111,10 @@ ConvertIndicesParams convert_params(const at::Tensor& req_local_indices,
   if (valid_counts.has_value()) {
     TensorArg(kOp, "valid_counts", *valid_counts, "[num_tokens]")
         .dtype(at::kInt).dims(1).size(0, num_tokens).contiguous();
+  }
+  if (token_seq_lens.has_value()) {  // only the first num_tokens entries are read
+    TensorArg(kOp, "token_seq_lens", *token_seq_lens, "[>= num_tokens]")
+        .dtype(at::kInt).dims(1).min_size(0, num_tokens).contiguous();
   }
 
   ConvertIndicesParams p;
@@ -129,6 +134,7 @@ ConvertIndicesParams convert_params(const at::Tensor& req_local_indices,
   p.out_row_stride = out_slots.stride(0);
   p.valid_counts = static_cast<int32_t*>(mutable_data_or_null(valid_counts));
   p.compact = compact;
+  p.token_seq_lens = static_cast<const int32_t*>(data_or_null(token_seq_lens));
   return p;
 }
 
@@ -137,22 +143,24 @@ void convert_req_indices_to_slots(const at::Tensor& req_local_indices,
                                   const at::Tensor& req_id_per_token,
                                   const at::Tensor& block_table, int64_t page_size,
                                   int64_t num_blocks, const at::Tensor& out_slots,
-                                  const std::optional<at::Tensor>& valid_counts, bool compact) {
+                                  const std::optional<at::Tensor>& valid_counts, bool compact,
+                                  const std::optional<at::Tensor>& token_seq_lens) {
   check_devices(kConvertOp, device_type(B),
                 {{"out_slots", out_slots}, {"req_local_indices", req_local_indices},
                  {"req_id_per_token", req_id_per_token}, {"block_table", block_table},
-                 {"valid_counts", valid_counts}});
+                 {"valid_counts", valid_counts}, {"token_seq_lens", token_seq_lens}});
   const ConvertIndicesParams p =
       convert_params(req_local_indices, req_id_per_token, block_table, page_size, num_blocks,
-                     out_slots, valid_counts, compact);
+                     out_slots, valid_counts, compact, token_seq_lens);
   if constexpr (B == Backend::kMeta) {
-    if (concrete_sizes({req_local_indices, req_id_per_token, block_table, out_slots, valid_counts})) {
+    if (concrete_sizes({req_local_indices, req_id_per_token, block_table, out_slots, valid_counts, token_seq_lens})) {
       ConvertIndicesParams m = p;
       m.req_local_indices = static_cast<const int32_t*>(meta_stand_in(req_local_indices, 1));
       m.req_id_per_token = static_cast<const int32_t*>(meta_stand_in(req_id_per_token, 2));
       m.block_table = static_cast<const int32_t*>(meta_stand_in(block_table, 3));
       m.out_slots = static_cast<int32_t*>(meta_stand_in(out_slots, 4));
       m.valid_counts = static_cast<int32_t*>(meta_stand_in(valid_counts, 5));
+      m.token_seq_lens = static_cast<const int32_t*>(meta_stand_in(token_seq_lens, 6));
       throw_if_error(selkv::check_convert_req_indices_to_slots(m));
     }
   } else if constexpr (B == Backend::kCuda) {
@@ -248,7 +256,7 @@ TORCH_LIBRARY_FRAGMENT(selkv, m) {
   m.def(
       "convert_req_indices_to_slots(Tensor req_local_indices, Tensor req_id_per_token, "
       "Tensor block_table, int page_size, int num_blocks, Tensor(a!) out_slots, "
-      "Tensor(b!)? valid_counts, bool compact) -> ()",
+      "Tensor(b!)? valid_counts, bool compact, Tensor? token_seq_lens=None) -> ()",
       tags);
   m.def(
       "gather_kv_bf16(Tensor cache, Tensor block_table, Tensor seq_starts, Tensor seq_lens, "
