@@ -101,7 +101,7 @@ TEST(PackedWorkspaceSize, ZeroForInvalidOrEmptyShapes) {
   EXPECT_EQ(packed_kv_workspace_size(1, 1 << 20, 2048), 0u);
   EXPECT_EQ(packed_kv_workspace_size((1 << 20) - 1, 1, 2048), size_t((int64_t(1) << 31) - 2048) * 656 +
                                                                    size_t((int64_t(1) << 31) - 2048) / 8 + 16);
-  EXPECT_EQ(packed_kv_workspace_size(1, 1, int64_t(1) << 30), size_t(int64_t(1) << 30) * 656 + (size_t(1) << 27));
+  EXPECT_EQ(packed_kv_workspace_size(1, 1, int64_t(1) << 30), size_t(int64_t(1) << 30) * 656 + (size_t(1) << 27) + 16);
   EXPECT_EQ(packed_kv_workspace_size(2, 1, int64_t(1) << 30), 0u);
   EXPECT_EQ(packed_kv_workspace_size(kMax, kMax, 64), 0u);  // no overflow
   EXPECT_EQ(packed_kv_workspace_size(kMax, 2, 1 << 20), 0u);
