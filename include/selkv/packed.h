@@ -12,7 +12,11 @@
 //   records  [0, rows * K * 656): entry e's 656-byte record at byte e * 656, so each row is K / 64
 //            tiles of 64 records (41984 bytes, 128-byte aligned);
 //   validity [rows * K * 656, + rows * K / 8): uint32 words, bit k % 32 of word e / 32 set iff
-//            entry e holds a selected record.
+//            entry e holds a selected record;
+//   shape    [rows * K * 656 + rows * K / 8, + 16): uint32 {fingerprint(B, S_q, K), B, S_q, K}
+//            (src/packed/packed_layout.h). The sizes depend on B * S_q * K only; the shape words
+//            make a buffer packed for another shape (or never packed) fail closed: the packed
+//            decode gives NaN rows, patch_packed_kv writes nothing.
 // An entry is valid iff k < topk_length[b] (when given) and its index is a slot of the cache
 // (0 <= index < num_slots, DESIGN §2); an invalid entry's record is 656 zero bytes and its index
 // is never dereferenced.

@@ -1,7 +1,10 @@
 // Byte layout of the packed KV buffer (include/selkv/packed.h), on the host and the device: the
 // pack / patch kernels, their oracle and the packed decode all address it through these.
 //   records  [0, entries * 656): entry e = (b * S_q + s) * K + k at byte e * 656;
-//   validity [entries * 656, + entries / 8): uint32 word e / 32, bit e % 32.
+//   validity [entries * 656, + entries / 8): uint32 word e / 32, bit e % 32;
+//   shape    [entries * 656 + entries / 8, + 16): uint32 {fingerprint(B, S_q, K), B, S_q, K}, written
+//            by the pack; the decode and the patch check the fingerprint against their own shape
+//            (the sizes alone depend only on B * S_q * K).
 // entries = B * S_q * K < 2^31 (checked by packed_kv_workspace_size and the op checks).
 #pragma once
 
@@ -22,9 +25,24 @@ SELKV_HD constexpr int64_t packed_record_offset(int64_t entry) { return entry * 
 SELKV_HD constexpr int64_t packed_validity_offset(int64_t rows, int64_t topk) {
   return rows * topk * kRecordBytes;
 }
-// Bytes of the whole buffer (records, then validity words); shape assumed valid.
-SELKV_HD constexpr int64_t packed_bytes(int64_t rows, int64_t topk) {
+// Byte offset of the shape words (right after the validity words: 8-byte aligned, K / 8 being a
+// multiple of 8).
+SELKV_HD constexpr int64_t packed_shape_offset(int64_t rows, int64_t topk) {
   return packed_validity_offset(rows, topk) + rows * topk / 8;
+}
+inline constexpr int kShapeBytes = 16;
+// Bytes of the whole buffer (records, validity words, shape words); shape assumed valid.
+SELKV_HD constexpr int64_t packed_bytes(int64_t rows, int64_t topk) {
+  return packed_shape_offset(rows, topk) + kShapeBytes;
+}
+// The first shape word: (B, S_q, K) mixed into 32 bits (FNV-1a over the three values), so that a
+// buffer packed for another shape of the same size (or not packed at all) fails the check.
+SELKV_HD constexpr uint32_t packed_shape_fingerprint(int32_t batch, int32_t seq_q, int32_t topk) {
+  uint32_t h = 0x811c9dc5u ^ 0x5e1c6b00u;  // FNV offset basis, salted for this layout
+  h = (h ^ uint32_t(batch)) * 0x01000193u;
+  h = (h ^ uint32_t(seq_q)) * 0x01000193u;
+  h = (h ^ uint32_t(topk)) * 0x01000193u;
+  return h;
 }
 
 static_assert(kTileEntries * kRecordBytes % 128 == 0, "a 64-record tile is 128-byte aligned");

@@ -1,5 +1,7 @@
 // CPU oracle of C6's decode: the packed buffer's validity bits become indices into its own
-// records, then the C5 oracle (sparse_decode) runs unchanged.
+// records, then the C5 oracle (sparse_decode) runs unchanged; a buffer whose shape words are not
+// the call's gives NaN rows.
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -58,6 +60,15 @@ void sparse_decode_packed(const SparseDecodePackedRefArgs& a) {
   d.empty_lse_pos_inf = a.empty_lse_pos_inf;
   d.threads = a.threads;
   sparse_decode(d);
+  // A buffer not packed for this shape (its fingerprint word differs): every row NaN, as the
+  // kernels give it (their row sums become NaN).
+  uint32_t fingerprint;
+  std::memcpy(&fingerprint, a.packed_kv + packed::packed_shape_offset(rows, a.K), 4);
+  if (fingerprint != packed::packed_shape_fingerprint(a.B, a.S_q, a.K)) {
+    for (int64_t i = 0; i < rows * a.H * fmt::kVDim; ++i) a.out[i] = NAN;
+    if (a.lse != nullptr)
+      for (int64_t i = 0; i < rows * a.H; ++i) a.lse[i] = NAN;
+  }
 }
 
 }  // namespace selkv::ref

@@ -342,7 +342,7 @@ TEST(PackedDecodeGpu, ArgumentRules) {
   SELKV_REQUIRE_GPU();
   DevBuf dmd(decode_metadata_size(2, 1)), dq(2 * 64 * 576 * 2), dout(2 * 64 * 512 * 2), dlse(2 * 64 * 4);
   const size_t pbytes = packed_kv_workspace_size(2, 1, 128);
-  ASSERT_EQ(pbytes, size_t(2 * 128 * 656 + 2 * 128 / 8));
+  ASSERT_EQ(pbytes, size_t(2 * 128 * 656 + 2 * 128 / 8 + 16));  // records, validity words, shape words
   DevBuf dpk(pbytes);
   DecodeMetadata md;
   ASSERT_TRUE(make_decode_metadata({2, 1, 64, 128, nullptr, 0}, dmd.ptr, dmd.bytes, &md, nullptr).ok());

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <vector>
 
+#include "packed/packed_layout.h"
 #include "reference/oracle.h"
 #include "selkv/packed.h"
 
@@ -95,7 +96,7 @@ TEST(OraclePacked, LayoutBytesAndValidityWords) {
   idx[5] = -1;       // row 0, k 5
   idx[64 + 33] = 15;  // row 1, k 33: == num_slots
   Buffer out(packed_kv_workspace_size(B, S, K));
-  ASSERT_EQ(out.bytes, size_t(128 * kRec + 16));
+  ASSERT_EQ(out.bytes, size_t(128 * kRec + 16 + 16));
   ASSERT_TRUE(ref::pack_selected_kv(pack_params(c, idx, B, S, K, out)).ok());
   for (int e = 0; e < B * S * K; ++e) {
     const int32_t v = idx[size_t(e)];
@@ -106,6 +107,14 @@ TEST(OraclePacked, LayoutBytesAndValidityWords) {
   EXPECT_EQ(out.word(2, K, 1), 0xFFFFFFFFu);
   EXPECT_EQ(out.word(2, K, 2), 0xFFFFFFFFu);
   EXPECT_EQ(out.word(2, K, 3), ~(uint32_t(1) << 1));
+  // The shape words after the validity words: fingerprint, B, S_q, K.
+  uint32_t shape[4];
+  std::memcpy(shape, out.data() + packed::packed_shape_offset(B * S, K), sizeof shape);
+  EXPECT_EQ(shape[0], packed::packed_shape_fingerprint(B, S, K));
+  EXPECT_EQ(shape[1], uint32_t(B));
+  EXPECT_EQ(shape[2], uint32_t(S));
+  EXPECT_EQ(shape[3], uint32_t(K));
+  EXPECT_EQ(packed::packed_shape_offset(B * S, K) + 16, int64_t(out.bytes));
   EXPECT_TRUE(out.canary_intact());
 }
 
@@ -295,6 +304,22 @@ TEST(OraclePacked, PatchWritesRecordsAndSetsBits) {
   q.packed_kv_bytes = out.bytes - 8;
   EXPECT_EQ(ref::patch_packed_kv(q).code(), StatusCode::kWorkspaceTooSmall);
   EXPECT_EQ(std::memcmp(before.data(), out.data(), out.bytes), 0);
+
+  // A buffer packed for another shape of the same size (B * S_q * K): the patch writes nothing.
+  q.packed_kv_bytes = out.bytes;
+  q.batch = 1;
+  q.seq_q = 2;
+  ASSERT_TRUE(ref::patch_packed_kv(q).ok());
+  EXPECT_EQ(std::memcmp(before.data(), out.data(), out.bytes), 0);
+}
+
+// The fingerprint separates the shapes of one size (what the buffer's size cannot), and the
+// packed decode oracle gives NaN rows for a buffer packed for another shape.
+TEST(OraclePacked, ShapeFingerprint) {
+  EXPECT_NE(packed::packed_shape_fingerprint(2, 1, 64), packed::packed_shape_fingerprint(1, 2, 64));
+  EXPECT_NE(packed::packed_shape_fingerprint(2, 1, 64), packed::packed_shape_fingerprint(1, 1, 128));
+  EXPECT_NE(packed::packed_shape_fingerprint(4, 4, 2048), packed::packed_shape_fingerprint(16, 1, 2048));
+  EXPECT_EQ(packed_kv_workspace_size(2, 1, 64), packed_kv_workspace_size(1, 1, 128));
 }
 
 }  // namespace

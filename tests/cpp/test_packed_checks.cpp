@@ -73,13 +73,16 @@ void expect_patch_invalid(const PatchPackedKvParams& p, const std::string& arg) 
 
 // ---- packed_kv_workspace_size / layout ------------------------------------------------------------
 TEST(PackedWorkspaceSize, RecordsThenValidityWords) {
-  EXPECT_EQ(packed_kv_workspace_size(1, 1, 64), size_t(64 * 656 + 8));
-  EXPECT_EQ(packed_kv_workspace_size(2, 3, 2048), size_t(6) * 2048 * 656 + 6 * 2048 / 8);
-  EXPECT_EQ(packed_kv_workspace_size(1, 1, 2048), size_t(1343488 + 256));  // ~1.28 MiB per row
+  // records, validity words, then the 16 bytes of shape words
+  EXPECT_EQ(packed_kv_workspace_size(1, 1, 64), size_t(64 * 656 + 8 + 16));
+  EXPECT_EQ(packed_kv_workspace_size(2, 3, 2048), size_t(6) * 2048 * 656 + 6 * 2048 / 8 + 16);
+  EXPECT_EQ(packed_kv_workspace_size(1, 1, 2048), size_t(1343488 + 256 + 16));  // ~1.28 MiB per row
   EXPECT_EQ(packed::packed_validity_offset(6, 2048), int64_t(6) * 2048 * 656);
   EXPECT_EQ(packed::packed_record_offset(5), 5 * 656);
   EXPECT_EQ(packed::packed_bytes(6, 2048), int64_t(packed_kv_workspace_size(2, 3, 2048)));
   EXPECT_EQ(packed::packed_validity_offset(1, 64) % 16, 0);
+  EXPECT_EQ(packed::packed_shape_offset(6, 2048), int64_t(6) * 2048 * 656 + 6 * 2048 / 8);
+  EXPECT_EQ(packed::packed_shape_offset(1, 64) % 8, 0);  // (8-byte aligned: K / 8 is a multiple of 8)
 }
 
 TEST(PackedWorkspaceSize, ZeroForInvalidOrEmptyShapes) {
@@ -97,8 +100,8 @@ TEST(PackedWorkspaceSize, ZeroForInvalidOrEmptyShapes) {
   EXPECT_EQ(packed_kv_workspace_size(1 << 20, 1, 2048), 0u);
   EXPECT_EQ(packed_kv_workspace_size(1, 1 << 20, 2048), 0u);
   EXPECT_EQ(packed_kv_workspace_size((1 << 20) - 1, 1, 2048), size_t((int64_t(1) << 31) - 2048) * 656 +
-                                                                   size_t((int64_t(1) << 31) - 2048) / 8);
-  EXPECT_EQ(packed_kv_workspace_size(1, 1, int64_t(1) << 30), size_t(int64_t(1) << 30) * 656 + (size_t(1) << 27));
+                                                                   size_t((int64_t(1) << 31) - 2048) / 8 + 16);
+  EXPECT_EQ(packed_kv_workspace_size(1, 1, int64_t(1) << 30), size_t(int64_t(1) << 30) * 656 + (size_t(1) << 27) + 16);
   EXPECT_EQ(packed_kv_workspace_size(2, 1, int64_t(1) << 30), 0u);
   EXPECT_EQ(packed_kv_workspace_size(kMax, kMax, 64), 0u);  // no overflow
   EXPECT_EQ(packed_kv_workspace_size(kMax, 2, 1 << 20), 0u);

@@ -143,17 +143,18 @@ std::vector<uint8_t> oracle(const Case& c, const Inputs& in, size_t bytes) {
 }
 
 // Byte for byte (records, validity words, canary); also names the first poisoned record copied.
-// `bytes` = packed_kv_workspace_size: entries * 656 record bytes, then entries / 8 of words.
+// `bytes` = packed_kv_workspace_size: entries * 656 record bytes, entries / 8 of words, 16 of shape.
 void expect_equal(const std::vector<uint8_t>& got, const std::vector<uint8_t>& want, size_t bytes, const char* what) {
   ASSERT_EQ(got.size(), want.size());
   size_t bad = 0, first = 0;
   for (size_t i = 0; i < got.size(); ++i)
     if (got[i] != want[i] && bad++ == 0) first = i;
-  const size_t records = bytes / (8 * kRec + 1) * 8 * kRec;  // bytes = (entries / 8) * (8 * 656 + 1)
+  const size_t records = (bytes - 16) / (8 * kRec + 1) * 8 * kRec;  // bytes = (entries / 8) * (8 * 656 + 1) + 16
   EXPECT_EQ(bad, 0u) << what << ": " << bad << " bytes differ, first at " << first
-                     << (first < records ? " (record of entry " + std::to_string(first / kRec) + ")"
-                         : first < bytes ? " (validity words)"
-                                         : " (canary after the buffer)")
+                     << (first < records        ? " (record of entry " + std::to_string(first / kRec) + ")"
+                         : first < bytes - 16 ? " (validity words)"
+                         : first < bytes      ? " (shape words)"
+                                              : " (canary after the buffer)")
                      << ": gpu " << int(got[first]) << " ref " << int(want[first]);
   const std::vector<uint8_t> nan_record(kRec, 0xFF);
   for (size_t e = 0; e * kRec < records; ++e)

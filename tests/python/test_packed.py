@@ -71,7 +71,16 @@ def model_pack(cache: torch.Tensor, indices: torch.Tensor, topk_length: torch.Te
     bits = valid.reshape(-1, 32).to(torch.int64) << torch.arange(32)
     words = bits.sum(dim=1).to(torch.int64)
     words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)  # uint32 bits in int32
-    return torch.cat([recs.reshape(-1), words.view(torch.uint8)])
+    return torch.cat([recs.reshape(-1), words.view(torch.uint8), shape_words(B, S, K)])
+
+
+def shape_words(B: int, S: int, K: int) -> torch.Tensor:
+    """The buffer's last 16 bytes: uint32 {fingerprint (FNV-1a of B, S_q, K, salted), B, S_q, K}."""
+    h = 0x811C9DC5 ^ 0x5E1C6B00
+    for v in (B, S, K):
+        h = ((h ^ (v & 0xFFFFFFFF)) * 0x01000193) & 0xFFFFFFFF
+    w = torch.tensor([h, B, S, K], dtype=torch.int64)
+    return torch.where(w >= 2**31, w - 2**32, w).to(torch.int32).view(torch.uint8)
 
 
 def model_patch(packed: torch.Tensor, positions: torch.Tensor, records: torch.Tensor, entries: int) -> torch.Tensor:
@@ -95,8 +104,8 @@ def assert_bytes_equal(actual: torch.Tensor, expected: torch.Tensor, what: str) 
 
 # ---- sizes ----------------------------------------------------------------------------------------
 def test_workspace_size(selkv):
-    assert selkv.packed_kv_workspace_size(1, 1, 64) == 64 * REC + 8
-    assert selkv.packed_kv_workspace_size(2, 3, 2048) == 6 * 2048 * REC + 6 * 2048 // 8
+    assert selkv.packed_kv_workspace_size(1, 1, 64) == 64 * REC + 8 + 16
+    assert selkv.packed_kv_workspace_size(2, 3, 2048) == 6 * 2048 * REC + 6 * 2048 // 8 + 16
     assert selkv.packed_kv_workspace_size(0, 3, 2048) == 0
     for bad in ((1, 1, 100), (1, 1, 0), (-1, 1, 64), (1 << 20, 1, 2048)):
         assert selkv.packed_kv_workspace_size(*bad) == 0, bad
@@ -131,7 +140,7 @@ def test_cpu_pack_into_larger_out_and_empty_cache(selkv, gen):
     assert_bytes_equal(out2.reshape(-1), out[:n], "2-d out")
     # no blocks: every entry invalid
     empty = cache[:0]
-    assert_bytes_equal(selkv.pack_selected_kv(empty, idx), torch.zeros(n, dtype=torch.uint8), "empty cache")
+    assert_bytes_equal(selkv.pack_selected_kv(empty, idx), model_pack(empty, idx, None), "empty cache")
 
 
 def test_cpu_zero_rows_is_a_no_op(selkv):

@@ -47,8 +47,9 @@ def _same_bits(a, b):
 
 
 def packed_size(B, S, K):
-    """include/selkv/packed.h: B * S_q * K records of 656 bytes, then one validity bit each."""
-    return B * S * K * REC + B * S * K // 8
+    """include/selkv/packed.h: B * S_q * K records of 656 bytes, one validity bit each, then the
+    16 bytes of the shape words."""
+    return B * S * K * REC + B * S * K // 8 + 16
 
 
 # ---- independent torch model over the packed buffer -------------------------------------------
@@ -270,6 +271,25 @@ def _small(selkv, device):
 
 
 @pytest.mark.parametrize("device", _devices())
+def test_buffer_of_another_shape_gives_nan_rows(selkv, device):
+    """The buffer's size depends only on B * S_q * K: one packed for (2, 1, 64) has the size of one
+    for (1, 1, 128). Its shape words make the decode of it as (1, 1, 128) give NaN rows (not the
+    attention of one row over both rows' records), and a patch at that shape write nothing."""
+    q, packed, md = _small(selkv, device)
+    out, lse = selkv.sparse_mla_decode_packed(q, packed, md, SM_SCALE, topk=64)
+    assert bool(torch.isfinite(lse).all()) and bool(torch.isfinite(out.float()).all())
+    md1 = selkv.get_decode_metadata(1, 1, 64, 128, device=device)
+    out1, lse1 = selkv.sparse_mla_decode_packed(q[:1], packed, md1, SM_SCALE, topk=128)
+    assert bool(torch.isnan(lse1).all()) and bool(torch.isnan(out1.float()).all())
+    before = packed.clone()
+    rec = torch.full((1, REC), 7, dtype=torch.uint8, device=device)
+    selkv.patch_packed_kv(packed, torch.zeros(1, dtype=torch.int64, device=device), rec, batch=1, seq_q=1, topk=128)
+    assert torch.equal(packed, before)
+    selkv.patch_packed_kv(packed, torch.zeros(1, dtype=torch.int64, device=device), rec, batch=2, seq_q=1, topk=64)
+    assert not torch.equal(packed, before)
+
+
+@pytest.mark.parametrize("device", _devices())
 def test_errors_name_argument(selkv, device):
     op = torch.ops.selkv.sparse_mla_decode_packed
     q, packed, md = _small(selkv, device)
@@ -295,7 +315,7 @@ def test_errors_name_argument(selkv, device):
         (dict(q=q[..., :512].contiguous()), p + "q: expected size 576 in dim 3"),
         (dict(packed_kv=packed.view(torch.int32)), p + "packed_kv: expected dtype Byte"),
         (dict(packed_kv=packed[::2]), p + "packed_kv: expected a contiguous tensor"),
-        (dict(packed_kv=packed[:-16]), p + "packed_kv: needs 83984 bytes"),
+        (dict(packed_kv=packed[:-16]), p + "packed_kv: needs 84000 bytes"),
         (dict(topk=100), p + "topk: must be a positive multiple of 64"),
         (dict(topk=2**40), p + "topk: 1099511627776 does not fit in int32"),
         (dict(topk=128), p + "metadata: made for"),
@@ -312,7 +332,7 @@ def test_errors_name_argument(selkv, device):
         (dict(sm_scale=1e-50), p + "sm_scale: .* not representable in fp32"),
         (dict(q=q[:1], out=out[:1], lse=lse[:1]), p + "metadata: made for"),
     ]
-    assert packed.numel() == packed_size(2, 1, 64) == 83984
+    assert packed.numel() == packed_size(2, 1, 64) == 84000
     for kw, msg in cases:
         with pytest.raises(RuntimeError, match=msg):
             call(**kw)
@@ -335,7 +355,7 @@ def test_meta_kernel_runs_the_cpp_checks(selkv):
     call()
     p = "selkv::sparse_mla_decode_packed: "
     for kw, msg in [
-        (dict(packed_kv=packed[:-16]), p + "packed_kv: needs 83984 bytes"),
+        (dict(packed_kv=packed[:-16]), p + "packed_kv: needs 84000 bytes"),
         (dict(topk=100), p + "topk: must be a positive multiple of 64"),
         (dict(topk=128), p + "metadata: made for"),
         (dict(sm_scale=0.0), p + "sm_scale: must be finite and > 0"),

@@ -101,7 +101,11 @@ sparse_decode_sm90_kernel(const __grid_constant__ DecodeKernelParams p) {
       run_pv_wg<L, kNumHeads, kF16Partials>(p, ss, it);
     } else {
       cutlass::arch::warpgroup_reg_alloc<Regs::kSoftmaxWg>();
-      run_softmax_wg<L, kNumHeads, kF16Partials>(p, ss, it);
+      // packed: the buffer's shape words (p.cache is the buffer, p.num_slots its B * S_q * K)
+      const uint32_t* shape_word = nullptr;
+      if constexpr (kPacked)
+        shape_word = reinterpret_cast<const uint32_t*>(p.cache + packed::packed_shape_offset(1, p.num_slots));
+      run_softmax_wg<L, kNumHeads, kF16Partials>(p, ss, it, shape_word);
     }
   } else {
     cutlass::arch::warpgroup_reg_dealloc<Regs::kProducer>();
