@@ -51,18 +51,21 @@ inline constexpr int kPvWgRegs = 160;       // setmaxnreg.dec: O (128) + state
 // __launch_bounds__(384, 1) on 64K registers, in the allocation's units of 8: 168. setmaxnreg moves
 // registers between the warpgroups of a CTA; their sum stays 3 x this.
 inline constexpr int kLaunchRegs = 65536 / kNumThreads / 8 * 8;
-// The split of one instantiation. H = 64 fixed top-k with fp16 partials (native, MODEL1):
-// 144 / 192 / 168, where at 136 the producer (H = 64's bottleneck) spilled; every other kernel
-// spills more that way (docs/perf-log.md: register split per instantiation). Packed H = 64 with
-// fp16 partials: 152 / 192 / 160, the packed lane mapping's producer (two tokens a thread) spilled
-// 28 B at 144 (docs/perf-log.md: packed lane mapping).
-template <int kNumHeads, bool kDynamic, bool kF16Partials, bool kPacked = false>
+// The split of one instantiation (docs/perf-log.md: register split per instantiation, packed lane
+// mapping, native lane mapping). ds_mla_fp8 kernels (the producer's pair mapping: two tokens a
+// thread, two record addresses when paged): H = 64 with fp16 partials, packed or fixed top-k,
+// 152 / 192 / 160 (the producer spilled 16-28 B at 144); paged H = 128, 144 / 200 / 160 (12 B at
+// 136 in two of four kernels). model1_fp8 (one token a thread): H = 64 fixed top-k with fp16
+// partials 144 / 192 / 168, where at 136 the producer spilled. Every other kernel: the default.
+template <int kNumHeads, bool kDynamic, bool kF16Partials, bool kPacked, KvFormat kFormat>
 struct RegisterSplit {
-  static constexpr bool kPackedWide = kPacked && kNumHeads == 64 && kF16Partials;
-  static constexpr bool kWideProducer = !kPacked && kNumHeads == 64 && !kDynamic && kF16Partials;
-  static constexpr int kProducer = kPackedWide ? 152 : kWideProducer ? 144 : kProducerRegs;
-  static constexpr int kSoftmaxWg = kPackedWide || kWideProducer ? 192 : kSoftmaxWgRegs;
-  static constexpr int kPvWg = kWideProducer ? kLaunchRegs : kPvWgRegs;
+  static constexpr bool kPair = kFormat == KvFormat::kDsMlaFp8;
+  static constexpr bool kPairH64 = kPair && kNumHeads == 64 && kF16Partials && (kPacked || !kDynamic);
+  static constexpr bool kPairH128 = kPair && kNumHeads == 128 && !kPacked;
+  static constexpr bool kModel1H64 = !kPair && kNumHeads == 64 && !kDynamic && kF16Partials;
+  static constexpr int kProducer = kPairH64 ? 152 : kPairH128 || kModel1H64 ? 144 : kProducerRegs;
+  static constexpr int kSoftmaxWg = kPairH64 || kModel1H64 ? 192 : kPairH128 ? 200 : kSoftmaxWgRegs;
+  static constexpr int kPvWg = kModel1H64 ? kLaunchRegs : kPvWgRegs;
   static_assert(kProducer + kSoftmaxWg + kPvWg == 3 * kLaunchRegs, "setmaxnreg budget");
 };
 inline constexpr int kTokensPerConsumer = kBlockN / 2;  // 32: the H = 128 cluster halves of a block
@@ -133,23 +136,23 @@ struct DecodeLayout {
   // The producer's 16-byte tile stores (producer.cuh) in the coordinates a lane has (warp w, lane
   // 8 q + l7), split so that the lane's part is loop-invariant; each sum is k_tile_offset of the
   // (token, dims) the lane converts, for every lane (check_tile_layouts, a CPU test).
-  // Native / MODEL1: token 32 half + 8 w + l7; NoPE chunk c (0, 1) of atom a = dims 64 a + 16 q + 8 c
+  // MODEL1: token 32 half + 8 w + l7; NoPE chunk c (0, 1) of atom a = dims 64 a + 16 q + 8 c
   // at half * kKHalfTokenOffset + lane_row_base + 512 a + lane_nope_chunk; RoPE chunk j (q and
   // q + 4) = dims kDimNope + 8 j at half * kKHalfTokenOffset + lane_row_base + lane_rope_chunk.
   SELKV_DEC_HD static constexpr int lane_row_base(int w, int l7) { return w * kKRowGroupStride + l7 * 64; }
   SELKV_DEC_HD static constexpr int lane_nope_chunk(int q, int l7, int c) { return ((2 * q + c) ^ l7) << 3; }
   SELKV_DEC_HD static constexpr int lane_rope_chunk(int j, int l7) { return (kDimNope / 64) * 512 + ((j ^ l7) << 3); }
-  // Packed (two tokens a lane): token 32 half + 8 w + row, row = q or q + 4 (the half included
-  // here); NoPE piece k, chunk c = dims 128 k + 16 l7 + 8 c (the record's bytes 128 k + 16 l7:
-  // eight lanes read 128 contiguous bytes) at packed_nope_base + packed_nope_chunk, and RoPE chunk
-  // l7 = dims kDimNope + 8 l7 at packed_rope_offset.
-  SELKV_DEC_HD static constexpr int packed_nope_base(int half, int w, int row, int l7, int k) {
+  // ds_mla_fp8 pair mapping (two tokens a lane): token 32 half + 8 w + row, row = q or q + 4
+  // (the half included here); NoPE piece k, chunk c = dims 128 k + 16 l7 + 8 c (the record's bytes
+  // 128 k + 16 l7: eight lanes read 128 contiguous bytes) at pair_nope_base + pair_nope_chunk, and
+  // RoPE chunk l7 = dims kDimNope + 8 l7 at pair_rope_offset.
+  SELKV_DEC_HD static constexpr int pair_nope_base(int half, int w, int row, int l7, int k) {
     return half * kKHalfTokenOffset + w * kKRowGroupStride + row * 64 + (2 * k + (l7 >> 2)) * 512;
   }
-  SELKV_DEC_HD static constexpr int packed_nope_chunk(int row, int l7, int c) {
+  SELKV_DEC_HD static constexpr int pair_nope_chunk(int row, int l7, int c) {
     return ((2 * (l7 & 3) + c) ^ row) << 3;
   }
-  SELKV_DEC_HD static constexpr int packed_rope_offset(int half, int w, int row, int l7) {
+  SELKV_DEC_HD static constexpr int pair_rope_offset(int half, int w, int row, int l7) {
     return half * kKHalfTokenOffset + w * kKRowGroupStride + row * 64 + (kDimNope / 64) * 512 + ((l7 ^ row) << 3);
   }
 };

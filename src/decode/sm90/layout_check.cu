@@ -8,13 +8,15 @@
 namespace selkv::decode::sm90 {
 namespace {
 
-// The producer's store offsets (DecodeLayout's lane_* and packed_* functions), for every lane of
-// the four producer warps and both CTA halves: each 16-byte chunk a lane writes is k_tile_offset of
-// the (token, dims) it converts, and each mapping writes every chunk of the tile exactly once.
+// The producer's store offsets (DecodeLayout's lane_* functions: one token a lane, the model1_fp8
+// kernels; pair_* functions: two tokens a lane, the ds_mla_fp8 kernels, paged and packed), for every
+// lane of the four producer warps and both CTA halves: each 16-byte chunk a lane writes is
+// k_tile_offset of the (token, dims) it converts, and each mapping writes every chunk of the tile
+// exactly once. (The one-token mapping is checked in both geometries.)
 template <class L>
 std::string check_producer_stores() {
   constexpr int kChunks = kBlockN * L::kDimQK / 8;
-  std::vector<int> native(kChunks, 0), packed(kChunks, 0);
+  std::vector<int> single(kChunks, 0), pair(kChunks, 0);
   std::ostringstream err;
   auto put = [&](std::vector<int>& seen, const char* what, int got, int t, int d) {
     const int want = L::k_tile_offset(t, d);
@@ -32,23 +34,23 @@ std::string check_producer_stores() {
         const int t = 32 * half + 8 * w + l7;
         for (int a = 0; a < L::kDimNope / 64; ++a)
           for (int c = 0; c < 2; ++c)
-            if (!put(native, "native NoPE", hb + L::lane_row_base(w, l7) + a * 512 + L::lane_nope_chunk(q, l7, c), t,
+            if (!put(single, "one-token NoPE", hb + L::lane_row_base(w, l7) + a * 512 + L::lane_nope_chunk(q, l7, c), t,
                      64 * a + 16 * q + 8 * c))
               return err.str();
         for (int j : {q, q + 4})
-          if (!put(native, "native RoPE", hb + L::lane_row_base(w, l7) + L::lane_rope_chunk(j, l7), t,
+          if (!put(single, "one-token RoPE", hb + L::lane_row_base(w, l7) + L::lane_rope_chunk(j, l7), t,
                    L::kDimNope + 8 * j))
             return err.str();
-        if constexpr (L::kFormat == KvFormat::kDsMlaFp8) {  // the packed buffer holds ds_mla_fp8 records
+        if constexpr (L::kFormat == KvFormat::kDsMlaFp8) {  // the pair mapping converts ds_mla_fp8 records
           for (int row : {q, q + 4}) {
             const int tp = 32 * half + 8 * w + row;
             for (int k = 0; k < L::kDimNope / 128; ++k)
               for (int c = 0; c < 2; ++c)
-                if (!put(packed, "packed NoPE",
-                         L::packed_nope_base(half, w, row, l7, k) + L::packed_nope_chunk(row, l7, c), tp,
+                if (!put(pair, "pair NoPE",
+                         L::pair_nope_base(half, w, row, l7, k) + L::pair_nope_chunk(row, l7, c), tp,
                          128 * k + 16 * l7 + 8 * c))
                   return err.str();
-            if (!put(packed, "packed RoPE", L::packed_rope_offset(half, w, row, l7), tp, L::kDimNope + 8 * l7))
+            if (!put(pair, "pair RoPE", L::pair_rope_offset(half, w, row, l7), tp, L::kDimNope + 8 * l7))
               return err.str();
           }
         }
@@ -60,8 +62,8 @@ std::string check_producer_stores() {
                " times";
     return {};
   };
-  std::string e = once(native, "native producer");
-  if (e.empty() && L::kFormat == KvFormat::kDsMlaFp8) e = once(packed, "packed producer");
+  std::string e = once(single, "one-token producer");
+  if (e.empty() && L::kFormat == KvFormat::kDsMlaFp8) e = once(pair, "pair producer");
   return e;
 }
 

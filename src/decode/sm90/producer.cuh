@@ -17,41 +17,35 @@ namespace selkv::decode::sm90 {
 // ---- producer warpgroup ---------------------------------------------------------------------
 // The producer walks the part's blocks in rounds of 32 tokens (H = 64: two rounds per block, the
 // CTA dequantizes all 64 tokens; H = 128: one round per block, CTA rank c of the cluster
-// dequantizes tokens [32c, 32c + 32) and writes them into both CTAs' tiles). Thread mapping of a
-// round: token tl = 8 * warp + lane % 8, quarter q = lane / 8. A thread loads, of its token's
-// record, the 16-byte NoPE chunks at bytes 64 d + 16 q (d = 0..7: 8 independent 16-byte loads),
-// the 4 scales (one 16-byte load) and the RoPE chunks q and q + 4 (2 x 16 bytes): 11 loads in
-// flight per thread, each issued one round ahead of its conversion (software pipeline: indices
-// two rounds ahead, records one round ahead, convert + store the current round; the loads of
-// round n + 1 are interleaved with the conversion of round n, chunk by chunk, so that about one
-// round of records, not two, is live in registers: no spills at the producer's 128 registers).
-struct RoundRaw {
-  uint4 nope[8];
-  float4 sc;
+// dequantizes tokens [32c, 32c + 32) and writes them into both CTAs' tiles). Index mapping of a
+// round: lane 8 q + l7 of warp w loads the index of token tl = 8 w + l7 (quarter q = lane / 8).
+// Data mapping (ds_mla_fp8, paged or packed): the lane converts two tokens of its warp's eight,
+// 8 w + q and 8 w + q + 4; of each it loads the 16-byte NoPE pieces at bytes 128 k + 16 l7 (k =
+// 0..3: eight lanes read a token's 128 contiguous bytes, a warp four tokens' 512), the token's
+// scales (one 16-byte load) and RoPE chunk l7: 12 loads in flight per thread, each issued one
+// round ahead of its conversion (software pipeline: indices two rounds ahead, records one round
+// ahead, convert + store the current round; the loads of round n + 1 are interleaved with the
+// conversion of round n, piece by piece, so that about one round of records, not two, is live in
+// registers). A load instruction covers whole 128-byte lines where one token's quarter per lane
+// covered half lines (docs/perf-log.md: packed lane mapping, native lane mapping).
+struct RoundRawPair {
+  uint4 nope[8];  // piece k of token X at nope[4 X + k]
+  float4 sc[2];
   uint4 rope[2];
-  int valid;
+  int valid;    // token 8w + q
+  int valid_b;  // token 8w + q + 4
 };
-// model1_fp8 (DecodeLayout<kModel1Fp8>): 448 NoPE bytes = 7 chunks of 64 (one UE8M0 scale each),
-// the token's 8 scale bytes (one 8-byte load from the page tail), the same RoPE chunks.
+// model1_fp8 (DecodeLayout<kModel1Fp8>): one token a lane (tl); of its 448 NoPE bytes the 16-byte
+// chunks at 64 d + 16 q (d = 0..6, one UE8M0 scale each), its 8 scale bytes (one 8-byte load from
+// the page tail) and the RoPE chunks q and q + 4.
 struct RoundRawModel1 {
   uint4 nope[7];
   uint2 sc;
   uint4 rope[2];
   int valid;
 };
-// Packed buffer: the thread's two tokens of the round (warp w's tokens 8w + q and 8w + q + 4),
-// NoPE piece k of token X at nope[4 X + k] (record bytes 128 k + 16 l7: eight lanes read a token's
-// 128 contiguous bytes, a warp four tokens' 512), both tokens' scales and RoPE chunk l7 of each.
-struct RoundRawPacked {
-  uint4 nope[8];
-  float4 sc[2];
-  uint4 rope[2];
-  int valid;    // token 8w + q
-  int valid_b;  // token 8w + q + 4
-};
-template <class L, bool kPacked = false>
-using RoundRawOf = std::conditional_t<L::kFormat == KvFormat::kModel1Fp8, RoundRawModel1,
-                                      std::conditional_t<kPacked, RoundRawPacked, RoundRaw>>;
+template <class L>
+using RoundRawOf = std::conditional_t<L::kFormat == KvFormat::kModel1Fp8, RoundRawModel1, RoundRawPair>;
 // The cache a round reads (model1_fp8 kernels: 0 main, 1 extra); nothing for the others.
 struct NoExtra {};
 
@@ -205,7 +199,7 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, typena
   constexpr bool kExtra = kM1;
   static_assert(!(kM1 && kPacked), "the packed buffer holds ds_mla_fp8 records");
   using Ext = std::conditional_t<kExtra, int32_t, NoExtra>;
-  using Raw = RoundRawOf<L, kPacked>;
+  using Raw = RoundRawOf<L>;
   constexpr int kNopeChunks = L::kDimNope / 64;  // 64-byte NoPE chunks per record: 8 / 7
   constexpr int kKRowGroupStride = L::kKRowGroupStride;
   constexpr int kDimNope = L::kDimNope;
@@ -220,9 +214,9 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, typena
   // packed: a thread's second token (8w + q + 4) is 4 records after its first
   [[maybe_unused]] constexpr int kSecondToken = 4 * KvFmt::kRecordBytes;
 
-  // smem element offsets within a K tile (DecodeLayout's lane_* functions, loop invariant): token
-  // row base of token tl (+ 4 row groups per 32-token half), the two swizzled 16-byte chunks of
-  // NoPE quarter q in each 64-dim atom, and the two RoPE chunks q, q + 4.
+  // model1_fp8: smem element offsets within a K tile (DecodeLayout's lane_* functions, loop
+  // invariant): token row base of token tl (+ 4 row groups per 32-token half), the two swizzled
+  // 16-byte chunks of NoPE quarter q in each 64-dim atom, and the two RoPE chunks q, q + 4.
   const int row_base = L::lane_row_base(warp, l7);
   const int c0 = L::lane_nope_chunk(q, l7, 0), c1 = L::lane_nope_chunk(q, l7, 1);
   const int r0 = L::lane_rope_chunk(q, l7), r1 = L::lane_rope_chunk(q + 4, l7);
@@ -350,6 +344,21 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, typena
     }
     return rec;
   };
+  // ds_mla_fp8: the records of the thread's two tokens (8w + q and 8w + q + 4) of the round whose
+  // index this lane holds (`idx`: its own token's; -1 for a round with nothing to load). Paged:
+  // their indices from the lanes that loaded them (l7 = q, q + 4), each translated; packed: the
+  // round's entries, the second 4 records after the first.
+  auto pair_records = [&](int32_t idx, int32_t& valid, int32_t& valid_b, const uint8_t*& rec_b) -> const uint8_t* {
+    if constexpr (kPacked) {
+      const uint8_t* rec = record_of_packed(idx, valid, valid_b);
+      rec_b = rec + kSecondToken;
+      return rec;
+    } else {
+      const int32_t ia = __shfl_sync(0xffffffffu, idx, q), ib = __shfl_sync(0xffffffffu, idx, q + 4);
+      rec_b = record_of(ib, valid_b);
+      return record_of(ia, valid);
+    }
+  };
   // Data stage, load half: one 16-byte load (zeros for an invalid token: never loaded).
   auto load16 = [&](const uint8_t* rec, int32_t valid, int byte_off) -> uint4 {
     return ld_16_pred(rec + byte_off, valid);
@@ -368,23 +377,16 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, typena
       r.sc = ld_8_pred(sc, r.valid);
       r.rope[0] = load16(rec, r.valid, Fmt::kRopeOffset + 16 * q);
       r.rope[1] = load16(rec, r.valid, Fmt::kRopeOffset + 16 * (q + 4));
-    } else if constexpr (kPacked) {
-      const uint8_t* rec = record_of_packed(idx, r.valid, r.valid_b);
+    } else {
+      const uint8_t* rec_b;
+      const uint8_t* rec = pair_records(idx, r.valid, r.valid_b, rec_b);
       CUTE_UNROLL
       for (int d = 0; d < 8; ++d)
-        r.nope[d] = load16(rec, d < 4 ? r.valid : r.valid_b,
-                           (d < 4 ? 0 : kSecondToken) + KvFmt::kNopeOffset + 128 * (d & 3) + 16 * l7);
+        r.nope[d] = load16(d < 4 ? rec : rec_b, d < 4 ? r.valid : r.valid_b, KvFmt::kNopeOffset + 128 * (d & 3) + 16 * l7);
       r.sc[0] = load_scales(rec, r.valid);
-      r.sc[1] = load_scales(rec + kSecondToken, r.valid_b);
+      r.sc[1] = load_scales(rec_b, r.valid_b);
       r.rope[0] = load16(rec, r.valid, KvFmt::kRopeOffset + 16 * l7);
-      r.rope[1] = load16(rec, r.valid_b, kSecondToken + KvFmt::kRopeOffset + 16 * l7);
-    } else {
-      const uint8_t* rec = record_of(idx, r.valid);
-      CUTE_UNROLL
-      for (int d = 0; d < 8; ++d) r.nope[d] = load16(rec, r.valid, KvFmt::kNopeOffset + 64 * d + 16 * q);
-      r.sc = load_scales(rec, r.valid);
-      r.rope[0] = load16(rec, r.valid, KvFmt::kRopeOffset + 16 * q);
-      r.rope[1] = load16(rec, r.valid, KvFmt::kRopeOffset + 16 * (q + 4));
+      r.rope[1] = load16(rec_b, r.valid_b, KvFmt::kRopeOffset + 16 * l7);
     }
   };
 
@@ -394,7 +396,8 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, typena
   // round n has been converted, into the registers that just died, so only about one round of
   // raw records is live at a time (issuing all 11 loads of round n + 1 first kept two rounds live
   // and spilled). Every load still has a full round of lead before its use.
-  auto convert = [&](int32_t n, const Raw& r, int32_t idx2v, Raw& nx, const uint8_t* nrec) {
+  auto convert = [&](int32_t n, const Raw& r, int32_t idx2v, Raw& nx, const uint8_t* nrec,
+                     [[maybe_unused]] const uint8_t* nrec_b) {
     const int32_t blkn = n / kRounds, rin = n - (n / kRounds) * kRounds;
     const int buf = blkn & 1;
     const uint32_t phase = uint32_t(blkn >> 1) & 1u;
@@ -410,11 +413,6 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, typena
           cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&ss.bar_remote[buf], kTxBytes);
       }
     }
-    // needed first in round n + 1 (after the wait: fewer live registers there; model1_fp8: loaded
-    // by the caller, with the address it has in hand)
-    if constexpr (!kM1 && !kPacked) {
-      nx.sc = load_scales(nrec, nx.valid);
-    }
     const int half = kCluster == 2 ? int(rank) : int(rin);
     const int base = half * kHalfOff + row_base;
     bf16_t* sk = ss.k[buf];
@@ -424,9 +422,9 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, typena
       peer_k = peer_smem + uint32_t(reinterpret_cast<uint8_t*>(sk) - reinterpret_cast<uint8_t*>(&ss));
       peer_bar = peer_smem + uint32_t(reinterpret_cast<uint8_t*>(&ss.bar_remote[buf]) - reinterpret_cast<uint8_t*>(&ss));
     }
-    if constexpr (kPacked) {
+    if constexpr (!kM1) {
       // Token X (0: row q of the warp's group, 1: row q + 4), piece k: 16 codes of atom 2k + l7 / 4,
-      // 16-byte chunks 2 (l7 % 4) and 2 (l7 % 4) + 1 of its row (DecodeLayout::packed_nope_base, packed_nope_chunk).
+      // 16-byte chunks 2 (l7 % 4) and 2 (l7 % 4) + 1 of its row (DecodeLayout::pair_nope_base, pair_nope_chunk).
       CUTE_UNROLL
       for (int d = 0; d < 8; ++d) {
         const int x = d >> 2, k = d & 3, row = q + 4 * x;
@@ -437,30 +435,24 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, typena
         const uint2 c = dev::dequant_e4m3x4(r.nope[d].z, s);
         const uint2 e = dev::dequant_e4m3x4(r.nope[d].w, s);
         const uint4 lo = make_uint4(a.x, a.y, bq.x, bq.y), hi = make_uint4(c.x, c.y, e.x, e.y);
-        const int o = L::packed_nope_base(half, warp, row, l7, k);
-        store_local(o + L::packed_nope_chunk(row, l7, 0), lo);
-        store_local(o + L::packed_nope_chunk(row, l7, 1), hi);
-        nx.nope[d] = load16(nrec, x ? nx.valid_b : nx.valid,
-                            (x ? kSecondToken : 0) + KvFmt::kNopeOffset + 128 * k + 16 * l7);
+        const int o = L::pair_nope_base(half, warp, row, l7, k);
+        store_local(o + L::pair_nope_chunk(row, l7, 0), lo);
+        store_local(o + L::pair_nope_chunk(row, l7, 1), hi);
+        nx.nope[d] = load16(x ? nrec_b : nrec, x ? nx.valid_b : nx.valid, KvFmt::kNopeOffset + 128 * k + 16 * l7);
         // a token's next scales once its current ones are dead (half a round of lead)
-        if (k == 3) nx.sc[x] = load_scales(nrec + (x ? kSecondToken : 0), x ? nx.valid_b : nx.valid);
+        if (k == 3) nx.sc[x] = load_scales(x ? nrec_b : nrec, x ? nx.valid_b : nx.valid);
       }
       CUTE_UNROLL
       for (int x = 0; x < 2; ++x) {
         const int row = q + 4 * x;
-        store_local(L::packed_rope_offset(half, warp, row, l7), r.rope[x]);
+        store_local(L::pair_rope_offset(half, warp, row, l7), r.rope[x]);
       }
       nx.rope[0] = load16(nrec, nx.valid, KvFmt::kRopeOffset + 16 * l7);
-      nx.rope[1] = load16(nrec, nx.valid_b, kSecondToken + KvFmt::kRopeOffset + 16 * l7);
+      nx.rope[1] = load16(nrec_b, nx.valid_b, KvFmt::kRopeOffset + 16 * l7);
     } else {
       CUTE_UNROLL
       for (int d = 0; d < kNopeChunks; ++d) {
-        float s;
-        if constexpr (kM1) {
-          s = dev::ue8m0_to_float(d < 4 ? r.sc.x >> (8 * d) : r.sc.y >> (8 * (d - 4)));  // chunk d = tile d
-        } else {
-          s = (d >> 1) == 0 ? r.sc.x : (d >> 1) == 1 ? r.sc.y : (d >> 1) == 2 ? r.sc.z : r.sc.w;
-        }
+        const float s = dev::ue8m0_to_float(d < 4 ? r.sc.x >> (8 * d) : r.sc.y >> (8 * (d - 4)));  // chunk d = tile d
         const uint2 a = dev::dequant_e4m3x4(r.nope[d].x, s);
         const uint2 bq = dev::dequant_e4m3x4(r.nope[d].y, s);
         const uint2 c = dev::dequant_e4m3x4(r.nope[d].z, s);
@@ -479,8 +471,9 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, typena
     // Validity bits of the block (bit t = token t): lanes 0-7 (q == 0) hold this CTA's tokens of
     // the warp, lanes 8-15 (q == 1) the peer half's (H = 128); one byte per 8 tokens.
     {
-      // (packed: idx2v is the buffer's validity bit of the lane's published token, 0 past the length)
-      const uint32_t own = __ballot_sync(0xffffffffu, q == 0 && (kPacked ? idx2v : r.valid));
+      // (ds_mla_fp8: idx2v is the validity of the lane's published token: its own for q == 0,
+      // the peer half's for q == 1; model1_fp8, q == 0: the lane's token is the one it converted)
+      const uint32_t own = __ballot_sync(0xffffffffu, q == 0 && (kM1 ? r.valid : idx2v));
       if (lane == 0) ss.kv_valid_bits[buf][4 * half + warp] = uint8_t(own);
       if constexpr (kCluster == 2) {
         const uint32_t peer = __ballot_sync(0xffffffffu, q == 1 && idx2v);
@@ -509,6 +502,13 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, typena
     if constexpr (kPacked) return (uint32_t(idx2) >> tl) & 1u;  // the word holds 32 tokens: bit tl
     if constexpr (kExtra) return idx2 >= 0 && int64_t(idx2) < (ext != 0 ? p.extra_num_slots : p.num_slots);
     return idx2 >= 0 && int64_t(idx2) < p.num_slots;
+  };
+  // The validity this lane publishes into its round's block mask (convert's idx2v): the peer
+  // half's token for q == 1 (H = 128); paged ds_mla_fp8, q == 0: its own token tl, which it no
+  // longer converts (the pair mapping); packed: the buffer's bit of whichever token that is.
+  auto published = [&](int32_t idx, int32_t idx2, Ext ext) -> int32_t {
+    if constexpr (kPacked || kM1) return valid2(idx2, ext);
+    else return valid2(kCluster == 2 && q == 1 ? idx2 : idx, ext);
   };
 
   // L2 prefetch of a round's record (index known two rounds ahead, registers not needed): the
@@ -579,7 +579,7 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, typena
   // indexing).
   constexpr bool kPrefetchAtIndex = kPacked && kL2Prefetch;
   if constexpr (kL2Prefetch) prefetch_record(s1, e1);
-  v2_0 = valid2(s0p, e0);
+  v2_0 = published(s0, s0p, e0);
   load_index(s0, s0p, e0);  // round 2
   if constexpr (kPrefetchAtIndex) prefetch_record(s0, e0);
 
@@ -590,18 +590,17 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, typena
                   int32_t& ni2, Ext& nie, int32_t pi, Ext pie) {
     const bool more = n + 1 < total_rounds;
     const uint8_t* nrec;
+    const uint8_t* nrec_b = nullptr;  // ds_mla_fp8: the second token's record
     const uint8_t* nsc = nullptr;
     if constexpr (kM1) {
       nrec = record_of_m1(more ? ni : -1, nie, nx.valid, nsc);  // !more: nothing loaded
       nx.sc = ld_8_pred(nsc, nx.valid);
-    } else if constexpr (kPacked) {
-      nrec = record_of_packed(more ? ni : -1, nx.valid, nx.valid_b);  // !more: nothing loaded
     } else {
-      nrec = record_of(more ? ni : -1, nx.valid);  // !more: nothing loaded
+      nrec = pair_records(more ? ni : -1, nx.valid, nx.valid_b, nrec_b);  // !more: nothing loaded
     }
-    if (more) v2n = valid2(ni2, nie);
+    if (more) v2n = published(ni, ni2, nie);
     if constexpr (kL2Prefetch && !kPrefetchAtIndex) prefetch_record(pi, pie);
-    convert(n, cx, v2c, nx, nrec);
+    convert(n, cx, v2c, nx, nrec, nrec_b);
     load_index(ni, ni2, nie);
     if constexpr (kPrefetchAtIndex) prefetch_record(ni, nie);  // round n + 3
   };

@@ -94,7 +94,7 @@ sparse_decode_sm90_kernel(const __grid_constant__ DecodeKernelParams p) {
   // after the prologue, then the softmax WG's, then the PV WG's. With the producer's code last, a
   // call with cold instruction caches (as in a serving engine) started its first KV block later
   // (docs/perf-log.md: decode code layout).
-  using Regs = RegisterSplit<kNumHeads, kDynamic, kF16Partials, kPacked>;
+  using Regs = RegisterSplit<kNumHeads, kDynamic, kF16Partials, kPacked, kFormat>;
   if (wg != 0) {
     if (wg == 2) {
       if constexpr (Regs::kPvWg != kLaunchRegs) cutlass::arch::warpgroup_reg_dealloc<Regs::kPvWg>();
