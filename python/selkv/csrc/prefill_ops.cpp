@@ -91,6 +91,7 @@ void dequant_selected(const at::Tensor& cache, const at::Tensor& indices,
     const CudaScope scope(workspace);
     throw_if_error(selkv::dequant_selected_kv(p, scope.stream()));
   } else if constexpr (B == Backend::kCpu) {
+    throw_if_error(selkv::check_dequant_selected(p));  // the CUDA run's rules, then the oracle
     throw_if_error(selkv::ref::dequant_selected(p));
   }
 }
@@ -193,6 +194,7 @@ void sparse_prefill(const at::Tensor& q, const at::Tensor& kv, const at::Tensor&
     const CudaScope scope(out);
     throw_if_error(selkv::sparse_mla_prefill(p, scope.stream()));
   } else if constexpr (B == Backend::kCpu) {
+    throw_if_error(selkv::check_sparse_mla_prefill(p));
     throw_if_error(selkv::ref::sparse_mla_prefill_strided(p));
   }
 }
@@ -243,6 +245,7 @@ void dequant_sparse_prefill(const at::Tensor& q, const at::Tensor& cache, const 
     const CudaScope scope(out);
     throw_if_error(selkv::dequant_sparse_mla_prefill(p, scope.stream()));
   } else if constexpr (B == Backend::kCpu) {
+    throw_if_error(selkv::check_dequant_sparse_mla_prefill(p));
     throw_if_error(selkv::ref::dequant_sparse_mla_prefill(p));
   }
 }
@@ -319,6 +322,7 @@ void gather_sparse_prefill(const at::Tensor& q, const at::Tensor& cache, const a
     const CudaScope scope(out);
     throw_if_error(selkv::gather_sparse_mla_prefill(p, scope.stream()));
   } else if constexpr (B == Backend::kCpu) {
+    throw_if_error(selkv::check_gather_sparse_mla_prefill(p));
     throw_if_error(selkv::ref::gather_sparse_mla_prefill(p));
   }
 }
