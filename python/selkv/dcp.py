@@ -180,7 +180,10 @@ def dcp_local_decode(
         q: bf16 ``[B, S_q, H, 576]``, the same on every rank.
         kv_cache: this rank's shard ``uint8 [num_blocks, page_size, 656]``.
         topk_positions: int32 ``[B, S_q, K]`` global request-local token positions (the
-            indexer's top-k; negative = none), the same on every rank.
+            indexer's top-k; negative = none), the same on every rank. Positions are bounded by
+            the local block table only (C2 without ``token_seq_lens``): a position in
+            ``[seq_len, allocated)`` reads its slot, so pass only positions below the request's
+            length (``DsaAttention`` bounds them on every route; this lower-level call does not).
         block_table: int32 ``[num_reqs, max_local_blocks]``, this rank's block table; row
             ``req_id_per_token[b * S_q + s]`` serves query row ``(b, s)`` (default: row ``b``).
         metadata: the plan for ``(B, S_q, H, K, topk_length)`` (as for the full-cache decode).

@@ -58,7 +58,7 @@ Status convert_req_indices_to_slots(const ConvertIndicesParams& p, cudaStream_t 
   k.out_stride = p.out_row_stride;
   k.valid_counts = p.valid_counts;
   k.compact = p.compact;
-  k.seq_lens = p.token_seq_lens;
+  k.token_seq_lens = p.token_seq_lens;
 
   const auto a16 = [](const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; };
   const bool vec = a16(p.req_local_indices) && a16(p.out_slots) && p.indices_row_stride % 4 == 0 &&

@@ -33,7 +33,7 @@ struct ConvertKernelParams {
   int64_t out_stride = 0;
   int32_t* valid_counts = nullptr;
   bool compact = false;
-  const int32_t* seq_lens = nullptr;  // optional per-row bound: positions >= it are -1
+  const int32_t* token_seq_lens = nullptr;  // optional per-row bound: positions >= it are -1
 };
 
 inline constexpr int kConvThreads = 256;
@@ -41,13 +41,28 @@ inline constexpr int kConvSub = kConvThreads * 4;  // entries per sub-chunk
 inline constexpr int kConvChunk = 2 * kConvSub;    // entries per chunk
 
 // kVec: rows, strides and topk allow int4 accesses (checked by the launcher).
+// Position -> slot (-1 when invalid: request, position bound, block index or block id).
+__device__ __forceinline__ int32_t conv_slot(const ConvertKernelParams& p, const int32_t* bt, bool req_ok,
+                                             int32_t lim, int32_t pos) {
+  int32_t slot = -1;
+  if (req_ok && pos >= 0 && pos < lim) {
+    uint32_t blk, off;
+    p.page.divmod(uint32_t(pos), blk, off);
+    if (blk < uint32_t(p.max_blocks)) {
+      const int32_t bid = __ldg(bt + blk);
+      if (bid >= 0 && bid < p.num_blocks) slot = int32_t(int64_t(bid) * p.page_size + off);
+    }
+  }
+  return slot;
+}
+
 template <bool kVec>
 __global__ void __launch_bounds__(kConvThreads) convert_indices_kernel(const ConvertKernelParams p) {
   __shared__ int32_t warp_sums[kConvThreads / 32];
   const int tid = threadIdx.x;
   const int64_t row = blockIdx.x;
   const int32_t r = __ldg(p.req_id + row);  // only rows < num_tokens are ever read
-  const int32_t lim = p.seq_lens != nullptr ? __ldg(p.seq_lens + row) : INT32_MAX;
+  const int32_t lim = p.token_seq_lens != nullptr ? __ldg(p.token_seq_lens + row) : INT32_MAX;
   const bool req_ok = r >= 0 && r < p.num_reqs;
   const int32_t* bt = p.block_table + (req_ok ? int64_t(r) * p.bt_stride : 0);
   const int32_t* in = p.in + row * p.in_stride;
@@ -82,16 +97,7 @@ __global__ void __launch_bounds__(kConvThreads) convert_indices_kernel(const Con
     for (int j = 0; j < 2; ++j) {
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
-        const int32_t pos = v[j][c];
-        int32_t slot = -1;
-        if (req_ok && pos >= 0 && pos < lim) {
-          uint32_t blk, off;
-          p.page.divmod(uint32_t(pos), blk, off);
-          if (blk < uint32_t(p.max_blocks)) {
-            const int32_t bid = __ldg(bt + blk);
-            if (bid >= 0 && bid < p.num_blocks) slot = int32_t(int64_t(bid) * p.page_size + off);
-          }
-        }
+        const int32_t slot = conv_slot(p, bt, req_ok, lim, v[j][c]);
         v[j][c] = slot;
         cnt[j] += (present[j][c] && slot >= 0) ? 1 : 0;
       }
@@ -154,7 +160,7 @@ struct ConvRow {
 
 __device__ __forceinline__ void conv_load_row(const ConvertKernelParams& p, int64_t row, int tid, ConvRow& c) {
   c.r = __ldg(p.req_id + row);
-  c.lim = p.seq_lens != nullptr ? __ldg(p.seq_lens + row) : INT32_MAX;
+  c.lim = p.token_seq_lens != nullptr ? __ldg(p.token_seq_lens + row) : INT32_MAX;
   const int32_t* in = p.in + row * p.in_stride;
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
@@ -162,20 +168,6 @@ __device__ __forceinline__ void conv_load_row(const ConvertKernelParams& p, int6
     c.x[j] = make_int4(-1, -1, -1, -1);
     if (e < p.topk) c.x[j] = __ldcs(reinterpret_cast<const int4*>(in + e));
   }
-}
-
-__device__ __forceinline__ int32_t conv_slot(const ConvertKernelParams& p, const int32_t* bt, bool req_ok,
-                                             int32_t lim, int32_t pos) {
-  int32_t slot = -1;
-  if (req_ok && pos >= 0 && pos < lim) {
-    uint32_t blk, off;
-    p.page.divmod(uint32_t(pos), blk, off);
-    if (blk < uint32_t(p.max_blocks)) {
-      const int32_t bid = __ldg(bt + blk);
-      if (bid >= 0 && bid < p.num_blocks) slot = int32_t(int64_t(bid) * p.page_size + off);
-    }
-  }
-  return slot;
 }
 
 template <bool kCount, bool kCompact>

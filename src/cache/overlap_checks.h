@@ -40,7 +40,8 @@ inline Status check_write_overlaps(const char* kOp, const WriteKvCacheParams& p)
 }
 
 // C2 (num_tokens > 0, topk > 0): out_slots and valid_counts against each other and the inputs
-// (req_local_indices, the first num_tokens entries of req_id_per_token, block_table when read).
+// (req_local_indices, the first num_tokens entries of req_id_per_token and of token_seq_lens,
+// block_table when read).
 inline Status check_convert_overlaps(const char* kOp, const ConvertIndicesParams& p) {
   using detail::Dim;
   using detail::Extent;

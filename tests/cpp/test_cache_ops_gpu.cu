@@ -414,6 +414,7 @@ struct ConvertCase {
   bool counts;
   bool in_place;
   int64_t rows = 0;  // 0: a few random rows; more rows than resident CTAs walk several rows each
+  bool lens = false;  // rows' positions bounded by token_seq_lens
 };
 
 void run_convert_case(const ConvertCase& c, uint64_t salt) {
@@ -467,9 +468,9 @@ void run_convert_case(const ConvertCase& c, uint64_t salt) {
     }
   }
 
-  // Every other case bounds the rows' positions (token_seq_lens, longer than T like req_ids):
-  // lengths inside the span, 0, negative and INT32_MAX.
-  const bool with_lens = salt % 2 == 1;
+  // c.lens: the rows' positions bounded (token_seq_lens, longer than T like req_ids): lengths
+  // inside the span, 0, negative and INT32_MAX.
+  const bool with_lens = c.lens;
   std::vector<int32_t> lens(size_t(T) + 37);
   for (auto& l : lens) {
     const int k = int(rng() % 8);
@@ -531,18 +532,19 @@ TEST(ConvertIndicesGpu, BitExactVsOracle) {
   uint64_t salt = 200;
   for (int ps : {2, 4, 61, 64, 69}) {
     for (int topk : {1, 7, 64, 2048, 2500, 4096}) {
-      for (int mode = 0; mode < 4; ++mode) {
-        const bool compact = mode & 1, counts = mode & 2;
-        run_convert_case({ps, topk, 0, compact, counts, false}, ++salt);
+      for (int mode = 0; mode < 8; ++mode) {  // every mode with and without token_seq_lens
+        const bool compact = mode & 1, counts = mode & 2, lens = mode & 4;
+        run_convert_case({ps, topk, 0, compact, counts, false, 0, lens}, ++salt);
       }
     }
   }
   // Padded rows (stride > topk, scalar path when unaligned), in place.
-  for (bool compact : {false, true}) {
-    run_convert_case({64, 2048, 4, compact, true, false}, ++salt);
-    run_convert_case({64, 2048, 3, compact, true, false}, ++salt);
-    run_convert_case({61, 2048, 0, compact, true, true}, ++salt);
-    run_convert_case({61, 3001, 5, compact, true, true}, ++salt);
+  for (int mode = 0; mode < 4; ++mode) {
+    const bool compact = mode & 1, lens = mode & 2;
+    run_convert_case({64, 2048, 4, compact, true, false, 0, lens}, ++salt);
+    run_convert_case({64, 2048, 3, compact, true, false, 0, lens}, ++salt);
+    run_convert_case({61, 2048, 0, compact, true, true, 0, lens}, ++salt);
+    run_convert_case({61, 3001, 5, compact, true, true, 0, lens}, ++salt);
   }
 }
 
@@ -552,11 +554,12 @@ TEST(ConvertIndicesGpu, ManyRows) {
   SELKV_REQUIRE_GPU();
   uint64_t salt = 260;
   for (int topk : {64, 2048}) {
-    for (int mode = 0; mode < 4; ++mode) {
-      const bool compact = mode & 1, counts = mode & 2;
-      run_convert_case({64, topk, 0, compact, counts, false, 3000}, ++salt);
+    for (int mode = 0; mode < 8; ++mode) {
+      const bool compact = mode & 1, counts = mode & 2, lens = mode & 4;
+      run_convert_case({64, topk, 0, compact, counts, false, 3000, lens}, ++salt);
     }
     run_convert_case({61, topk, 0, true, true, true, 3000}, ++salt);
+    run_convert_case({61, topk, 0, true, true, true, 3000, true}, ++salt);
   }
 }
 
