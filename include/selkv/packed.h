@@ -16,7 +16,8 @@
 //   shape    [rows * K * 656 + rows * K / 8, + 16): uint32 {fingerprint(B, S_q, K), B, S_q, K}
 //            (src/packed/packed_layout.h). The sizes depend on B * S_q * K only; the shape words
 //            make a buffer packed for another shape (or never packed) fail closed: the packed
-//            decode gives NaN rows, patch_packed_kv writes nothing.
+//            decode gives NaN rows, patch_packed_kv writes no record and poisons the words (so the
+//            decode of the buffer at any shape gives NaN rows until it is packed again).
 // An entry is valid iff k < topk_length[b] (when given) and its index is a slot of the cache
 // (0 <= index < num_slots, DESIGN §2); an invalid entry's record is 656 zero bytes and its index
 // is never dereferenced.
@@ -72,6 +73,8 @@ Status pack_selected_kv(const PackSelectedKvParams& p, cudaStream_t stream);
 // (B, S_q, K) gets the 656 bytes at records + i * record_stride_bytes and becomes valid. A
 // position < 0 or >= B * S_q * K is skipped (CUDA-graph padding; never written). Valid positions
 // must be distinct (two records written to one entry race). records must not overlap packed_kv.
+// A buffer whose shape words are not (B, S_q, K) gets no record and its K word is poisoned: the
+// mistake fails closed (NaN decode rows) since the device cannot report it.
 struct PatchPackedKvParams {
   void* packed_kv = nullptr;
   size_t packed_kv_bytes = 0;

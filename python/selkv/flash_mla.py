@@ -34,8 +34,9 @@ the argument, instead of failing an ``assert``.
 Differences from FlashMLA, on the safe side: every index that is not a valid slot (not just
 ``-1``) is skipped without being read; in a packed buffer the valid entries of a row need not be
 a prefix, and a topk length of 0 is accepted (the row attends nothing). The price: selkv's packed
-buffer holds a validity bit per entry after the records, so it is ``B * S_q * K / 8`` bytes
-larger than FlashMLA's ``B * S_q * K * 656`` (size it with ``get_packed_kv_workspace_size``).
+buffer holds a validity bit per entry and 16 bytes of shape words after the records, so it is
+``B * S_q * K / 8 + 16`` bytes larger than FlashMLA's ``B * S_q * K * 656`` (size it with
+``get_packed_kv_workspace_size``); decoding it at another shape gives NaN rows.
 """
 
 from __future__ import annotations
@@ -411,8 +412,8 @@ def get_packed_kv_workspace_size(batch_size: int, query_len: int, topk: int) -> 
     :func:`pack_selected_kv` fills for ``(batch_size, query_len, topk)``.
 
     selkv's size (``selkv.packed_kv_workspace_size``): the ``B * S_q * K`` 656-byte records,
-    then one validity bit per entry, so ``B * S_q * K / 8`` bytes more than FlashMLA's
-    ``B * S_q * K * 656``. Allocate it as contiguous uint8 and pass it as ``out`` to
+    then one validity bit per entry and 16 bytes of shape words, so ``B * S_q * K / 8 + 16``
+    bytes more than FlashMLA's ``B * S_q * K * 656``. Allocate it as contiguous uint8 and pass it as ``out`` to
     :func:`pack_selected_kv`.
 
     Raises:

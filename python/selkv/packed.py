@@ -5,7 +5,9 @@ entries later (``include/selkv/packed.h``).
 - :func:`pack_selected_kv` -- paged ``ds_mla_fp8`` cache + physical indices ``[B, S_q, K]`` ->
   packed buffer: entry ``e = (b * S_q + s) * K + k`` holds the 656-byte record of
   ``indices[b, s, k]`` at byte ``e * 656`` when the entry is valid, 656 zero bytes otherwise;
-  then one validity bit per entry (uint32 words, bit ``e % 32`` of word ``e // 32``).
+  then one validity bit per entry (uint32 words, bit ``e % 32`` of word ``e // 32``), then 16
+  bytes of shape words (the shape it was packed for: a decode or patch at another shape fails
+  closed, see :func:`patch_packed_kv`).
 - :func:`patch_packed_kv` -- overwrite entries of a packed buffer with given records (e.g. the
   current token's record, once written) and mark them valid.
 
@@ -37,7 +39,7 @@ def packed_kv_workspace_size(batch: int, seq_q: int, topk: int) -> int:
     """Bytes of a packed buffer for ``batch * seq_q`` rows of top-k ``topk``.
 
     ``batch * seq_q * topk * 656`` record bytes plus ``batch * seq_q * topk / 8`` bytes of
-    validity words (about 1.28 MiB per row at ``topk = 2048``). 0 for an invalid shape (negative
+    validity words plus 16 bytes of shape words (about 1.28 MiB per row at ``topk = 2048``). 0 for an invalid shape (negative
     sizes, ``topk`` not a positive multiple of 64, ``batch * seq_q * topk >= 2^31``) or no rows.
     """
     return int(_ops.packed_kv_workspace_size(batch, seq_q, topk))
@@ -90,7 +92,10 @@ def patch_packed_kv(
             be distinct.
         records: uint8 ``[N, >= 656]`` ``ds_mla_fp8`` records (the first 656 bytes of each row),
             last dim dense, row stride a multiple of 16 bytes.
-        batch, seq_q, topk: the shape the buffer was packed for.
+        batch, seq_q, topk: the shape the buffer was packed for. A buffer packed for another
+            shape (the sizes depend on ``batch * seq_q * topk`` only) gets no record: its shape
+            words are poisoned instead, so every later decode of it gives NaN rows until it is
+            packed again (a mistake fails closed; no error can be raised from the device).
 
     Returns:
         ``packed_kv``.

@@ -44,11 +44,8 @@ Status pack_selected_kv(const PackSelectedKvParams& p, cudaStream_t stream) {
   k.row_groups = FastDivmod(uint32_t(p.topk / packed::kGroupEntries));
   k.out = static_cast<uint8_t*>(p.packed_kv);
   k.validity = reinterpret_cast<uint32_t*>(k.out + packed::packed_validity_offset(rows, p.topk));
-  k.shape = reinterpret_cast<uint32_t*>(k.out + packed::packed_shape_offset(rows, p.topk));
-  k.shape_words[0] = packed::packed_shape_fingerprint(p.batch, p.seq_q, p.topk);
-  k.shape_words[1] = uint32_t(p.batch);
-  k.shape_words[2] = uint32_t(p.seq_q);
-  k.shape_words[3] = uint32_t(p.topk);
+  k.shape = reinterpret_cast<uint64_t*>(k.out + packed::packed_shape_offset(rows, p.topk));
+  k.shape_words = packed::packed_shape(p.batch, p.seq_q, p.topk);
   k.num_units = groups * splits;
   k.splits = int32_t(splits);
   const unsigned grid = unsigned((k.num_units + packed::kPackWarps - 1) / packed::kPackWarps);

@@ -46,16 +46,18 @@ struct PackKernelParams {
   FastDivmod row_groups;  // K / 32
   uint8_t* out = nullptr;
   uint32_t* validity = nullptr;
-  uint32_t* shape = nullptr;  // the buffer's shape words (packed_layout.h), written by one thread
-  uint32_t shape_words[4] = {};
+  uint64_t* shape = nullptr;  // the buffer's shape words (packed_layout.h), written by one thread
+  PackedShape shape_words = {};
   int64_t num_units = 0;  // groups * splits
   int32_t splits = 1;
 };
 
 __global__ void __launch_bounds__(kPackThreads) pack_selected_kv_kernel(const PackKernelParams p) {
   const int lane = int(threadIdx.x) & 31;
-  if (blockIdx.x == 0 && threadIdx.x == 0)
-    for (int i = 0; i < 4; ++i) p.shape[i] = p.shape_words[i];
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    p.shape[0] = p.shape_words.lo;
+    p.shape[1] = p.shape_words.hi;
+  }
   const int64_t unit = int64_t(blockIdx.x) * kPackWarps + (int(threadIdx.x) >> 5);
   if (unit >= p.num_units) return;  // warp-uniform
   // unit < 11 * 2^26: 32-bit quotients.

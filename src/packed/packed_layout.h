@@ -3,8 +3,8 @@
 //   records  [0, entries * 656): entry e = (b * S_q + s) * K + k at byte e * 656;
 //   validity [entries * 656, + entries / 8): uint32 word e / 32, bit e % 32;
 //   shape    [entries * 656 + entries / 8, + 16): uint32 {fingerprint(B, S_q, K), B, S_q, K}, written
-//            by the pack; the decode and the patch check the fingerprint against their own shape
-//            (the sizes alone depend only on B * S_q * K).
+//            by the pack; the decode and the patch compare all four against their own shape (the
+//            sizes alone depend only on B * S_q * K), and a patch at another shape poisons them.
 // entries = B * S_q * K < 2^31 (checked by packed_kv_workspace_size and the op checks).
 #pragma once
 
@@ -44,6 +44,23 @@ SELKV_HD constexpr uint32_t packed_shape_fingerprint(int32_t batch, int32_t seq_
   h = (h ^ uint32_t(topk)) * 0x01000193u;
   return h;
 }
+
+// The shape words of (B, S_q, K) as the two little-endian 8-byte halves the kernels load (the
+// words are 8-byte aligned): {fingerprint, B} and {S_q, K}.
+struct PackedShape {
+  uint64_t lo, hi;
+};
+SELKV_HD constexpr PackedShape packed_shape(int32_t batch, int32_t seq_q, int32_t topk) {
+  return {uint64_t(packed_shape_fingerprint(batch, seq_q, topk)) | uint64_t(uint32_t(batch)) << 32,
+          uint64_t(uint32_t(seq_q)) | uint64_t(uint32_t(topk)) << 32};
+}
+SELKV_HD constexpr bool packed_shape_matches(uint64_t lo, uint64_t hi, int32_t batch, int32_t seq_q, int32_t topk) {
+  const PackedShape s = packed_shape(batch, seq_q, topk);
+  return lo == s.lo && hi == s.hi;
+}
+// What a patch at another shape writes into the K word (index 3): no call's K (a positive multiple
+// of 64) matches it, so every later decode of the buffer gives NaN rows until it is packed again.
+inline constexpr uint32_t kPoisonedTopk = 0xFFFFFFFFu;
 
 static_assert(kTileEntries * kRecordBytes % 128 == 0, "a 64-record tile is 128-byte aligned");
 

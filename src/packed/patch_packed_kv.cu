@@ -25,8 +25,8 @@ Status patch_packed_kv(const PatchPackedKvParams& p, cudaStream_t stream) {
   packed::PatchKernelParams k;
   k.out = static_cast<uint8_t*>(p.packed_kv);
   k.validity = reinterpret_cast<uint32_t*>(k.out + packed::packed_validity_offset(rows, p.topk));
-  k.shape = reinterpret_cast<const uint32_t*>(k.out + packed::packed_shape_offset(rows, p.topk));
-  k.fingerprint = packed::packed_shape_fingerprint(p.batch, p.seq_q, p.topk);
+  k.shape = reinterpret_cast<uint64_t*>(k.out + packed::packed_shape_offset(rows, p.topk));
+  k.want = packed::packed_shape(p.batch, p.seq_q, p.topk);
   k.entries = rows * p.topk;
   k.positions = p.positions;
   k.records = p.records;

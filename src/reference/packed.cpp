@@ -44,9 +44,8 @@ Status pack_selected_kv(const PackSelectedKvParams& p) {
       words[(row * K + k0) / 32] = word;
     }
   }
-  const uint32_t shape[4] = {packed::packed_shape_fingerprint(p.batch, p.seq_q, p.topk), uint32_t(p.batch),
-                             uint32_t(p.seq_q), uint32_t(p.topk)};
-  std::memcpy(out + packed::packed_shape_offset(rows, K), shape, sizeof shape);
+  const packed::PackedShape shape = packed::packed_shape(p.batch, p.seq_q, p.topk);
+  std::memcpy(out + packed::packed_shape_offset(rows, K), &shape, sizeof shape);
   return Status::Ok();
 }
 
@@ -57,9 +56,13 @@ Status patch_packed_kv(const PatchPackedKvParams& p) {
   const int64_t rows = int64_t(p.batch) * p.seq_q, entries = rows * p.topk;
   auto* out = static_cast<uint8_t*>(p.packed_kv);
   auto* words = reinterpret_cast<uint32_t*>(out + packed::packed_validity_offset(rows, p.topk));
-  uint32_t fingerprint;
-  std::memcpy(&fingerprint, out + packed::packed_shape_offset(rows, p.topk), 4);
-  if (fingerprint != packed::packed_shape_fingerprint(p.batch, p.seq_q, p.topk)) return Status::Ok();  // not written
+  uint8_t* shape_words = out + packed::packed_shape_offset(rows, p.topk);
+  packed::PackedShape have;
+  std::memcpy(&have, shape_words, sizeof have);
+  if (!packed::packed_shape_matches(have.lo, have.hi, p.batch, p.seq_q, p.topk)) {  // another shape
+    std::memcpy(shape_words + 12, &packed::kPoisonedTopk, 4);  // poisoned, nothing written
+    return Status::Ok();
+  }
   for (int64_t i = 0; i < p.num_records; ++i) {
     const int64_t e = p.positions[i];
     if (e < 0 || e >= entries) continue;  // padding: never written

@@ -1,6 +1,6 @@
 // CPU oracle of C6's decode: the packed buffer's validity bits become indices into its own
 // records, then the C5 oracle (sparse_decode) runs unchanged; a buffer whose shape words are not
-// the call's gives NaN rows.
+// the call's gives NaN rows (and no attention is computed).
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -33,6 +33,16 @@ void sparse_decode_packed(const SparseDecodePackedRefArgs& a) {
   const int64_t rows = int64_t(a.B) * a.S_q;
   if (rows * a.H == 0) return;
   const int64_t entries = rows * a.K;
+  // A buffer whose shape words are not this call's (packed for another shape, never packed, or
+  // poisoned by a patch at another shape): every row NaN, as the kernels give it.
+  packed::PackedShape have;
+  std::memcpy(&have, a.packed_kv + packed::packed_shape_offset(rows, a.K), sizeof have);
+  if (!packed::packed_shape_matches(have.lo, have.hi, a.B, a.S_q, a.K)) {
+    for (int64_t i = 0; i < rows * a.H * fmt::kVDim; ++i) a.out[i] = NAN;
+    if (a.lse != nullptr)
+      for (int64_t i = 0; i < rows * a.H; ++i) a.lse[i] = NAN;
+    return;
+  }
   const uint8_t* words = a.packed_kv + packed::packed_validity_offset(rows, a.K);
   std::vector<int32_t> indices(size_t(entries), -1);
   for (int64_t e = 0; e < entries; ++e) {
@@ -60,15 +70,6 @@ void sparse_decode_packed(const SparseDecodePackedRefArgs& a) {
   d.empty_lse_pos_inf = a.empty_lse_pos_inf;
   d.threads = a.threads;
   sparse_decode(d);
-  // A buffer not packed for this shape (its fingerprint word differs): every row NaN, as the
-  // kernels give it (their row sums become NaN).
-  uint32_t fingerprint;
-  std::memcpy(&fingerprint, a.packed_kv + packed::packed_shape_offset(rows, a.K), 4);
-  if (fingerprint != packed::packed_shape_fingerprint(a.B, a.S_q, a.K)) {
-    for (int64_t i = 0; i < rows * a.H * fmt::kVDim; ++i) a.out[i] = NAN;
-    if (a.lse != nullptr)
-      for (int64_t i = 0; i < rows * a.H; ++i) a.lse[i] = NAN;
-  }
 }
 
 }  // namespace selkv::ref

@@ -4,7 +4,9 @@
 // broadcast index rows, patch, and "a failed check writes nothing".
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <climits>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -305,21 +307,103 @@ TEST(OraclePacked, PatchWritesRecordsAndSetsBits) {
   EXPECT_EQ(ref::patch_packed_kv(q).code(), StatusCode::kWorkspaceTooSmall);
   EXPECT_EQ(std::memcmp(before.data(), out.data(), out.bytes), 0);
 
-  // A buffer packed for another shape of the same size (B * S_q * K): the patch writes nothing.
+  // A buffer packed for another shape of the same size (B * S_q * K): no record or validity bit is
+  // written, and the K shape word is poisoned (every later decode of the buffer fails closed).
   q.packed_kv_bytes = out.bytes;
   q.batch = 1;
   q.seq_q = 2;
   ASSERT_TRUE(ref::patch_packed_kv(q).ok());
-  EXPECT_EQ(std::memcmp(before.data(), out.data(), out.bytes), 0);
+  const int64_t k_word = packed::packed_shape_offset(B * S, K) + 12;
+  EXPECT_EQ(std::memcmp(before.data(), out.data(), size_t(k_word)), 0);
+  uint32_t k_now;
+  std::memcpy(&k_now, out.data() + k_word, 4);
+  EXPECT_EQ(k_now, packed::kPoisonedTopk);
+  EXPECT_EQ(std::memcmp(before.data() + k_word + 4, out.data() + k_word + 4, out.bytes - size_t(k_word) - 4), 0);
+  // and the patch at the packed shape is now refused too (written nothing more)
+  q.batch = B;
+  q.seq_q = S;
+  const std::vector<uint8_t> poisoned(out.data(), out.data() + out.bytes);
+  ASSERT_TRUE(ref::patch_packed_kv(q).ok());
+  EXPECT_EQ(std::memcmp(poisoned.data(), out.data(), out.bytes), 0);
 }
 
-// The fingerprint separates the shapes of one size (what the buffer's size cannot), and the
-// packed decode oracle gives NaN rows for a buffer packed for another shape.
-TEST(OraclePacked, ShapeFingerprint) {
+// The shape words separate the shapes of one size (what the buffer's size cannot): the packed
+// decode oracle gives NaN rows for a buffer packed for another shape of the same size and for a
+// poisoned one, finite rows for its own shape.
+TEST(OraclePacked, ShapeWordsFailClosed) {
   EXPECT_NE(packed::packed_shape_fingerprint(2, 1, 64), packed::packed_shape_fingerprint(1, 2, 64));
   EXPECT_NE(packed::packed_shape_fingerprint(2, 1, 64), packed::packed_shape_fingerprint(1, 1, 128));
   EXPECT_NE(packed::packed_shape_fingerprint(4, 4, 2048), packed::packed_shape_fingerprint(16, 1, 2048));
   EXPECT_EQ(packed_kv_workspace_size(2, 1, 64), packed_kv_workspace_size(1, 1, 128));
+  const packed::PackedShape s = packed::packed_shape(2, 1, 64);
+  EXPECT_TRUE(packed::packed_shape_matches(s.lo, s.hi, 2, 1, 64));
+  EXPECT_FALSE(packed::packed_shape_matches(s.lo, s.hi, 1, 1, 128));
+  EXPECT_FALSE(packed::packed_shape_matches(s.lo, s.hi ^ (uint64_t(1) << 40), 2, 1, 64));  // K word differs
+
+  Cache c(4, 64, 0);
+  for (int64_t s = 0; s < c.slots(); ++s) {  // finite records: small e4m3 codes, scales 1, RoPE 1.0
+    uint8_t* rec = c.data() + s * kRec;
+    for (int i = 0; i < 512; ++i) rec[i] = uint8_t((s + i) % 0x30);
+    const float one = 1.f;
+    for (int t = 0; t < 4; ++t) std::memcpy(rec + 512 + 4 * t, &one, 4);
+    for (int i = 0; i < 64; ++i) {
+      rec[528 + 2 * i] = 0x80;
+      rec[529 + 2 * i] = 0x3f;
+    }
+  }
+  std::vector<int32_t> idx(128);
+  for (int e = 0; e < 128; ++e) idx[size_t(e)] = (e * 5) % 256;
+  Buffer out(packed_kv_workspace_size(2, 1, 64));
+  ASSERT_TRUE(ref::pack_selected_kv(pack_params(c, idx, 2, 1, 64, out)).ok());
+  constexpr int H = 64;
+  std::vector<uint16_t> q(size_t(2) * H * 576, 0x3c00);  // bf16 2^-7 everywhere
+  std::vector<float> o(size_t(2) * H * 512), lse(size_t(2) * H);
+  auto decode = [&](int B, int K) {
+    std::fill(o.begin(), o.end(), 0.f);
+    std::fill(lse.begin(), lse.end(), 0.f);
+    ref::SparseDecodePackedRefArgs a;
+    a.q = q.data();
+    a.B = B;
+    a.S_q = 1;
+    a.H = H;
+    a.packed_kv = out.data();
+    a.packed_kv_bytes = out.bytes;
+    a.K = K;
+    a.sm_scale = 0.05f;
+    a.out = o.data();
+    a.lse = lse.data();
+    ASSERT_TRUE(ref::check_sparse_decode_packed_args(a).ok());
+    ref::sparse_decode_packed(a);
+  };
+  auto all = [](const std::vector<float>& v, size_t n, bool want_nan) {
+    for (size_t i = 0; i < n; ++i)
+      if (std::isnan(v[i]) != want_nan) return false;
+    return true;
+  };
+  decode(2, 64);
+  EXPECT_TRUE(all(o, o.size(), false) && all(lse, lse.size(), false)) << "its own shape: finite";
+  decode(1, 128);
+  EXPECT_TRUE(all(o, size_t(H) * 512, true) && all(lse, size_t(H), true)) << "another shape of its size: NaN";
+  // poisoned by a patch at (1, 1, 128): its own shape now gives NaN too
+  const int64_t pos = 0;
+  std::vector<uint8_t> rec(kRec, 7);
+  PatchPackedKvParams pp;
+  pp.packed_kv = out.data();
+  pp.packed_kv_bytes = out.bytes;
+  pp.batch = 1;
+  pp.seq_q = 1;
+  pp.topk = 128;
+  pp.positions = &pos;
+  pp.records = rec.data();
+  pp.record_stride_bytes = kRec;
+  pp.num_records = 1;
+  ASSERT_TRUE(ref::patch_packed_kv(pp).ok());
+  decode(2, 64);
+  EXPECT_TRUE(all(o, o.size(), true) && all(lse, lse.size(), true)) << "poisoned: NaN";
+  // packed again: finite
+  ASSERT_TRUE(ref::pack_selected_kv(pack_params(c, idx, 2, 1, 64, out)).ok());
+  decode(2, 64);
+  EXPECT_TRUE(all(o, o.size(), false)) << "packed again: finite";
 }
 
 }  // namespace

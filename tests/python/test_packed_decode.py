@@ -274,19 +274,27 @@ def _small(selkv, device):
 def test_buffer_of_another_shape_gives_nan_rows(selkv, device):
     """The buffer's size depends only on B * S_q * K: one packed for (2, 1, 64) has the size of one
     for (1, 1, 128). Its shape words make the decode of it as (1, 1, 128) give NaN rows (not the
-    attention of one row over both rows' records), and a patch at that shape write nothing."""
+    attention of one row over both rows' records); a patch at that shape writes no record but
+    poisons the buffer's K word, so its own shape's decode then fails closed (NaN) too."""
     q, packed, md = _small(selkv, device)
     out, lse = selkv.sparse_mla_decode_packed(q, packed, md, SM_SCALE, topk=64)
     assert bool(torch.isfinite(lse).all()) and bool(torch.isfinite(out.float()).all())
     md1 = selkv.get_decode_metadata(1, 1, 64, 128, device=device)
     out1, lse1 = selkv.sparse_mla_decode_packed(q[:1], packed, md1, SM_SCALE, topk=128)
     assert bool(torch.isnan(lse1).all()) and bool(torch.isnan(out1.float()).all())
-    before = packed.clone()
+    pos = torch.zeros(1, dtype=torch.int64, device=device)
     rec = torch.full((1, REC), 7, dtype=torch.uint8, device=device)
-    selkv.patch_packed_kv(packed, torch.zeros(1, dtype=torch.int64, device=device), rec, batch=1, seq_q=1, topk=128)
-    assert torch.equal(packed, before)
-    selkv.patch_packed_kv(packed, torch.zeros(1, dtype=torch.int64, device=device), rec, batch=2, seq_q=1, topk=64)
-    assert not torch.equal(packed, before)
+    before = packed.clone()
+    selkv.patch_packed_kv(packed, pos, rec, batch=1, seq_q=1, topk=128)  # another shape
+    changed = (packed != before).nonzero().flatten().tolist()
+    k_word = packed_size(2, 1, 64) - 4
+    assert changed and set(changed) <= set(range(k_word, k_word + 4)), changed  # only the K word
+    assert packed[k_word:k_word + 4].tolist() == [255] * 4
+    out2, lse2 = selkv.sparse_mla_decode_packed(q, packed, md, SM_SCALE, topk=64)
+    assert bool(torch.isnan(lse2).all()) and bool(torch.isnan(out2.float()).all())
+    poisoned = packed.clone()
+    selkv.patch_packed_kv(packed, pos, rec, batch=2, seq_q=1, topk=64)  # its own shape: refused too
+    assert torch.equal(packed, poisoned)
 
 
 @pytest.mark.parametrize("device", _devices())

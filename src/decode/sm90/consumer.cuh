@@ -243,12 +243,12 @@ __device__ __forceinline__ void release_kv_tile(SS& ss, int buf, int lane) {
 }
 
 // WG1: S, softmax, P, O_0 += P V_0.
-// `shape_word` (packed decode; null otherwise): the packed buffer's fingerprint word, loaded here
-// and compared at each row end (long landed by then: no wait); a buffer packed for another shape
-// makes every row's sums NaN, so out and lse come out NaN, split rows included.
+// `shape_words` (packed decode; null otherwise): the packed buffer's shape words, loaded here and
+// compared at each row end (long landed by then: no wait); a buffer whose words are not this
+// call's shape makes every row's sums NaN, so out and lse come out NaN, split rows included.
 template <class L, int kNumHeads, bool kF16Partials, class Iter>
 __device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, typename L::SharedStorage& ss, Iter it,
-                                               const uint32_t* shape_word = nullptr) {
+                                               const uint64_t* shape_words = nullptr) {
   const int tid_wg = int(threadIdx.x) - 128;
   const int warp_wg = tid_wg / 32, lane = tid_wg % 32;
   const int r0 = warp_wg * 16 + lane / 4, r1 = r0 + 8;
@@ -269,7 +269,8 @@ __device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, type
   uint32_t phase = 0;
   RowWork w;
   SELKV_TL(bool tl_first = true;)
-  const uint32_t shape_fp = shape_word != nullptr ? *shape_word : 0u;
+  const uint64_t shape_lo = shape_words != nullptr ? shape_words[0] : 0u;
+  const uint64_t shape_hi = shape_words != nullptr ? shape_words[1] : 0u;
   selkv::sm90::mbar_wait<true>(smem_u32(&ss.bar_first_loads), 0u);  // see run_producer
   while (it.next(w)) {
     load_q_tile<L>(p, ss, w);
@@ -336,7 +337,7 @@ __device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, type
     // Row end: total row sums and maxima -> smem for WG2; the barrier also orders every wgmma of
     // this row before the next row's Q load.
     sm.finish();
-    if (shape_word != nullptr && shape_fp != packed::packed_shape_fingerprint(p.batch, p.seq_q, p.topk))
+    if (shape_words != nullptr && !packed::packed_shape_matches(shape_lo, shape_hi, p.batch, p.seq_q, p.topk))
       sm.l0 = sm.l1 = __uint_as_float(0x7fc00000u);  // NaN
     if ((lane & 3) == 0) {
       ss.row_sum[r0] = sm.l0;

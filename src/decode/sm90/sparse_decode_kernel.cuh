@@ -102,10 +102,10 @@ sparse_decode_sm90_kernel(const __grid_constant__ DecodeKernelParams p) {
     } else {
       cutlass::arch::warpgroup_reg_alloc<Regs::kSoftmaxWg>();
       // packed: the buffer's shape words (p.cache is the buffer, p.num_slots its B * S_q * K)
-      const uint32_t* shape_word = nullptr;
+      const uint64_t* shape_words = nullptr;
       if constexpr (kPacked)
-        shape_word = reinterpret_cast<const uint32_t*>(p.cache + packed::packed_shape_offset(1, p.num_slots));
-      run_softmax_wg<L, kNumHeads, kF16Partials>(p, ss, it, shape_word);
+        shape_words = reinterpret_cast<const uint64_t*>(p.cache + packed::packed_shape_offset(1, p.num_slots));
+      run_softmax_wg<L, kNumHeads, kF16Partials>(p, ss, it, shape_words);
     }
   } else {
     cutlass::arch::warpgroup_reg_dealloc<Regs::kProducer>();
