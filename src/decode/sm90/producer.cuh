@@ -391,11 +391,12 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, typena
   };
 
   // Convert stage: dequantize round n from `r` into the K tile (both CTAs' tiles for H = 128),
-  // and issue the loads of round n + 1 into `nx` (record `nrec`, validity nx.valid, set by the
-  // caller) interleaved with it: NoPE chunk d of round n + 1 is loaded right after chunk d of
-  // round n has been converted, into the registers that just died, so only about one round of
-  // raw records is live at a time (issuing all 11 loads of round n + 1 first kept two rounds live
-  // and spilled). Every load still has a full round of lead before its use.
+  // and issue the loads of round n + 1 into `nx` (records `nrec` / `nrec_b` of the pair mapping's
+  // two tokens, validity nx.valid / nx.valid_b, set by the caller; model1_fp8: `nrec` only)
+  // interleaved with it: NoPE chunk d of round n + 1 is loaded right after chunk d of round n has
+  // been converted, into the registers that just died, so only about one round of raw records is
+  // live at a time (issuing all of round n + 1's loads first kept two rounds live and spilled).
+  // Every load still has a full round of lead before its use.
   auto convert = [&](int32_t n, const Raw& r, int32_t idx2v, Raw& nx, const uint8_t* nrec,
                      [[maybe_unused]] const uint8_t* nrec_b) {
     const int32_t blkn = n / kRounds, rin = n - (n / kRounds) * kRounds;
