@@ -176,16 +176,10 @@ void sparse_prefill(const at::Tensor& q, const at::Tensor& kv, const at::Tensor&
   p.kv_row_stride = kv.size(0) <= 1 ? std::max<int64_t>(kv.stride(0), p.d_qk) : kv.stride(0);
   if (p.num_kv == 0) p.kv = nullptr;
   if constexpr (B == Backend::kMeta) {
-    if (p.q == nullptr) {  // meta: validate shapes/scalars with stand-in pointers
-      // Never dereferenced; one 16 TiB region each, so the overlap checks see distinct tensors.
-      auto stand_in = [](uintptr_t region) { return reinterpret_cast<void*>(region << 44); };
-      SparsePrefillParams m = p;
-      m.q = stand_in(1);
-      m.out = stand_in(2);
-      m.indices = static_cast<const int32_t*>(stand_in(3));
-      m.kv = m.num_kv > 0 ? stand_in(4) : nullptr;
-      m.max_logits = m.lse = nullptr;
-      m.attn_sink = nullptr;
+    if (concrete_sizes({q, kv, indices, topk_length, out, max_logits, lse, attn_sink})) {
+      SparsePrefillParams m = p;  // the C++ checks on stand-in pointers, as the composed routes'
+      meta_attn_stand_ins(&m, q, indices, topk_length, out, max_logits, lse, attn_sink);
+      m.kv = meta_stand_in(kv, 8);
       throw_if_error(selkv::check_sparse_mla_prefill(m));
     }
     return;
