@@ -408,3 +408,17 @@ def test_meta_kernels_run_the_cpp_checks(selkv):
         for d in ("cpu", "meta"):
             with pytest.raises(RuntimeError, match=f"[ .]{arg}:"):  # (pack names cache.block_stride_bytes)
                 call(d)
+
+
+def test_cpu_ops_apply_the_cuda_rules(selkv):
+    """The CPU kernels (the oracle) run the C++ API's checks first, the GPU's alignment and vector
+    rules included, so a layout the CUDA op rejects is rejected on the CPU with the same message
+    (was: the CPU cache ops accepted it and ran)."""
+    T = 4
+    cache = selkv.empty_kv_cache(2, 64, "ds_mla_fp8")
+    lat = torch.randn(T, 516).to(torch.bfloat16)[:, :512]  # rows 1032 bytes apart: not 16-byte aligned
+    rope = torch.randn(T, 64).to(torch.bfloat16)
+    slots = torch.arange(T, dtype=torch.int64)
+    with pytest.raises(RuntimeError, match=r"selkv::write_kv_cache: latent_row_stride: must be a multiple of 8"):
+        selkv.write_kv_cache(lat, rope, slots, cache, "ds_mla_fp8")
+    selkv.write_kv_cache(lat.contiguous(), rope, slots, cache, "ds_mla_fp8")  # the dense copy runs

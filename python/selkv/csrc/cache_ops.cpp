@@ -83,6 +83,7 @@ void write_kv_cache(const at::Tensor& latent, const std::optional<at::Tensor>& r
     const CudaScope scope(cache);
     throw_if_error(selkv::write_kv_cache(p, scope.stream()));
   } else if constexpr (B == Backend::kCpu) {
+    throw_if_error(selkv::check_write_kv_cache(p));  // the CUDA run's rules, then the oracle
     throw_if_error(selkv::ref::write_kv_cache(p));
   }
 }
@@ -167,6 +168,7 @@ void convert_req_indices_to_slots(const at::Tensor& req_local_indices,
     const CudaScope scope(out_slots);
     throw_if_error(selkv::convert_req_indices_to_slots(p, scope.stream()));
   } else if constexpr (B == Backend::kCpu) {
+    throw_if_error(selkv::check_convert_req_indices_to_slots(p));
     throw_if_error(selkv::ref::convert_req_indices_to_slots(p));
   }
 }
@@ -239,6 +241,7 @@ void gather_kv_bf16(const at::Tensor& cache, const at::Tensor& block_table,
     const CudaScope scope(out);
     throw_if_error(selkv::gather_kv_bf16(p, scope.stream()));
   } else if constexpr (B == Backend::kCpu) {
+    throw_if_error(selkv::check_gather_kv_bf16(p));
     throw_if_error(selkv::ref::gather_kv_bf16(p));
   }
 }

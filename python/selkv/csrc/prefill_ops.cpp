@@ -91,6 +91,7 @@ void dequant_selected(const at::Tensor& cache, const at::Tensor& indices,
     const CudaScope scope(workspace);
     throw_if_error(selkv::dequant_selected_kv(p, scope.stream()));
   } else if constexpr (B == Backend::kCpu) {
+    throw_if_error(selkv::check_dequant_selected(p));  // the CUDA run's rules, then the oracle
     throw_if_error(selkv::ref::dequant_selected(p));
   }
 }
@@ -175,16 +176,10 @@ void sparse_prefill(const at::Tensor& q, const at::Tensor& kv, const at::Tensor&
   p.kv_row_stride = kv.size(0) <= 1 ? std::max<int64_t>(kv.stride(0), p.d_qk) : kv.stride(0);
   if (p.num_kv == 0) p.kv = nullptr;
   if constexpr (B == Backend::kMeta) {
-    if (p.q == nullptr) {  // meta: validate shapes/scalars with stand-in pointers
-      // Never dereferenced; one 16 TiB region each, so the overlap checks see distinct tensors.
-      auto stand_in = [](uintptr_t region) { return reinterpret_cast<void*>(region << 44); };
-      SparsePrefillParams m = p;
-      m.q = stand_in(1);
-      m.out = stand_in(2);
-      m.indices = static_cast<const int32_t*>(stand_in(3));
-      m.kv = m.num_kv > 0 ? stand_in(4) : nullptr;
-      m.max_logits = m.lse = nullptr;
-      m.attn_sink = nullptr;
+    if (concrete_sizes({q, kv, indices, topk_length, out, max_logits, lse, attn_sink})) {
+      SparsePrefillParams m = p;  // the C++ checks on stand-in pointers, as the composed routes'
+      meta_attn_stand_ins(&m, q, indices, topk_length, out, max_logits, lse, attn_sink);
+      m.kv = meta_stand_in(kv, 8);
       throw_if_error(selkv::check_sparse_mla_prefill(m));
     }
     return;
@@ -193,6 +188,7 @@ void sparse_prefill(const at::Tensor& q, const at::Tensor& kv, const at::Tensor&
     const CudaScope scope(out);
     throw_if_error(selkv::sparse_mla_prefill(p, scope.stream()));
   } else if constexpr (B == Backend::kCpu) {
+    throw_if_error(selkv::check_sparse_mla_prefill(p));
     throw_if_error(selkv::ref::sparse_mla_prefill_strided(p));
   }
 }
@@ -243,6 +239,7 @@ void dequant_sparse_prefill(const at::Tensor& q, const at::Tensor& cache, const 
     const CudaScope scope(out);
     throw_if_error(selkv::dequant_sparse_mla_prefill(p, scope.stream()));
   } else if constexpr (B == Backend::kCpu) {
+    throw_if_error(selkv::check_dequant_sparse_mla_prefill(p));
     throw_if_error(selkv::ref::dequant_sparse_mla_prefill(p));
   }
 }
@@ -319,6 +316,7 @@ void gather_sparse_prefill(const at::Tensor& q, const at::Tensor& cache, const a
     const CudaScope scope(out);
     throw_if_error(selkv::gather_sparse_mla_prefill(p, scope.stream()));
   } else if constexpr (B == Backend::kCpu) {
+    throw_if_error(selkv::check_gather_sparse_mla_prefill(p));
     throw_if_error(selkv::ref::gather_sparse_mla_prefill(p));
   }
 }

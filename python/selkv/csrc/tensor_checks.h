@@ -123,13 +123,16 @@ inline float to_float(const char* op, const char* name, double v) {
   return f;
 }
 
-// Data pointers for the Params structs; meta tensors (shape-only, torch.compile) have none.
 // Meta kernels: meta tensors have no data, so the C++ API's checks run on these addresses instead
-// (never dereferenced; one 16 TiB region each, so the overlap checks see distinct tensors).
+// (never dereferenced; one 16 TiB region each, so the overlap checks see distinct tensors: two
+// views of one meta storage are not seen to overlap, a limit of the stand-ins).
 inline void* meta_stand_in(uintptr_t region) { return reinterpret_cast<void*>(region << 44); }
-// A present, non-empty tensor's stand-in (an empty one has no address to check, as when run).
+// A present, non-empty tensor's stand-in (an empty one has no address to check, as when run), at
+// its storage offset, so a view's alignment is the one the run would see (allocations are at
+// least 256-byte aligned).
 inline void* meta_stand_in(const at::Tensor& t, uintptr_t region) {
-  return t.numel() > 0 ? meta_stand_in(region) : nullptr;
+  return t.numel() > 0 ? static_cast<char*>(meta_stand_in(region)) + t.storage_offset() * int64_t(t.itemsize())
+                       : nullptr;
 }
 inline void* meta_stand_in(const std::optional<at::Tensor>& t, uintptr_t region) {
   return t.has_value() ? meta_stand_in(*t, region) : nullptr;
@@ -142,6 +145,7 @@ inline bool concrete_sizes(std::initializer_list<std::optional<at::Tensor>> ts) 
   return true;
 }
 
+// Data pointers for the Params structs; meta tensors (shape-only, torch.compile) have none.
 inline const void* data_or_null(const at::Tensor& t) {
   return t.is_meta() ? nullptr : t.const_data_ptr();
 }
