@@ -170,6 +170,7 @@ def dcp_local_decode(
     world_size: int,
     topk_length: torch.Tensor | None = None,
     req_id_per_token: torch.Tensor | None = None,
+    token_seq_lens: torch.Tensor | None = None,
     indices_out: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
@@ -181,14 +182,15 @@ def dcp_local_decode(
         q: bf16 ``[B, S_q, H, 576]``, the same on every rank.
         kv_cache: this rank's shard ``uint8 [num_blocks, page_size, 656]``.
         topk_positions: int32 ``[B, S_q, K]`` global request-local token positions (the
-            indexer's top-k; negative = none), the same on every rank. Positions are bounded by
-            the local block table only (C2 without ``token_seq_lens``): a position in
-            ``[seq_len, allocated)`` reads its slot, so pass only positions below the request's
-            length (``DsaAttention`` bounds them on every route; this lower-level call does not).
+            indexer's top-k; negative = none), the same on every rank.
         block_table: int32 ``[num_reqs, max_local_blocks]``, this rank's block table; row
             ``req_id_per_token[b * S_q + s]`` serves query row ``(b, s)`` (default: row ``b``).
         metadata: the plan for ``(B, S_q, H, K, topk_length)`` (as for the full-cache decode).
         topk_length: optional int32 ``[B]``, the plan's tensor; applies to the global entries.
+        token_seq_lens: optional int32 ``[>= B * S_q]``, each query row's request length in global
+            tokens (e.g. after this step's write): a position at or past it is invalid (skipped,
+            never read) on every rank. Without it positions are bounded by the local block table
+            only, so a position in ``[seq_len, allocated)`` reads its (stale or unwritten) slot.
         indices_out: optional int32 ``[B, S_q, K]`` buffer for the local slots.
         out, lse, workspace: as for :func:`selkv.sparse_mla_decode` (no ``attn_sink`` here:
             it is applied after the merge).
@@ -204,6 +206,12 @@ def dcp_local_decode(
         req_id_per_token = torch.arange(B, dtype=torch.int32, device=topk_positions.device)
         req_id_per_token = req_id_per_token.repeat_interleave(S)
     local = dcp_local_positions(topk_positions, rank, world_size).view(B * S, K)
+    local_lens = None
+    if token_seq_lens is not None:
+        expect_dims("selkv.dcp_local_decode", "token_seq_lens", token_seq_lens, 1, "[>= B * S_q]")
+        # this rank holds global positions rank, rank + W, ...: local p < ceil((len - rank) / W)
+        local_lens = torch.clamp(token_seq_lens.to(torch.int64) - rank + world_size - 1, min=0)
+        local_lens = local_lens.div(world_size, rounding_mode="floor").to(torch.int32)
     slots, _ = convert_req_indices_to_slots(
         local,
         req_id_per_token,
@@ -212,6 +220,7 @@ def dcp_local_decode(
         kv_cache.shape[0],
         return_valid_counts=False,
         out=None if indices_out is None else indices_out.view(B * S, K),
+        token_seq_lens=local_lens,
     )
     return sparse_mla_decode(q, kv_cache, slots.view(B, S, K), metadata, sm_scale,
                              topk_length=topk_length, out=out, lse=lse, workspace=workspace)
@@ -296,6 +305,7 @@ def dcp_sparse_mla_decode(
     topk_length: torch.Tensor | None = None,
     attn_sink: torch.Tensor | None = None,
     req_id_per_token: torch.Tensor | None = None,
+    token_seq_lens: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
     gather_out: torch.Tensor | None = None,
@@ -326,6 +336,7 @@ def dcp_sparse_mla_decode(
     # The partial goes to its own buffers (the collective's input must not alias its output).
     part_out, part_lse = dcp_local_decode(
         q, kv_cache, topk_positions, block_table, metadata, sm_scale, rank=rank, world_size=W,
-        topk_length=topk_length, req_id_per_token=req_id_per_token, workspace=workspace)
+        topk_length=topk_length, req_id_per_token=req_id_per_token, token_seq_lens=token_seq_lens,
+        workspace=workspace)
     dcp_all_gather(part_out, part_lse, group, gather_out=gather_out, gather_lse=gather_lse)
     return dcp_merge(gather_out, gather_lse, attn_sink=attn_sink, out=out, lse=lse)

@@ -132,6 +132,42 @@ def test_simulated_ranks_match_full_cache(selkv, gen, W, dynamic, sink):
         assert bool(torch.isinf(lse[1]).all()) and bool((out[1] == 0).all())  # topk_length 0
 
 
+@pytest.mark.parametrize("W", [2, 3])
+def test_token_seq_lens_bound_positions_on_every_rank(selkv, gen, W):
+    """Positions in [seq_len, allocated) read unwritten (here NaN-poisoned) shard slots unless
+    token_seq_lens bounds them: with it, every rank skips them and the merge equals the decode
+    with those entries -1."""
+    seed = int(torch.randint(0, 2**31, (1,), generator=gen))
+    c = make_case(selkv, seed, dynamic=False, sink=False)
+    lens = c["seq_lens"]
+    idx = c["idx"].clone()
+    for b in range(B):  # a few entries just past each request's length (inside its last blocks)
+        for s in range(S):
+            idx[b, s, 3:3 + W] = torch.arange(lens[b], lens[b] + W, dtype=torch.int32)
+    tok_len = torch.tensor(lens, dtype=torch.int32).repeat_interleave(S)
+    md = selkv.get_decode_metadata(B, S, H, K, None, device="cpu")
+    outs, lses, outs_nb = [], [], []
+    for r in range(W):
+        shard, table = selkv.dcp.dcp_shard_kv_cache(c["cache"], c["table"], lens, r, W)
+        poisoned = shard.clone()
+        for b, n in enumerate(lens):  # unwritten local slots of each request's blocks: NaN bytes
+            n_loc = max(0, (n - r + W - 1) // W)
+            for p in range(n_loc, int((table[b] >= 0).sum()) * PAGE):
+                poisoned[int(table[b, p // PAGE]), p % PAGE] = 0xFF
+        o, l = selkv.dcp.dcp_local_decode(c["q"], poisoned, idx, table, md, SM_SCALE, rank=r,
+                                          world_size=W, token_seq_lens=tok_len)
+        outs.append(o)
+        lses.append(l)
+        o_nb, _ = selkv.dcp.dcp_local_decode(c["q"], poisoned, idx, table, md, SM_SCALE, rank=r,
+                                             world_size=W)
+        outs_nb.append(o_nb)
+    out, lse = selkv.dcp.dcp_merge(torch.stack(outs), torch.stack(lses))
+    masked = dict(c, idx=torch.where(idx >= torch.tensor(lens, dtype=torch.int32)[:, None, None], -1, idx))
+    ref_out, ref_lse = reference64(selkv, masked)
+    assert_close_design(out, lse, ref_out, ref_lse, f"W{W} bounded")
+    assert any(bool(torch.isnan(o.float()).any()) for o in outs_nb)  # unbounded: the poison is read
+
+
 def test_local_positions(selkv):
     p = torch.tensor([0, 1, 2, 3, 4, 5, -1, -2, -3, INT32_MAX, 7], dtype=torch.int32)
     assert selkv.dcp.dcp_local_positions(p, 0, 2).tolist() == [0, -1, 1, -1, 2, -1, -1, -1, -1,
