@@ -422,3 +422,23 @@ def test_cpu_ops_apply_the_cuda_rules(selkv):
     with pytest.raises(RuntimeError, match=r"selkv::write_kv_cache: latent_row_stride: must be a multiple of 8"):
         selkv.write_kv_cache(lat, rope, slots, cache, "ds_mla_fp8")
     selkv.write_kv_cache(lat.contiguous(), rope, slots, cache, "ds_mla_fp8")  # the dense copy runs
+
+
+def test_meta_sees_views_of_one_storage(selkv):
+    """Meta stand-ins place views of one storage in one region at their offsets: a partial overlap
+    between two arguments is rejected when traced as when run (was: every tensor its own region,
+    so the traced call passed), and a shifted view's alignment is the one the run sees."""
+    T, K = 4, 64
+    table = torch.zeros(2, 4, dtype=torch.int32)
+    req = torch.zeros(T, dtype=torch.int32)
+
+    def convert(device, shift):
+        buf = torch.zeros(T * K + K, dtype=torch.int32, device=device)
+        idx = buf[:T * K].view(T, K)
+        out = buf[shift:shift + T * K].view(T, K)
+        torch.ops.selkv.convert_req_indices_to_slots(idx, req.to(device), table.to(device), 64, 2, out, None, False)
+
+    for d in ("cpu", "meta"):
+        convert(d, 0)  # the documented in-place form
+        with pytest.raises(RuntimeError, match="out_slots"):
+            convert(d, K)  # out starts one row later: overlaps, not in place
