@@ -41,6 +41,8 @@ def flash_mla_sparse_fwd(
     """
     if d_v != 512:
         raise ValueError(f"flash_mla_sparse_fwd: d_v: must be 512, got {d_v}")
+    if q.dim() != 3:
+        raise ValueError(f"flash_mla_sparse_fwd: q: expected shape [s_q, h_q, d_qk], got {tuple(q.shape)}")
     if kv.dim() == 3:
         if kv.size(1) != 1:
             raise ValueError(

@@ -29,8 +29,8 @@ class OpsLibraryNotFoundError(ImportError):
 
 
 def expect_dims(op: str, name: str, t: torch.Tensor, n: int, doc: str) -> None:
-    """The shape defaults of a wrapper read ``t``'s dims: a tensor of another rank is the op's own
-    error (the text of the C++ binding's TensorArg.dims), not an IndexError."""
+    """The shape defaults of a wrapper read ``t``'s dims: a tensor of another rank is an error
+    naming the op and the argument (as the C++ binding's TensorArg.dims does), not an IndexError."""
     if t.dim() != n:
         raise RuntimeError(f"{op}: {name}: expected a {n}-d tensor {doc}, got shape {list(t.shape)}")
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import torch
 
+from ._ops import expect_dims
 from .cache_ops import convert_req_indices_to_slots
 from .decode import DecodeMetadata, sparse_mla_decode
 from .merge import merge_attn_states
@@ -193,9 +194,8 @@ def dcp_local_decode(
         ``(out [B, S_q, H, 512] bf16, lse [B, S_q, H] fp32)`` over the owned selected tokens
         (``0`` / ``-inf`` for a row with none).
     """
-    if topk_positions.dim() != 3:
-        raise RuntimeError("selkv.dcp_local_decode: topk_positions: expected a 3-d tensor [B, S_q, K], got "
-                           f"shape {list(topk_positions.shape)}")
+    expect_dims("selkv.dcp_local_decode", "topk_positions", topk_positions, 3, "[B, S_q, K]")
+    expect_dims("selkv.dcp_local_decode", "kv_cache", kv_cache, 3, "[num_blocks, page_size, 656]")
     B, S, K = topk_positions.shape
     if req_id_per_token is None:
         req_id_per_token = torch.arange(B, dtype=torch.int32, device=topk_positions.device)
@@ -256,6 +256,7 @@ def dcp_merge(
 
     Returns ``(out [B, S_q, H, D], lse [B, S_q, H])``.
     """
+    expect_dims("selkv.dcp_merge", "outs", outs, 5, "[W, B, S_q, H, D]")
     W, B, S, H, D = outs.shape
     T = B * S
     if out is None:
@@ -311,6 +312,8 @@ def dcp_sparse_mla_decode(
     import torch.distributed as dist
 
     W, rank = dist.get_world_size(group), dist.get_rank(group)
+    expect_dims("selkv.dcp_sparse_mla_decode", "topk_positions", topk_positions, 3, "[B, S_q, K]")
+    expect_dims("selkv.dcp_sparse_mla_decode", "q", q, 4, "[B, S_q, H, 576]")
     B, S, _ = topk_positions.shape
     H = q.shape[2]
     if gather_out is None:

@@ -317,7 +317,7 @@ class DsaAttention:
                 f"max_num_reqs {self.max_num_reqs}"
             )
         if not isinstance(block_table, torch.Tensor) or block_table.dim() != 2:
-            raise ValueError("selkv.dsa.plan: block_table: expected a device int32 tensor [>= R, max_blocks]")
+            raise ValueError("selkv.dsa.plan: block_table: expected a 2-d tensor [>= R, max_blocks]")
         if R and block_table.size(0) < R:
             raise ValueError(f"selkv.dsa.plan: block_table has {block_table.size(0)} rows for {R} requests")
         if num_decodes is None:

@@ -108,7 +108,13 @@ TEST(DecodeChecks, RejectsBadCache) {
 TEST(DecodeChecks, RejectsMetadataMismatch) {
   { Base b; b.md.valid = false; expect_arg_error(b.check(), "metadata"); }
   // the kernels read the plan with 16-byte loads: a copy of it at a 4-byte offset is an error
-  { Base b; b.md.data = fake<int32_t>(0x60004); expect_arg_error(b.check(), "metadata"); }
+  {
+    Base b;
+    b.md.data = fake<int32_t>(0x60004);
+    const Status st = b.check();
+    expect_arg_error(st, "metadata");
+    EXPECT_NE(st.message().find("16-byte aligned"), std::string::npos) << st.to_string();
+  }
   { Base b; b.p.batch = 3; expect_arg_error(b.check(), "metadata"); }
   { Base b; b.p.seq_q = 1; expect_arg_error(b.check(), "metadata"); }
   { Base b; b.p.topk = 192; expect_arg_error(b.check(), "metadata"); }

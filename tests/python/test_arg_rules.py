@@ -408,3 +408,37 @@ def test_meta_kernels_run_the_cpp_checks(selkv):
         for d in ("cpu", "meta"):
             with pytest.raises(RuntimeError, match=f"[ .]{arg}:"):  # (pack names cache.block_stride_bytes)
                 call(d)
+
+
+def test_cpu_ops_apply_the_cuda_rules(selkv):
+    """The CPU kernels (the oracle) run the C++ API's checks first, the GPU's alignment and vector
+    rules included, so a layout the CUDA op rejects is rejected on the CPU with the same message
+    (was: the CPU cache ops accepted it and ran)."""
+    T = 4
+    cache = selkv.empty_kv_cache(2, 64, "ds_mla_fp8")
+    lat = torch.randn(T, 516).to(torch.bfloat16)[:, :512]  # rows 1032 bytes apart: not 16-byte aligned
+    rope = torch.randn(T, 64).to(torch.bfloat16)
+    slots = torch.arange(T, dtype=torch.int64)
+    with pytest.raises(RuntimeError, match=r"selkv::write_kv_cache: latent_row_stride: must be a multiple of 8"):
+        selkv.write_kv_cache(lat, rope, slots, cache, "ds_mla_fp8")
+    selkv.write_kv_cache(lat.contiguous(), rope, slots, cache, "ds_mla_fp8")  # the dense copy runs
+
+
+def test_meta_sees_views_of_one_storage(selkv):
+    """Meta stand-ins place views of one storage in one region at their offsets: a partial overlap
+    between two arguments is rejected when traced as when run (was: every tensor its own region,
+    so the traced call passed), and a shifted view's alignment is the one the run sees."""
+    T, K = 4, 64
+    table = torch.zeros(2, 4, dtype=torch.int32)
+    req = torch.zeros(T, dtype=torch.int32)
+
+    def convert(device, shift):
+        buf = torch.zeros(T * K + K, dtype=torch.int32, device=device)
+        idx = buf[:T * K].view(T, K)
+        out = buf[shift:shift + T * K].view(T, K)
+        torch.ops.selkv.convert_req_indices_to_slots(idx, req.to(device), table.to(device), 64, 2, out, None, False)
+
+    for d in ("cpu", "meta"):
+        convert(d, 0)  # the documented in-place form
+        with pytest.raises(RuntimeError, match="out_slots"):
+            convert(d, K)  # out starts one row later: overlaps, not in place

@@ -334,6 +334,13 @@ def test_misaligned_metadata_rejected(selkv):
     with pytest.raises(RuntimeError, match="sparse_mla_decode: metadata: data must be 16-byte aligned"):
         torch.ops.selkv.sparse_mla_decode(q, cache, idx, None, None, shifted, md.plan, md.workspace,
                                           SM_SCALE, out, lse)
+    # Meta: the stand-in addresses keep the views' storage offsets, so the traced call fails alike
+    meta = [t.to("meta") for t in (q, cache, idx, md.metadata, md.workspace, out, lse)]
+    torch.ops.selkv.sparse_mla_decode(*meta[:3], None, None, meta[3], md.plan, meta[4], SM_SCALE, *meta[5:])
+    shifted_meta = torch.empty(md.metadata.numel() + 1, dtype=torch.int32, device="meta")[1:]
+    with pytest.raises(RuntimeError, match="sparse_mla_decode: metadata: data must be 16-byte aligned"):
+        torch.ops.selkv.sparse_mla_decode(*meta[:3], None, None, shifted_meta, md.plan, meta[4], SM_SCALE,
+                                          *meta[5:])
 
 
 def test_errors_name_wrong_device(selkv, cuda_device):

@@ -71,18 +71,20 @@ void write_kv_cache(const at::Tensor& latent, const std::optional<at::Tensor>& r
                  {"slot_mapping", slot_mapping}});
   const WriteKvCacheParams p = write_params(latent, rope, slot_mapping, cache, format, scale_mode);
   if constexpr (B == Backend::kMeta) {
+    MetaStandIns stand_in;  // the C++ checks on stand-in addresses (tensor_checks.h)
     if (concrete_sizes({latent, rope, slot_mapping, cache})) {
       WriteKvCacheParams m = p;
-      m.latent = meta_stand_in(latent, 1);
-      m.rope = meta_stand_in(rope, 2);
-      m.slot_mapping = static_cast<const int64_t*>(meta_stand_in(slot_mapping, 3));
-      m.cache = meta_stand_in(cache, 4);
+      m.latent = stand_in(latent);
+      m.rope = stand_in(rope);
+      m.slot_mapping = static_cast<const int64_t*>(stand_in(slot_mapping));
+      m.cache = stand_in(cache);
       throw_if_error(selkv::check_write_kv_cache(m));
     }
   } else if constexpr (B == Backend::kCuda) {
     const CudaScope scope(cache);
     throw_if_error(selkv::write_kv_cache(p, scope.stream()));
   } else if constexpr (B == Backend::kCpu) {
+    throw_if_error(selkv::check_write_kv_cache(p));  // the CUDA run's rules, then the oracle
     throw_if_error(selkv::ref::write_kv_cache(p));
   }
 }
@@ -146,19 +148,21 @@ void convert_req_indices_to_slots(const at::Tensor& req_local_indices,
       convert_params(req_local_indices, req_id_per_token, block_table, page_size, num_blocks,
                      out_slots, valid_counts, compact);
   if constexpr (B == Backend::kMeta) {
+    MetaStandIns stand_in;  // the C++ checks on stand-in addresses (tensor_checks.h)
     if (concrete_sizes({req_local_indices, req_id_per_token, block_table, out_slots, valid_counts})) {
       ConvertIndicesParams m = p;
-      m.req_local_indices = static_cast<const int32_t*>(meta_stand_in(req_local_indices, 1));
-      m.req_id_per_token = static_cast<const int32_t*>(meta_stand_in(req_id_per_token, 2));
-      m.block_table = static_cast<const int32_t*>(meta_stand_in(block_table, 3));
-      m.out_slots = static_cast<int32_t*>(meta_stand_in(out_slots, 4));
-      m.valid_counts = static_cast<int32_t*>(meta_stand_in(valid_counts, 5));
+      m.req_local_indices = static_cast<const int32_t*>(stand_in(req_local_indices));
+      m.req_id_per_token = static_cast<const int32_t*>(stand_in(req_id_per_token));
+      m.block_table = static_cast<const int32_t*>(stand_in(block_table));
+      m.out_slots = static_cast<int32_t*>(stand_in(out_slots));
+      m.valid_counts = static_cast<int32_t*>(stand_in(valid_counts));
       throw_if_error(selkv::check_convert_req_indices_to_slots(m));
     }
   } else if constexpr (B == Backend::kCuda) {
     const CudaScope scope(out_slots);
     throw_if_error(selkv::convert_req_indices_to_slots(p, scope.stream()));
   } else if constexpr (B == Backend::kCpu) {
+    throw_if_error(selkv::check_convert_req_indices_to_slots(p));
     throw_if_error(selkv::ref::convert_req_indices_to_slots(p));
   }
 }
@@ -217,20 +221,22 @@ void gather_kv_bf16(const at::Tensor& cache, const at::Tensor& block_table,
   const GatherKvParams p =
       gather_params(cache, block_table, seq_starts, seq_lens, ws_starts, format, out);
   if constexpr (B == Backend::kMeta) {
+    MetaStandIns stand_in;  // the C++ checks on stand-in addresses (tensor_checks.h)
     if (concrete_sizes({cache, block_table, seq_starts, seq_lens, ws_starts, out})) {
       GatherKvParams m = p;
-      m.cache = meta_stand_in(cache, 1);
-      m.block_table = static_cast<const int32_t*>(meta_stand_in(block_table, 2));
-      m.seq_starts = static_cast<const int32_t*>(meta_stand_in(seq_starts, 3));
-      m.seq_lens = static_cast<const int32_t*>(meta_stand_in(seq_lens, 4));
-      m.ws_starts = static_cast<const int32_t*>(meta_stand_in(ws_starts, 5));
-      m.out = meta_stand_in(out, 6);
+      m.cache = stand_in(cache);
+      m.block_table = static_cast<const int32_t*>(stand_in(block_table));
+      m.seq_starts = static_cast<const int32_t*>(stand_in(seq_starts));
+      m.seq_lens = static_cast<const int32_t*>(stand_in(seq_lens));
+      m.ws_starts = static_cast<const int32_t*>(stand_in(ws_starts));
+      m.out = stand_in(out);
       throw_if_error(selkv::check_gather_kv_bf16(m));
     }
   } else if constexpr (B == Backend::kCuda) {
     const CudaScope scope(out);
     throw_if_error(selkv::gather_kv_bf16(p, scope.stream()));
   } else if constexpr (B == Backend::kCpu) {
+    throw_if_error(selkv::check_gather_kv_bf16(p));
     throw_if_error(selkv::ref::gather_kv_bf16(p));
   }
 }

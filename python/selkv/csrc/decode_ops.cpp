@@ -186,8 +186,8 @@ QShape check_q_tensor(const char* kOp, const at::Tensor& q, int64_t d_qk = fmt::
 }
 
 // The cache's record format, from its last dim: 656 bytes ds_mla_fp8, 584 model1_fp8 (FlashMLA's
-// MODEL1 tensor [num_blocks, page_size, 584] over padded pages). Anything else is reported by
-// check_cache_tensor as a ds_mla_fp8 shape error.
+// MODEL1 tensor [num_blocks, page_size, 584] over padded pages). A 3-d cache of neither is
+// rejected by the caller, naming both sizes; another rank by check_cache_tensor.
 KvFormat decode_cache_format(const at::Tensor& kv_cache) {
   return kv_cache.dim() == 3 && kv_cache.size(2) == fmt::kModel1RecordBytes ? KvFormat::kModel1Fp8
                                                                              : KvFormat::kDsMlaFp8;
@@ -441,29 +441,31 @@ void check_plan_tensors(const char* kOp, const at::Tensor& metadata, const at::T
   TensorArg(kOp, "workspace", workspace, "[plan workspace_bytes]").dtype(at::kByte).dims(1).contiguous();
 }
 
-// Meta kernels: the C++ checks on stand-in pointers (meta_stand_in). A length tensor stands in as
+// Meta kernels: the C++ checks on stand-in pointers (MetaStandIns). A length tensor stands in as
 // the address the plan recorded (the plan is matched to the tensors it was made with). `md` gets
 // the metadata's stand-in and size; false when a size is symbolic (then the call is checked when
 // it runs).
-const int32_t* stand_in_lengths(const std::optional<at::Tensor>& t, const int32_t* planned, uintptr_t region) {
+const int32_t* stand_in_lengths(const std::optional<at::Tensor>& t, const int32_t* planned, MetaStandIns& stand_in) {
   if (!t.has_value()) return nullptr;
-  return planned != nullptr ? planned : static_cast<const int32_t*>(meta_stand_in(region));
+  return planned != nullptr ? planned : static_cast<const int32_t*>(stand_in(t));
 }
 template <class P>
-bool meta_stand_ins(P* p, DecodeMetadata* md, const at::Tensor& metadata, const at::Tensor& workspace,
+bool meta_stand_ins(MetaStandIns& stand_in, P* p, DecodeMetadata* md, const at::Tensor& q, const at::Tensor& out,
+                    const at::Tensor& lse,
+                    const at::Tensor& metadata, const at::Tensor& workspace,
                     const std::optional<at::Tensor>& topk_length, const std::optional<at::Tensor>& attn_sink,
                     size_t* workspace_bytes) {
   const auto md_ints = metadata.sym_numel().maybe_as_int();
   const auto ws = workspace.sym_numel().maybe_as_int();
   if (!md_ints.has_value() || !ws.has_value()) return false;
-  p->q = meta_stand_in(1);
-  p->out = meta_stand_in(2);
-  p->lse = static_cast<float*>(meta_stand_in(3));
-  p->topk_length = stand_in_lengths(topk_length, md->shape.topk_length, 4);
-  p->attn_sink = attn_sink.has_value() ? static_cast<const float*>(meta_stand_in(5)) : nullptr;
-  md->data = static_cast<int32_t*>(meta_stand_in(6));
+  p->q = stand_in(q);
+  p->out = stand_in(out);
+  p->lse = static_cast<float*>(stand_in(lse));
+  p->topk_length = stand_in_lengths(topk_length, md->shape.topk_length, stand_in);
+  p->attn_sink = static_cast<const float*>(stand_in(attn_sink));
+  md->data = static_cast<int32_t*>(stand_in(metadata));  // null for an empty tensor, as when run
   md->bytes = size_t(*md_ints) * sizeof(int32_t);
-  md->valid = true;
+  md->valid = md->data != nullptr;
   *workspace_bytes = size_t(*ws);
   return true;
 }
@@ -489,15 +491,16 @@ void sparse_mla_decode(const at::Tensor& q, const at::Tensor& kv_cache, const at
   p.empty_lse_pos_inf = empty_lse_pos_inf;
   const DecodeMetadata md = metadata_of(kOp, metadata, plan);
   if constexpr (B == Backend::kMeta) {
+    MetaStandIns stand_in;  // the C++ checks on stand-in addresses (tensor_checks.h)
     DecodeMetadata m = md;
     size_t ws_bytes = 0;
-    if (meta_stand_ins(&p, &m, metadata, workspace, topk_length, attn_sink, &ws_bytes)) {
-      p.cache.data = meta_stand_in(7);
-      p.indices = static_cast<const int32_t*>(meta_stand_in(8));
+    if (meta_stand_ins(stand_in, &p, &m, q, out, lse, metadata, workspace, topk_length, attn_sink, &ws_bytes)) {
+      p.cache.data = stand_in(kv_cache);
+      p.indices = static_cast<const int32_t*>(stand_in(indices));
       if (extra_kv_cache.has_value()) {
-        p.extra_cache.data = meta_stand_in(9);
-        p.extra_indices = static_cast<const int32_t*>(meta_stand_in(10));
-        p.extra_topk_length = stand_in_lengths(extra_topk_length, m.shape.extra_topk_length, 11);
+        p.extra_cache.data = stand_in(*extra_kv_cache);
+        p.extra_indices = static_cast<const int32_t*>(stand_in(extra_indices));
+        p.extra_topk_length = stand_in_lengths(extra_topk_length, m.shape.extra_topk_length, stand_in);
       }
       throw_if_error(selkv::check_sparse_mla_decode(p, m, ws_bytes));
     }
@@ -530,11 +533,12 @@ void sparse_mla_decode_packed(const at::Tensor& q, const at::Tensor& packed_kv, 
   p.empty_lse_pos_inf = empty_lse_pos_inf;
   const DecodeMetadata md = metadata_of(kOp, metadata, plan);
   if constexpr (B == Backend::kMeta) {
+    MetaStandIns stand_in;  // the C++ checks on stand-in addresses (tensor_checks.h)
     DecodeMetadata m = md;
     size_t ws_bytes = 0;
     const auto kv_bytes = packed_kv.sym_numel().maybe_as_int();
-    if (kv_bytes.has_value() && meta_stand_ins(&p, &m, metadata, workspace, topk_length, attn_sink, &ws_bytes)) {
-      p.packed_kv = meta_stand_in(7);
+    if (kv_bytes.has_value() && meta_stand_ins(stand_in, &p, &m, q, out, lse, metadata, workspace, topk_length, attn_sink, &ws_bytes)) {
+      p.packed_kv = stand_in(packed_kv);
       p.packed_kv_bytes = size_t(*kv_bytes);
       throw_if_error(selkv::check_sparse_mla_decode_packed(p, m, ws_bytes));
     }

@@ -98,6 +98,7 @@ void merge_attn_states(at::TensorList outs, at::TensorList lses, const at::Tenso
     const CudaScope scope(out);
     throw_if_error(selkv::merge_attn_states(p, scope.stream()));
   } else if constexpr (B == Backend::kCpu) {
+    throw_if_error(selkv::check_merge_attn_states(p));  // the CUDA run's rules, then the oracle
     throw_if_error(selkv::ref::merge_attn_states(p));
   }
 }

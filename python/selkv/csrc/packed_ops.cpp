@@ -79,12 +79,13 @@ void pack_selected_kv(const at::Tensor& kv_cache, const at::Tensor& indices,
   const std::optional<size_t> bytes = packed_bytes(packed_kv);
   p.packed_kv_bytes = bytes.value_or(0);
   if constexpr (B == Backend::kMeta) {
+    MetaStandIns stand_in;  // the C++ checks on stand-in addresses (tensor_checks.h)
     if (bytes.has_value() && concrete_sizes({kv_cache, indices, topk_length})) {
-      PackSelectedKvParams m = p;  // the C++ checks on stand-ins (meta_stand_in)
-      m.cache.data = meta_stand_in(kv_cache, 1);
-      m.indices = static_cast<const int32_t*>(meta_stand_in(indices, 2));
-      m.topk_length = static_cast<const int32_t*>(meta_stand_in(topk_length, 3));
-      m.packed_kv = meta_stand_in(packed_kv, 4);
+      PackSelectedKvParams m = p;  // the C++ checks on stand-ins
+      m.cache.data = stand_in(kv_cache);
+      m.indices = static_cast<const int32_t*>(stand_in(indices));
+      m.topk_length = static_cast<const int32_t*>(stand_in(topk_length));
+      m.packed_kv = stand_in(packed_kv);
       throw_if_error(selkv::check_pack_selected_kv(m));
     } else {
       meta_checks(kOp, b, s, k, bytes);
@@ -122,11 +123,12 @@ void patch_packed_kv(const at::Tensor& packed_kv, int64_t batch, int64_t seq_q, 
   p.record_stride_bytes = n <= 1 ? std::max<int64_t>(records.stride(0), kRecord) : records.stride(0);
   p.num_records = n;
   if constexpr (B == Backend::kMeta) {
+    MetaStandIns stand_in;  // the C++ checks on stand-in addresses (tensor_checks.h)
     if (bytes.has_value() && concrete_sizes({positions, records})) {
       PatchPackedKvParams m = p;
-      m.packed_kv = meta_stand_in(packed_kv, 1);
-      m.positions = static_cast<const int64_t*>(meta_stand_in(positions, 2));
-      m.records = static_cast<const uint8_t*>(meta_stand_in(records, 3));
+      m.packed_kv = stand_in(packed_kv);
+      m.positions = static_cast<const int64_t*>(stand_in(positions));
+      m.records = static_cast<const uint8_t*>(stand_in(records));
       throw_if_error(selkv::check_patch_packed_kv(m));
     } else {
       meta_checks(kOp, batch, seq_q, topk, bytes);

@@ -76,13 +76,14 @@ void dequant_selected(const at::Tensor& cache, const at::Tensor& indices,
     p.out_indices_row_stride = std::max<int64_t>(p.out_indices_row_stride, K);
   }
   if constexpr (B == Backend::kMeta) {
+    MetaStandIns stand_in;  // the C++ checks on stand-in addresses (tensor_checks.h)
     if (concrete_sizes({cache, indices, topk_length, workspace, out_indices})) {
       DequantSelectedParams m = p;
-      m.cache.data = meta_stand_in(cache, 1);
-      m.indices = static_cast<const int32_t*>(meta_stand_in(indices, 2));
-      m.topk_length = static_cast<const int32_t*>(meta_stand_in(topk_length, 3));
-      m.workspace = meta_stand_in(workspace, 4);
-      m.out_indices = static_cast<int32_t*>(meta_stand_in(out_indices, 5));
+      m.cache.data = stand_in(cache);
+      m.indices = static_cast<const int32_t*>(stand_in(indices));
+      m.topk_length = static_cast<const int32_t*>(stand_in(topk_length));
+      m.workspace = stand_in(workspace);
+      m.out_indices = static_cast<int32_t*>(stand_in(out_indices));
       throw_if_error(selkv::check_dequant_selected(m));
     }
     return;
@@ -91,6 +92,7 @@ void dequant_selected(const at::Tensor& cache, const at::Tensor& indices,
     const CudaScope scope(workspace);
     throw_if_error(selkv::dequant_selected_kv(p, scope.stream()));
   } else if constexpr (B == Backend::kCpu) {
+    throw_if_error(selkv::check_dequant_selected(p));  // the CUDA run's rules, then the oracle
     throw_if_error(selkv::ref::dequant_selected(p));
   }
 }
@@ -144,19 +146,18 @@ SparsePrefillParams attn_params(const char* kOp, const at::Tensor& q, const at::
   return p;
 }
 
-// Meta: stand-ins for the C7 part of a composed call (regions 1-7; kv stays null: the composed call
-// sets it).
-void meta_attn_stand_ins(SparsePrefillParams* a, const at::Tensor& q, const at::Tensor& indices,
+// Meta: stand-ins for the C7 part of a call (kv stays null: the caller sets it).
+void meta_attn_stand_ins(MetaStandIns& stand_in, SparsePrefillParams* a, const at::Tensor& q, const at::Tensor& indices,
                          const std::optional<at::Tensor>& topk_length, const at::Tensor& out,
                          const at::Tensor& max_logits, const at::Tensor& lse,
                          const std::optional<at::Tensor>& attn_sink) {
-  a->q = meta_stand_in(q, 1);
-  a->out = meta_stand_in(out, 2);
-  a->indices = static_cast<const int32_t*>(meta_stand_in(indices, 3));
-  a->topk_length = static_cast<const int32_t*>(meta_stand_in(topk_length, 4));
-  a->max_logits = static_cast<float*>(meta_stand_in(max_logits, 5));
-  a->lse = static_cast<float*>(meta_stand_in(lse, 6));
-  a->attn_sink = static_cast<const float*>(meta_stand_in(attn_sink, 7));
+  a->q = stand_in(q);
+  a->out = stand_in(out);
+  a->indices = static_cast<const int32_t*>(stand_in(indices));
+  a->topk_length = static_cast<const int32_t*>(stand_in(topk_length));
+  a->max_logits = static_cast<float*>(stand_in(max_logits));
+  a->lse = static_cast<float*>(stand_in(lse));
+  a->attn_sink = static_cast<const float*>(stand_in(attn_sink));
 }
 
 template <Backend B>
@@ -175,16 +176,11 @@ void sparse_prefill(const at::Tensor& q, const at::Tensor& kv, const at::Tensor&
   p.kv_row_stride = kv.size(0) <= 1 ? std::max<int64_t>(kv.stride(0), p.d_qk) : kv.stride(0);
   if (p.num_kv == 0) p.kv = nullptr;
   if constexpr (B == Backend::kMeta) {
-    if (p.q == nullptr) {  // meta: validate shapes/scalars with stand-in pointers
-      // Never dereferenced; one 16 TiB region each, so the overlap checks see distinct tensors.
-      auto stand_in = [](uintptr_t region) { return reinterpret_cast<void*>(region << 44); };
-      SparsePrefillParams m = p;
-      m.q = stand_in(1);
-      m.out = stand_in(2);
-      m.indices = static_cast<const int32_t*>(stand_in(3));
-      m.kv = m.num_kv > 0 ? stand_in(4) : nullptr;
-      m.max_logits = m.lse = nullptr;
-      m.attn_sink = nullptr;
+    MetaStandIns stand_in;  // the C++ checks on stand-in addresses (tensor_checks.h)
+    if (concrete_sizes({q, kv, indices, topk_length, out, max_logits, lse, attn_sink})) {
+      SparsePrefillParams m = p;  // the C++ checks on stand-in pointers, as the composed routes'
+      meta_attn_stand_ins(stand_in, &m, q, indices, topk_length, out, max_logits, lse, attn_sink);
+      m.kv = stand_in(kv);
       throw_if_error(selkv::check_sparse_mla_prefill(m));
     }
     return;
@@ -193,6 +189,7 @@ void sparse_prefill(const at::Tensor& q, const at::Tensor& kv, const at::Tensor&
     const CudaScope scope(out);
     throw_if_error(selkv::sparse_mla_prefill(p, scope.stream()));
   } else if constexpr (B == Backend::kCpu) {
+    throw_if_error(selkv::check_sparse_mla_prefill(p));
     throw_if_error(selkv::ref::sparse_mla_prefill_strided(p));
   }
 }
@@ -230,11 +227,12 @@ void dequant_sparse_prefill(const at::Tensor& q, const at::Tensor& cache, const 
   p.workspace = mutable_data_or_null(workspace);
   p.workspace_bytes = size_t(workspace.numel());
   if constexpr (B == Backend::kMeta) {
+    MetaStandIns stand_in;  // the C++ checks on stand-in addresses (tensor_checks.h)
     if (concrete_sizes({q, cache, indices, topk_length, workspace, out, max_logits, lse, attn_sink})) {
       DequantPrefillParams m = p;
-      meta_attn_stand_ins(&m.attn, q, indices, topk_length, out, max_logits, lse, attn_sink);
-      m.cache.data = meta_stand_in(cache, 8);
-      m.workspace = meta_stand_in(workspace, 9);
+      meta_attn_stand_ins(stand_in, &m.attn, q, indices, topk_length, out, max_logits, lse, attn_sink);
+      m.cache.data = stand_in(cache);
+      m.workspace = stand_in(workspace);
       throw_if_error(selkv::check_dequant_sparse_mla_prefill(m));
     }
     return;
@@ -243,6 +241,7 @@ void dequant_sparse_prefill(const at::Tensor& q, const at::Tensor& cache, const 
     const CudaScope scope(out);
     throw_if_error(selkv::dequant_sparse_mla_prefill(p, scope.stream()));
   } else if constexpr (B == Backend::kCpu) {
+    throw_if_error(selkv::check_dequant_sparse_mla_prefill(p));
     throw_if_error(selkv::ref::dequant_sparse_mla_prefill(p));
   }
 }
@@ -301,16 +300,17 @@ void gather_sparse_prefill(const at::Tensor& q, const at::Tensor& cache, const a
   p.workspace = mutable_data_or_null(workspace);
   p.workspace_bytes = size_t(workspace.numel());
   if constexpr (B == Backend::kMeta) {
+    MetaStandIns stand_in;  // the C++ checks on stand-in addresses (tensor_checks.h)
     if (concrete_sizes({q, cache, block_table, seq_starts, seq_lens, ws_starts, indices, topk_length, workspace, out,
                         max_logits, lse, attn_sink})) {
       GatherPrefillParams m = p;
-      meta_attn_stand_ins(&m.attn, q, indices, topk_length, out, max_logits, lse, attn_sink);
-      m.gather.cache = meta_stand_in(cache, 8);
-      m.gather.block_table = static_cast<const int32_t*>(meta_stand_in(block_table, 9));
-      m.gather.seq_starts = static_cast<const int32_t*>(meta_stand_in(seq_starts, 10));
-      m.gather.seq_lens = static_cast<const int32_t*>(meta_stand_in(seq_lens, 11));
-      m.gather.ws_starts = static_cast<const int32_t*>(meta_stand_in(ws_starts, 12));
-      m.workspace = meta_stand_in(workspace, 13);
+      meta_attn_stand_ins(stand_in, &m.attn, q, indices, topk_length, out, max_logits, lse, attn_sink);
+      m.gather.cache = stand_in(cache);
+      m.gather.block_table = static_cast<const int32_t*>(stand_in(block_table));
+      m.gather.seq_starts = static_cast<const int32_t*>(stand_in(seq_starts));
+      m.gather.seq_lens = static_cast<const int32_t*>(stand_in(seq_lens));
+      m.gather.ws_starts = static_cast<const int32_t*>(stand_in(ws_starts));
+      m.workspace = stand_in(workspace);
       throw_if_error(selkv::check_gather_sparse_mla_prefill(m));
     }
     return;
@@ -319,6 +319,7 @@ void gather_sparse_prefill(const at::Tensor& q, const at::Tensor& cache, const a
     const CudaScope scope(out);
     throw_if_error(selkv::gather_sparse_mla_prefill(p, scope.stream()));
   } else if constexpr (B == Backend::kCpu) {
+    throw_if_error(selkv::check_gather_sparse_mla_prefill(p));
     throw_if_error(selkv::ref::gather_sparse_mla_prefill(p));
   }
 }

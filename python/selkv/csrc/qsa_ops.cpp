@@ -210,6 +210,7 @@ void qsa_sparse_prefill(const at::Tensor& q, const at::Tensor& k_cache, const at
     const CudaScope scope(out);
     throw_if_error(selkv::qsa_sparse_prefill(p, scope.stream()));
   } else if constexpr (B == Backend::kCpu) {
+    throw_if_error(selkv::check_qsa_sparse_prefill(p));  // the CUDA run's rules, then the oracle
     throw_if_error(selkv::ref::qsa_sparse_prefill(p));
   }
 }

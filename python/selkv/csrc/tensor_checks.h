@@ -19,6 +19,7 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace selkv::torch_ext {
 
@@ -123,17 +124,31 @@ inline float to_float(const char* op, const char* name, double v) {
   return f;
 }
 
-// Data pointers for the Params structs; meta tensors (shape-only, torch.compile) have none.
-// Meta kernels: meta tensors have no data, so the C++ API's checks run on these addresses instead
-// (never dereferenced; one 16 TiB region each, so the overlap checks see distinct tensors).
-inline void* meta_stand_in(uintptr_t region) { return reinterpret_cast<void*>(region << 44); }
-// A present, non-empty tensor's stand-in (an empty one has no address to check, as when run).
-inline void* meta_stand_in(const at::Tensor& t, uintptr_t region) {
-  return t.numel() > 0 ? meta_stand_in(region) : nullptr;
-}
-inline void* meta_stand_in(const std::optional<at::Tensor>& t, uintptr_t region) {
-  return t.has_value() ? meta_stand_in(*t, region) : nullptr;
-}
+// Meta kernels: meta tensors have no data, so the C++ API's checks run on stand-in addresses
+// (never dereferenced), one per call of this object: tensors that share a storage share a 16 TiB
+// region and sit at their storage offsets in it, so the overlap and alignment checks see what the
+// run would (allocations are at least 256-byte aligned); distinct storages get distinct regions.
+class MetaStandIns {
+ public:
+  // A present, non-empty tensor's stand-in (an empty one has no address to check, as when run).
+  void* operator()(const at::Tensor& t) {
+    if (t.numel() == 0) return nullptr;
+    const void* storage = t.storage().unsafeGetStorageImpl();
+    size_t i = 0;
+    while (i < storages_.size() && storages_[i] != storage) ++i;
+    if (i == storages_.size()) storages_.push_back(storage);
+    return static_cast<char*>(region(i + 1)) + t.storage_offset() * int64_t(t.itemsize());
+  }
+  void* operator()(const std::optional<at::Tensor>& t) { return t.has_value() ? (*this)(*t) : nullptr; }
+  // A region no tensor of this call uses (for an address that has no tensor).
+  void* fresh() { return region(kFreshBase + fresh_++); }
+
+ private:
+  static constexpr uintptr_t kFreshBase = 1024;
+  static void* region(uintptr_t r) { return reinterpret_cast<void*>(r << 44); }
+  std::vector<const void*> storages_;
+  uintptr_t fresh_ = 0;
+};
 // Whether a Meta call's tensors all have concrete sizes (torch.compile's dynamic shapes give
 // symbolic ones, whose values the checks cannot read: such a call is checked when it runs).
 inline bool concrete_sizes(std::initializer_list<std::optional<at::Tensor>> ts) {
@@ -142,6 +157,7 @@ inline bool concrete_sizes(std::initializer_list<std::optional<at::Tensor>> ts) 
   return true;
 }
 
+// Data pointers for the Params structs; meta tensors (shape-only, torch.compile) have none.
 inline const void* data_or_null(const at::Tensor& t) {
   return t.is_meta() ? nullptr : t.const_data_ptr();
 }
