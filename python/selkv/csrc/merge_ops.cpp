@@ -82,15 +82,14 @@ void merge_attn_states(at::TensorList outs, at::TensorList lses, const at::Tenso
   p.pos_inf_is_empty = pos_inf_is_empty;
 
   if constexpr (B == Backend::kMeta) {
-    // Never dereferenced; one 16 TiB region each, so the overlap checks see distinct tensors.
-    auto stand_in = [](uintptr_t region) { return reinterpret_cast<void*>(region << 44); };
+    MetaStandIns stand_in;  // the C++ checks on stand-in addresses (tensor_checks.h)
     MergeAttnStatesParams m = p;
     for (int64_t i = 0; i < n; ++i) {
-      m.outs[i] = stand_in(1 + i);
-      m.lses[i] = static_cast<const float*>(stand_in(1 + kMaxMergeShards + i));
+      m.outs[i] = stand_in(outs[i]);
+      m.lses[i] = static_cast<const float*>(stand_in(lses[i]));
     }
-    m.out = stand_in(1 + 2 * kMaxMergeShards);
-    m.lse = lse.has_value() ? static_cast<float*>(stand_in(2 + 2 * kMaxMergeShards)) : nullptr;
+    m.out = stand_in(out);
+    m.lse = static_cast<float*>(stand_in(lse));
     throw_if_error(selkv::check_merge_attn_states(m));
     return;
   }

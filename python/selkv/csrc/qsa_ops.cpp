@@ -56,9 +56,6 @@ QsaCacheView cache_view(const at::Tensor& c) {
   return v;
 }
 
-// Never dereferenced (Meta); one 16 TiB region each, so the overlap checks see distinct tensors.
-void* stand_in(uintptr_t region) { return reinterpret_cast<void*>(region << 44); }
-
 // The plan's inputs, shared by both ops: block_table, seq_lens, req_ids, positions and the
 // selection in one of its forms, for R rows. Fills p's request, selection and row fields.
 void fill_plan_inputs(const char* kOp, QsaSparsePrefillParams& p, int64_t R, const at::Tensor& block_table,
@@ -106,18 +103,18 @@ void fill_plan_inputs(const char* kOp, QsaSparsePrefillParams& p, int64_t R, con
   p.positions = static_cast<const int32_t*>(data_or_null(positions));
 }
 
-// The stand-ins of fill_plan_inputs' pointers (regions 4-10).
-void stand_in_plan_inputs(QsaSparsePrefillParams& m) {
-  m.block_table = static_cast<const int32_t*>(stand_in(4));
-  m.seq_lens = static_cast<const int32_t*>(stand_in(5));
-  m.req_ids = static_cast<const int32_t*>(stand_in(6));
-  m.positions = static_cast<const int32_t*>(stand_in(7));
-  if (m.form == QsaSelectionForm::kExpanded) {
-    m.selection = static_cast<const int32_t*>(stand_in(8));
-  } else {
-    m.block_ids = static_cast<const int32_t*>(stand_in(9));
-    m.block_counts = static_cast<const int32_t*>(stand_in(10));
-  }
+// Meta: the stand-ins of fill_plan_inputs' pointers.
+void stand_in_plan_inputs(MetaStandIns& stand_in, QsaSparsePrefillParams& m, const at::Tensor& block_table,
+                          const at::Tensor& seq_lens, const at::Tensor& req_ids, const at::Tensor& positions,
+                          const std::optional<at::Tensor>& selection, const std::optional<at::Tensor>& block_ids,
+                          const std::optional<at::Tensor>& block_counts) {
+  m.block_table = static_cast<const int32_t*>(stand_in(block_table));
+  m.seq_lens = static_cast<const int32_t*>(stand_in(seq_lens));
+  m.req_ids = static_cast<const int32_t*>(stand_in(req_ids));
+  m.positions = static_cast<const int32_t*>(stand_in(positions));
+  m.selection = static_cast<const int32_t*>(stand_in(selection));
+  m.block_ids = static_cast<const int32_t*>(stand_in(block_ids));
+  m.block_counts = static_cast<const int32_t*>(stand_in(block_counts));
 }
 
 // The plan tensor: uint8, 1-d, dense. Its size (qsa_metadata_size bytes or more) and, on the GPU,
@@ -194,15 +191,16 @@ void qsa_sparse_prefill(const at::Tensor& q, const at::Tensor& k_cache, const at
   p.out_head_stride = stride_or_zero(out, 1);
 
   if constexpr (B == Backend::kMeta) {
+    MetaStandIns stand_in;  // the C++ checks on stand-in addresses (tensor_checks.h)
     QsaSparsePrefillParams m = p;
-    m.q = stand_in(1);
-    m.k_cache.data = stand_in(2);
-    m.v_cache.data = stand_in(3);
-    stand_in_plan_inputs(m);
-    m.out = stand_in(11);
-    m.lse = lse.has_value() ? static_cast<float*>(stand_in(12)) : nullptr;
-    m.metadata = metadata.has_value() ? stand_in(13) : nullptr;
-    m.workspace = workspace.has_value() ? stand_in(14) : nullptr;
+    m.q = stand_in(q);
+    m.k_cache.data = stand_in(k_cache);
+    m.v_cache.data = stand_in(v_cache);
+    stand_in_plan_inputs(stand_in, m, block_table, seq_lens, req_ids, positions, selection, block_ids, block_counts);
+    m.out = stand_in(out);
+    m.lse = static_cast<float*>(stand_in(lse));
+    m.metadata = stand_in(metadata);
+    m.workspace = stand_in(workspace);
     throw_if_error(selkv::check_qsa_sparse_prefill(m));
     return;
   }
@@ -254,10 +252,11 @@ void qsa_plan(const at::Tensor& block_table, const at::Tensor& seq_lens, const a
   const size_t md_bytes = size_t(metadata.size(0));
 
   if constexpr (B == Backend::kMeta) {
+    MetaStandIns stand_in;  // the C++ checks on stand-in addresses (tensor_checks.h)
     QsaSparsePrefillParams m = p;
-    stand_in_plan_inputs(m);
+    stand_in_plan_inputs(stand_in, m, block_table, seq_lens, req_ids, positions, selection, block_ids, block_counts);
     qsa::Work work;
-    throw_if_error(qsa::check_params(kOp, m, qsa::Use::kPlan, /*device=*/true, &work, stand_in(13), md_bytes));
+    throw_if_error(qsa::check_params(kOp, m, qsa::Use::kPlan, /*device=*/true, &work, stand_in(metadata), md_bytes));
     return;
   }
   if constexpr (B == Backend::kCuda) {

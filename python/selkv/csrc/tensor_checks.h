@@ -131,13 +131,16 @@ inline float to_float(const char* op, const char* name, double v) {
 class MetaStandIns {
  public:
   // A present, non-empty tensor's stand-in (an empty one has no address to check, as when run).
+  // A symbolic size (torch.compile's dynamic shapes) counts as non-empty, a symbolic offset as 0.
   void* operator()(const at::Tensor& t) {
-    if (t.numel() == 0) return nullptr;
+    const auto numel = t.sym_numel().maybe_as_int();
+    if (numel.has_value() && *numel == 0) return nullptr;
     const void* storage = t.storage().unsafeGetStorageImpl();
     size_t i = 0;
     while (i < storages_.size() && storages_[i] != storage) ++i;
     if (i == storages_.size()) storages_.push_back(storage);
-    return static_cast<char*>(region(i + 1)) + t.storage_offset() * int64_t(t.itemsize());
+    const int64_t offset = t.sym_storage_offset().maybe_as_int().value_or(0);
+    return static_cast<char*>(region(i + 1)) + offset * int64_t(t.itemsize());
   }
   void* operator()(const std::optional<at::Tensor>& t) { return t.has_value() ? (*this)(*t) : nullptr; }
   // A region no tensor of this call uses (for an address that has no tensor).
