@@ -143,14 +143,10 @@ class MetaStandIns {
     return static_cast<char*>(region(i + 1)) + offset * int64_t(t.itemsize());
   }
   void* operator()(const std::optional<at::Tensor>& t) { return t.has_value() ? (*this)(*t) : nullptr; }
-  // A region no tensor of this call uses (for an address that has no tensor).
-  void* fresh() { return region(kFreshBase + fresh_++); }
 
  private:
-  static constexpr uintptr_t kFreshBase = 1024;
   static void* region(uintptr_t r) { return reinterpret_cast<void*>(r << 44); }
   std::vector<const void*> storages_;
-  uintptr_t fresh_ = 0;
 };
 // Whether a Meta call's tensors all have concrete sizes (torch.compile's dynamic shapes give
 // symbolic ones, whose values the checks cannot read: such a call is checked when it runs).
