@@ -85,12 +85,12 @@ def dcp_slot_mapping(
         block is not in the table, as :func:`selkv.convert_req_indices_to_slots` treats them.
     """
     op = "selkv.dcp_slot_mapping"
-    if positions.dim() != 1 or req_ids.dim() != 1 or req_ids.shape[0] != positions.shape[0]:
-        raise RuntimeError(f"{op}: positions and req_ids: expected two [T] tensors, got "
-                           f"{tuple(positions.shape)} and {tuple(req_ids.shape)}")
-    if block_table.dim() != 2:
-        raise RuntimeError(f"{op}: block_table: expected [num_reqs, max_local_blocks], got "
-                           f"{tuple(block_table.shape)}")
+    expect_dims(op, "positions", positions, 1, "[T]")
+    expect_dims(op, "req_ids", req_ids, 1, "[T]")
+    expect_dims(op, "block_table", block_table, 2, "[num_reqs, max_local_blocks]")
+    if req_ids.shape[0] != positions.shape[0]:
+        raise RuntimeError(f"{op}: req_ids: expected [T] = [{positions.shape[0]}] like positions, got "
+                           f"{tuple(req_ids.shape)}")
     if int(page_size) < 1:
         raise RuntimeError(f"{op}: page_size: must be >= 1, got {page_size}")
     local = dcp_local_positions(positions, rank, world_size).long()

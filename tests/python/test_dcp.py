@@ -173,7 +173,7 @@ def test_slot_mapping_skips_padding_requests(selkv):
     assert selkv.dcp.dcp_slot_mapping(pos, req, table[:0], 64, 0, 2).tolist() == [-1] * 6
     with pytest.raises(RuntimeError, match="dcp_slot_mapping: page_size: must be >= 1"):
         selkv.dcp.dcp_slot_mapping(pos, req, table, 0, 0, 2)
-    with pytest.raises(RuntimeError, match="dcp_slot_mapping: positions and req_ids"):
+    with pytest.raises(RuntimeError, match=r"dcp_slot_mapping: req_ids: expected \[T\] = \[6\] like positions"):
         selkv.dcp.dcp_slot_mapping(pos, req[:2], table, 64, 0, 2)
     with pytest.raises(RuntimeError, match="dcp_slot_mapping: block_table"):
         selkv.dcp.dcp_slot_mapping(pos, req, table[0], 64, 0, 2)

@@ -186,11 +186,15 @@ QShape check_q_tensor(const char* kOp, const at::Tensor& q, int64_t d_qk = fmt::
 }
 
 // The cache's record format, from its last dim: 656 bytes ds_mla_fp8, 584 model1_fp8 (FlashMLA's
-// MODEL1 tensor [num_blocks, page_size, 584] over padded pages). A 3-d cache of neither is
-// rejected by the caller, naming both sizes; another rank by check_cache_tensor.
-KvFormat decode_cache_format(const at::Tensor& kv_cache) {
-  return kv_cache.dim() == 3 && kv_cache.size(2) == fmt::kModel1RecordBytes ? KvFormat::kModel1Fp8
-                                                                             : KvFormat::kDsMlaFp8;
+// MODEL1 tensor [num_blocks, page_size, 584] over padded pages); a 3-d cache of neither is an
+// error naming both sizes, another rank is check_cache_tensor's (as ds_mla_fp8).
+KvFormat decode_cache_format(const char* kOp, const at::Tensor& kv_cache) {
+  if (kv_cache.dim() != 3) return KvFormat::kDsMlaFp8;
+  const int64_t rec = kv_cache.size(2);
+  TORCH_CHECK(rec == fmt::record_bytes(KvFormat::kDsMlaFp8) || rec == fmt::kModel1RecordBytes, kOp,
+              ": kv_cache: expected size 656 (ds_mla_fp8) or 584 (model1_fp8) in dim 2, got shape ",
+              kv_cache.sizes());
+  return rec == fmt::kModel1RecordBytes ? KvFormat::kModel1Fp8 : KvFormat::kDsMlaFp8;
 }
 
 // The tensors both decodes take besides q and the KV source: topk_length, attn_sink, out, lse.
@@ -246,12 +250,7 @@ SparseDecodeParams decode_params(const at::Tensor& q, const at::Tensor& kv_cache
                                  const std::optional<at::Tensor>& extra_indices,
                                  const std::optional<at::Tensor>& extra_topk_length) {
   constexpr const char* kOp = kDecodeOp;
-  // (the record size picks the format: name both when it is neither)
-  TORCH_CHECK(kv_cache.dim() != 3 || kv_cache.size(2) == fmt::record_bytes(KvFormat::kDsMlaFp8) ||
-                  kv_cache.size(2) == fmt::kModel1RecordBytes,
-              kOp, ": kv_cache: expected size 656 (ds_mla_fp8) or 584 (model1_fp8) in dim 2, got shape ",
-              kv_cache.sizes());
-  const KvFormat format = decode_cache_format(kv_cache);
+  const KvFormat format = decode_cache_format(kOp, kv_cache);
   const QShape qs = check_q_tensor(kOp, q, fmt::dequant_dim(format));
   const CacheTensorView cv = check_cache_tensor(kOp, "kv_cache", kv_cache, format);
   TensorArg(kOp, "indices", indices, "[batch, seq_q, topk]")
