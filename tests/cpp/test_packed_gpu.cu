@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "gpu_test_util.h"
+#include "packed/packed_layout.h"
 #include "reference/oracle.h"
 #include "selkv/packed.h"
 #include "test_util.h"
@@ -217,7 +218,14 @@ TEST(PackedGpu, EmptyCacheAndAllInvalid) {
                                nullptr).ok());
   CUDA_OK(cudaDeviceSynchronize());
   const auto got = down<uint8_t>(d.out, bytes + kCanary);
-  for (size_t i = 0; i < bytes; ++i) ASSERT_EQ(got[i], 0) << "byte " << i;
+  // Records and validity words all zero; the shape words name (B, S_q, K).
+  const size_t shape_at = size_t(packed::packed_shape_offset(int64_t(c.B) * c.S, c.K));
+  ASSERT_EQ(shape_at + packed::kShapeBytes, bytes);
+  for (size_t i = 0; i < shape_at; ++i) ASSERT_EQ(got[i], 0) << "byte " << i;
+  uint64_t lo = 0, hi = 0;
+  std::memcpy(&lo, got.data() + shape_at, 8);
+  std::memcpy(&hi, got.data() + shape_at + 8, 8);
+  EXPECT_TRUE(packed::packed_shape_matches(lo, hi, c.B, c.S, c.K)) << "shape words " << std::hex << lo << " " << hi;
   for (size_t i = bytes; i < got.size(); ++i) ASSERT_EQ(got[i], kPoison) << "canary byte " << i - bytes;
 }
 
