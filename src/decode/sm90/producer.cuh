@@ -202,7 +202,6 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, typena
   using Raw = RoundRawOf<L>;
   constexpr int kNopeChunks = L::kDimNope / 64;  // 64-byte NoPE chunks per record: 8 / 7
   constexpr int kKRowGroupStride = L::kKRowGroupStride;
-  constexpr int kDimNope = L::kDimNope;
   constexpr int kCluster = DecodeTraits<kNumHeads>::kCluster;
   constexpr int kRounds = DecodeTraits<kNumHeads>::kRoundsPerBlock;
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
