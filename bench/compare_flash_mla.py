@@ -64,8 +64,8 @@ class Timer:
     then depend on no library's place in the run. Timing one library's reps after the
     other's gives the second a hotter GPU under the board power cap."""
 
-    def __init__(self, reps: int, warmup: int, graph: bool):
-        self.reps, self.warmup, self.graph = reps, warmup, graph
+    def __init__(self, reps: int, warmup: int, graph: bool, order: str = "rotate"):
+        self.reps, self.warmup, self.graph, self.order = reps, warmup, graph, order
         self.flush_buf = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
 
     def _prepare(self, fn: Callable[[], object]) -> Callable[[], object]:
@@ -93,10 +93,14 @@ class Timer:
         n = len(calls)
         for r in range(self.reps):
             # Every call takes every place in the round: rotated by r, reversed every other n reps
-            # (a fixed a b c / c b a order kept b in the middle, a place of its own).
-            order = [(i + r) % n for i in range(n)]
-            if (r // n) % 2:
-                order.reverse()
+            # (a fixed a b c / c b a order kept b in the middle, a place of its own). "mirror" is
+            # that older order, kept to compare runs measured with it (--order).
+            if self.order == "mirror":
+                order = list(range(n)) if r % 2 == 0 else list(reversed(range(n)))
+            else:
+                order = [(i + r) % n for i in range(n)]
+                if (r // n) % 2:
+                    order.reverse()
             for i in order:
                 self.flush_buf.zero_()  # the host enqueues the call while the GPU runs the flush
                 if i in pre:
@@ -582,6 +586,9 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--graph", action="store_true", help="time CUDA-graph replays of the calls")
+    ap.add_argument("--order", choices=["rotate", "mirror"], default="rotate",
+                    help="order of the interleaved calls in a round: rotate (every call takes every place) or "
+                         "mirror (a b c, c b a: the order of the runs before 2026-12-05)")
     ap.add_argument("--min-blocks", type=int, default=0,
                     help="selkv decode (and model1) split granularity (0 = default)")
     ap.add_argument("--probe-pairing", action="store_true",
@@ -599,11 +606,11 @@ def main() -> int:
         return 2
     ops = set(args.ops.split(","))
     fm = import_flash_mla(args.flash_mla_module)
-    timer = Timer(args.reps, args.warmup, args.graph)
+    timer = Timer(args.reps, args.warmup, args.graph, args.order)
     gen = torch.Generator(device="cuda")
     gen.manual_seed(args.seed)
     gpu, ghash = torch.cuda.get_device_name(), git_hash()
-    timing = ("graph" if args.graph else "eager") + ",l2-flush,median,interleaved"
+    timing = ("graph" if args.graph else "eager") + ",l2-flush,median,interleaved" + ("-mirror" if args.order == "mirror" else "")
     ceiling = matmul_ceiling(timer)
     rows: list[Row] = []
     with torch.inference_mode():
