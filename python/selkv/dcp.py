@@ -199,8 +199,9 @@ def dcp_local_decode(
         ``(out [B, S_q, H, 512] bf16, lse [B, S_q, H] fp32)`` over the owned selected tokens
         (``0`` / ``-inf`` for a row with none).
     """
-    expect_dims("selkv.dcp_local_decode", "topk_positions", topk_positions, 3, "[B, S_q, K]")
-    expect_dims("selkv.dcp_local_decode", "kv_cache", kv_cache, 3, "[num_blocks, page_size, 656]")
+    op = "selkv.dcp_local_decode"
+    expect_dims(op, "topk_positions", topk_positions, 3, "[B, S_q, K]")
+    expect_dims(op, "kv_cache", kv_cache, 3, "[num_blocks, page_size, 656]")
     B, S, K = topk_positions.shape
     if req_id_per_token is None:
         req_id_per_token = torch.arange(B, dtype=torch.int32, device=topk_positions.device)
@@ -208,7 +209,7 @@ def dcp_local_decode(
     local = dcp_local_positions(topk_positions, rank, world_size).view(B * S, K)
     local_lens = None
     if token_seq_lens is not None:
-        expect_dims("selkv.dcp_local_decode", "token_seq_lens", token_seq_lens, 1, "[>= B * S_q]")
+        expect_dims(op, "token_seq_lens", token_seq_lens, 1, "[>= B * S_q]")
         # this rank holds global positions rank, rank + W, ...: local p < ceil((len - rank) / W)
         local_lens = torch.clamp(token_seq_lens.to(torch.int64) - rank + world_size - 1, min=0)
         local_lens = local_lens.div(world_size, rounding_mode="floor").to(torch.int32)

@@ -58,8 +58,10 @@ SELKV_HD constexpr bool packed_shape_matches(uint64_t lo, uint64_t hi, int32_t b
   const PackedShape s = packed_shape(batch, seq_q, topk);
   return lo == s.lo && hi == s.hi;
 }
-// What a patch at another shape writes into the K word (index 3): no call's K (a positive multiple
-// of 64) matches it, so every later decode of the buffer gives NaN rows until it is packed again.
+// What a patch at another shape writes into the K word (uint32 word kShapeTopkWord of the four):
+// no call's K (a positive multiple of 64) matches it, so every later decode of the buffer gives
+// NaN rows until it is packed again.
+inline constexpr int kShapeTopkWord = 3;
 inline constexpr uint32_t kPoisonedTopk = 0xFFFFFFFFu;
 
 static_assert(kTileEntries * kRecordBytes % 128 == 0, "a 64-record tile is 128-byte aligned");

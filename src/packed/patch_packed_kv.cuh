@@ -35,7 +35,7 @@ __global__ void __launch_bounds__(kPatchThreads) patch_packed_kv_kernel(const Pa
   const int lane = int(threadIdx.x) & 31;
   if (p.shape[0] != p.want.lo || p.shape[1] != p.want.hi) {  // every thread reads the same words: uniform
     if (blockIdx.x == 0 && threadIdx.x == 0)
-      reinterpret_cast<uint32_t*>(p.shape)[3] = kPoisonedTopk;
+      reinterpret_cast<uint32_t*>(p.shape)[kShapeTopkWord] = kPoisonedTopk;
     return;
   }
   const int64_t nwarps = int64_t(gridDim.x) * kPatchWarps;

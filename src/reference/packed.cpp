@@ -60,7 +60,7 @@ Status patch_packed_kv(const PatchPackedKvParams& p) {
   packed::PackedShape have;
   std::memcpy(&have, shape_words, sizeof have);
   if (!packed::packed_shape_matches(have.lo, have.hi, p.batch, p.seq_q, p.topk)) {  // another shape
-    std::memcpy(shape_words + 12, &packed::kPoisonedTopk, 4);  // poisoned, nothing written
+    std::memcpy(shape_words + 4 * packed::kShapeTopkWord, &packed::kPoisonedTopk, 4);  // poisoned, nothing written
     return Status::Ok();
   }
   for (int64_t i = 0; i < p.num_records; ++i) {

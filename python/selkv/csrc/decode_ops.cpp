@@ -450,8 +450,7 @@ const int32_t* stand_in_lengths(const std::optional<at::Tensor>& t, const int32_
 }
 template <class P>
 bool meta_stand_ins(MetaStandIns& stand_in, P* p, DecodeMetadata* md, const at::Tensor& q, const at::Tensor& out,
-                    const at::Tensor& lse,
-                    const at::Tensor& metadata, const at::Tensor& workspace,
+                    const at::Tensor& lse, const at::Tensor& metadata, const at::Tensor& workspace,
                     const std::optional<at::Tensor>& topk_length, const std::optional<at::Tensor>& attn_sink,
                     size_t* workspace_bytes) {
   const auto md_ints = metadata.sym_numel().maybe_as_int();
