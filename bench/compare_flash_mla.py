@@ -13,6 +13,9 @@ the prefill is ``[N, D]`` for selkv and the same memory as ``[N, 1, D]`` for Fla
 that the two outputs agree, and times both the same way: a 512 MiB buffer is zeroed before every
 timed call (L2 flush, as the C++ harness does), CUDA events around the call, median of the reps;
 schedule metadata is made outside the timed region (FlashMLA's on its first, untimed call).
+The memset leaves the SMs' instruction caches holding whatever ran before; ``--flush icache``
+adds the C++ harness's instruction-cache sweep (``bench/icache_sweep.cu``, compiled with nvcc on
+first use) so that every call starts with cold caches whatever ``--order`` puts before it.
 ``--graph`` times a CUDA-graph replay of the call instead of the eager call (both libraries are
 graph capturable); small decode shapes are dominated by launch latency either way, so say which.
 
@@ -40,9 +43,14 @@ import argparse
 import csv
 import dataclasses
 import importlib
+import ctypes
 import math
+import os
+import pathlib
 import re
+import shutil
 import statistics
+import subprocess
 import sys
 from typing import Callable
 
@@ -52,6 +60,33 @@ import selkv
 from bench_common import git_hash
 
 FLUSH_BYTES = 512 << 20
+
+
+def icache_sweep() -> Callable[[torch.Tensor], None]:
+    """The C++ harness's instruction-cache flush (bench/icache_sweep.cu) as a callable on the
+    current stream: the file compiled alone with nvcc into a shared library (cached by the
+    source's mtime) and called through ctypes."""
+    src = pathlib.Path(__file__).resolve().parent / "icache_sweep.cu"
+    cache = pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache")) / "selkv"
+    lib = cache / f"libselkv_icache_sweep_{int(src.stat().st_mtime)}.so"
+    if not lib.exists():
+        nvcc = shutil.which("nvcc") or os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc")
+        major, minor = torch.cuda.get_device_capability()
+        arch = f"{major}{minor}" + ("a" if major == 9 else "")
+        cache.mkdir(parents=True, exist_ok=True)
+        tmp = lib.with_suffix(f".{os.getpid()}.tmp")
+        subprocess.run([nvcc, "-O3", "-shared", "-Xcompiler", "-fPIC", f"-gencode=arch=compute_{arch},code=sm_{arch}",
+                        str(src), "-o", str(tmp)], check=True)
+        tmp.replace(lib)
+    fn = ctypes.CDLL(str(lib)).selkv_bench_icache_sweep
+    fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_void_p], ctypes.c_int
+
+    def sweep(sink: torch.Tensor) -> None:
+        err = fn(sink.data_ptr(), torch.cuda.current_stream().cuda_stream)
+        if err:
+            raise RuntimeError(f"icache sweep launch failed: cudaError {err}")
+
+    return sweep
 D_QK, D_V, RECORD_BYTES, PAGE = 576, 512, 656, 64
 
 
@@ -64,9 +99,13 @@ class Timer:
     then depend on no library's place in the run. Timing one library's reps after the
     other's gives the second a hotter GPU under the board power cap."""
 
-    def __init__(self, reps: int, warmup: int, graph: bool, order: str = "rotate"):
+    def __init__(self, reps: int, warmup: int, graph: bool, order: str = "rotate", flush: str = "memset"):
         self.reps, self.warmup, self.graph, self.order = reps, warmup, graph, order
         self.flush_buf = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+        # --flush icache: after the memset, 256 KB of code on every SM, so no call finds its own
+        # instructions cached from the call before it (the memset leaves them; which call ran
+        # before a call then depends on --order).
+        self.icache = icache_sweep() if flush == "icache" else None
 
     def _prepare(self, fn: Callable[[], object]) -> Callable[[], object]:
         for _ in range(self.warmup):
@@ -103,6 +142,8 @@ class Timer:
                     order.reverse()
             for i in order:
                 self.flush_buf.zero_()  # the host enqueues the call while the GPU runs the flush
+                if self.icache:
+                    self.icache(self.flush_buf)
                 if i in pre:
                     pre[i]()
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -589,6 +630,9 @@ def main() -> int:
     ap.add_argument("--order", choices=["rotate", "mirror"], default="rotate",
                     help="order of the interleaved calls in a round: rotate (every call takes every place) or "
                          "mirror (a b c, c b a: the order of the runs before 2026-12-05)")
+    ap.add_argument("--flush", choices=["memset", "icache"], default="memset",
+                    help="before every timed call: memset (a 512 MiB memset, the L2 flush) or icache (the memset, then "
+                         "256 KB of code on every SM: no call finds its own instructions cached; needs nvcc)")
     ap.add_argument("--min-blocks", type=int, default=0,
                     help="selkv decode (and model1) split granularity (0 = default)")
     ap.add_argument("--probe-pairing", action="store_true",
@@ -606,11 +650,11 @@ def main() -> int:
         return 2
     ops = set(args.ops.split(","))
     fm = import_flash_mla(args.flash_mla_module)
-    timer = Timer(args.reps, args.warmup, args.graph, args.order)
+    timer = Timer(args.reps, args.warmup, args.graph, args.order, args.flush)
     gen = torch.Generator(device="cuda")
     gen.manual_seed(args.seed)
     gpu, ghash = torch.cuda.get_device_name(), git_hash()
-    timing = ("graph" if args.graph else "eager") + ",l2-flush,median,interleaved" + ("-mirror" if args.order == "mirror" else "")
+    timing = ("graph" if args.graph else "eager") + (",l2-flush" if args.flush == "memset" else ",l2-icache-flush") + ",median,interleaved" + ("-mirror" if args.order == "mirror" else "")
     ceiling = matmul_ceiling(timer)
     rows: list[Row] = []
     with torch.inference_mode():

@@ -3,6 +3,8 @@
 
 #include "bench_util.h"
 
+extern "C" int selkv_bench_icache_sweep(void* sink, cudaStream_t stream);  // icache_sweep.cu
+
 namespace selkv::bench {
 namespace {
 
@@ -51,21 +53,10 @@ __global__ void read_sweep_kernel(const uint4* p, size_t n, uint4* sink) {
   if (acc == 0x9e3779b9u && threadIdx.x == 1023) sink[0] = make_uint4(acc, 0, 0, 0);
 }
 
-// 16384 dependent FFMAs with distinct immediates: 256 KB of code executed once, front to back.
-__global__ void __launch_bounds__(128) icache_sweep_kernel(float* sink) {
-  float x = float(threadIdx.x);
-#pragma unroll
-  for (int i = 0; i < 16384; ++i) x = fmaf(x, 0.999f, 1.0f + float(i) * 1e-6f);
-  if (x == -1.5f) sink[0] = x;
-}
-
 }  // namespace
 
 void device_icache_sweep(void* sink, cudaStream_t stream) {
-  int sms = 0;
-  SELKV_BENCH_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  icache_sweep_kernel<<<2 * sms, 128, 0, stream>>>(static_cast<float*>(sink));
-  SELKV_BENCH_CUDA(cudaGetLastError());
+  SELKV_BENCH_CUDA(cudaError_t(selkv_bench_icache_sweep(sink, stream)));
 }
 
 void device_read_sweep(const void* ptr, size_t bytes, void* sink, cudaStream_t stream) {
