@@ -63,7 +63,8 @@ struct DecodeShape {
   int32_t num_sms = 0;     // 0: read from the current device
   // Split-KV granularity: no part gets fewer 64-token blocks than this (fewer, longer parts cost
   // fewer partial writes and combine reads; more, shorter parts spread a small batch over more
-  // SMs). 0: the measured default for H and the call's block count (docs/decode-design.md §3);
+  // SMs). 0: the measured default for H and the call's block count (docs/decode-design.md §3;
+  // with fixed top-k, parts that lie inside rows when the balanced cut allows it);
   // a dynamic plan at the default may then cut parts of one block, when every block of the call
   // gets its own part and some row is longer than the default. At most 2^29.
   int32_t min_blocks_per_part = 0;

@@ -145,8 +145,12 @@ Status make_decode_metadata(const DecodeShape& shape, void* buffer, size_t buffe
   // Default granularity from the call's largest block count (dynamic top-k: the plan is made
   // before the lengths are known, so from K; a shorter length only makes the parts shorter).
   const int64_t max_blocks = call_blocks(shape);
-  const int32_t min_blocks = shape.min_blocks_per_part > 0 ? shape.min_blocks_per_part
-                                                           : decode::min_blocks_per_part(shape.num_heads, max_blocks);
+  const bool fixed_topk = shape.topk_length == nullptr && shape.extra_topk_length == nullptr;
+  const int32_t blocks_per_row = (shape.topk + shape.extra_topk) / decode::kBlockTokens;
+  const int32_t min_blocks =
+      shape.min_blocks_per_part > 0 ? shape.min_blocks_per_part
+      : fixed_topk ? decode::fixed_min_blocks_per_part(shape.num_heads, int32_t(max_blocks), blocks_per_row, parts)
+                   : decode::min_blocks_per_part(shape.num_heads, max_blocks);
   SELKV_CUDA_RETURN(decode::launch_decode_scheduler(shape.batch, shape.seq_q, shape.topk,
                                                     shape.topk_length, shape.extra_topk,
                                                     shape.extra_topk_length, parts, min_blocks,

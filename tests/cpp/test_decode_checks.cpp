@@ -353,6 +353,43 @@ TEST(DecodeChecks, DefaultMinBlocksPerPart) {
   EXPECT_EQ(min_blocks_per_part(64, int64_t(1) << 40), 4);
 }
 
+// Fixed top-k plans at the default granularity (decode_params.h, measured): H = 64 takes 2
+// blocks where the call-size rule says 3, and whole-row pieces of the balanced cut's longest part
+// L when L divides the row (T / L parts, fewer than the cut's). Arguments: heads, T blocks,
+// blocks per row, the plan's part count (132 SMs: 132 at H = 64, 66 clusters at H = 128).
+TEST(DecodeChecks, FixedTopkMinBlocksPerPart) {
+  using selkv::decode::effective_parts;
+  using selkv::decode::fixed_min_blocks_per_part;
+  EXPECT_EQ(fixed_min_blocks_per_part(64, 32, 32, 132), 1);     // B = 1 S_q = 1, K = 2048
+  EXPECT_EQ(fixed_min_blocks_per_part(64, 256, 32, 132), 2);    // 8 rows: 128 parts of 2
+  EXPECT_EQ(fixed_min_blocks_per_part(64, 384, 32, 132), 2);    // 12 rows: 3 -> 2
+  EXPECT_EQ(fixed_min_blocks_per_part(64, 448, 32, 132), 4);    // 14 rows: 112 parts of 4
+  EXPECT_EQ(fixed_min_blocks_per_part(64, 512, 32, 132), 4);    // 16 rows: 128 parts of 4 already
+  EXPECT_EQ(fixed_min_blocks_per_part(64, 768, 32, 132), 4);    // 24 rows: L = 6 does not divide 32
+  EXPECT_EQ(fixed_min_blocks_per_part(64, 1024, 32, 132), 8);   // 32 rows: 128 parts of 8
+  EXPECT_EQ(fixed_min_blocks_per_part(64, 3584, 32, 132), 4);   // 112 rows: L = 28
+  EXPECT_EQ(fixed_min_blocks_per_part(64, 40, 10, 132), 1);     // MODEL1 B = 2 S_q = 2, K 128 + K2 512
+  EXPECT_EQ(fixed_min_blocks_per_part(64, 1280, 10, 132), 10);  // MODEL1 B = 64: one row a part
+  EXPECT_EQ(fixed_min_blocks_per_part(128, 192, 32, 66), 2);    // 6 rows: L = 3
+  EXPECT_EQ(fixed_min_blocks_per_part(128, 224, 32, 66), 4);    // 7 rows: 56 parts of 4
+  EXPECT_EQ(fixed_min_blocks_per_part(128, 256, 32, 66), 4);    // 8 rows: 64 parts of 4 already
+  EXPECT_EQ(fixed_min_blocks_per_part(128, 512, 32, 66), 8);    // 16 rows: 64 parts of 8
+  EXPECT_EQ(fixed_min_blocks_per_part(128, 72, 18, 66), 2);     // MODEL1 B = 2, K 128 + K2 1024
+  // The property: never a longer part than the call-size rule's cut, never more parts.
+  for (int heads : {64, 128})
+    for (int32_t bpr : {1, 2, 3, 10, 18, 32, 256})
+      for (int32_t rows = 1; rows <= 160; ++rows) {
+        const int32_t T = rows * bpr, P = heads == 64 ? 132 : 66;
+        int32_t m0 = int32_t(selkv::decode::min_blocks_per_part(heads, T));
+        if (heads == 64 && m0 == 3) m0 = 2;
+        const int32_t m = fixed_min_blocks_per_part(heads, T, bpr, P);
+        const int32_t np0 = effective_parts(T, m0, P), np = effective_parts(T, m, P);
+        ASSERT_LE(np, np0) << heads << " " << bpr << " " << rows;
+        ASSERT_EQ((T - 1) / np + 1, (T - 1) / np0 + 1) << heads << " " << bpr << " " << rows;
+        if (m != m0) ASSERT_EQ(bpr % m, 0) << heads << " " << bpr << " " << rows;
+      }
+}
+
 // The partial format a plan uses (DecodeShape::partials; kAuto: fp32 up to 8192 block-heads, the
 // single-row calls that fp16 made slower on the H200, else fp16).
 TEST(DecodeChecks, PartialFormatByShape) {
