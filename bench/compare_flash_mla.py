@@ -41,9 +41,9 @@ from __future__ import annotations
 
 import argparse
 import csv
+import ctypes
 import dataclasses
 import importlib
-import ctypes
 import math
 import os
 import pathlib
@@ -60,6 +60,7 @@ import selkv
 from bench_common import git_hash
 
 FLUSH_BYTES = 512 << 20
+D_QK, D_V, RECORD_BYTES, PAGE = 576, 512, 656, 64
 
 
 def icache_sweep() -> Callable[[torch.Tensor], None]:
@@ -87,7 +88,6 @@ def icache_sweep() -> Callable[[torch.Tensor], None]:
             raise RuntimeError(f"icache sweep launch failed: cudaError {err}")
 
     return sweep
-D_QK, D_V, RECORD_BYTES, PAGE = 576, 512, 656, 64
 
 
 # ---- timing -------------------------------------------------------------------------------------
@@ -654,7 +654,8 @@ def main() -> int:
     gen = torch.Generator(device="cuda")
     gen.manual_seed(args.seed)
     gpu, ghash = torch.cuda.get_device_name(), git_hash()
-    timing = ("graph" if args.graph else "eager") + (",l2-flush" if args.flush == "memset" else ",l2-icache-flush") + ",median,interleaved" + ("-mirror" if args.order == "mirror" else "")
+    timing = (("graph" if args.graph else "eager") + (",l2-flush" if args.flush == "memset" else ",l2-icache-flush")
+              + ",median,interleaved" + ("-mirror" if args.order == "mirror" else ""))
     ceiling = matmul_ceiling(timer)
     rows: list[Row] = []
     with torch.inference_mode():

@@ -33,25 +33,6 @@ SELKV_DEC_HD constexpr int min_blocks_per_part(int num_heads, int64_t total_bloc
   return m < 2 ? 2 : (m > 4 ? 4 : int(m));
 }
 
-// Fixed top-k plans at the default granularity refine min_blocks_per_part with the call's row
-// length and part count (every row has blocks_per_row blocks, so the cut is known on the host):
-// - H = 64, 3 blocks -> 2: 3-block parts of 32-block rows measured slower than the full grid of
-//   2-3-block parts that the 2-block granularity gives.
-// - Whole-row pieces: when the balanced cut's longest part L divides blocks_per_row and T / L
-//   parts are fewer than the cut's, take L: the same longest part, no part straddling two rows (a
-//   second Q tile and epilogue) and fewer split rows (e.g. 1024 blocks at H = 64: 128 parts of 8
-//   instead of 132 of 7-8). Measured: docs/perf-log.md session 39, plan granularity.
-SELKV_DEC_HD constexpr int32_t fixed_min_blocks_per_part(int num_heads, int32_t total_blocks, int32_t blocks_per_row,
-                                                         int32_t num_sm_parts) {
-  int32_t m = int32_t(min_blocks_per_part(num_heads, total_blocks));
-  if (num_heads == 64 && m == 3) m = 2;
-  int32_t np = (total_blocks + m - 1) / m;
-  if (np > num_sm_parts) np = num_sm_parts;
-  if (np < 1) np = 1;
-  const int32_t longest = (total_blocks - 1) / np + 1;
-  return blocks_per_row > 0 && blocks_per_row % longest == 0 && total_blocks / longest < np ? longest : m;
-}
-
 // Partial format of split rows for DecodePartials::kAuto (a template parameter of the decode and
 // combine kernels, chosen per call from the plan's shape). fp16 with a power-of-two scale per
 // (slot, head, d_v half), written by the bf16 out path's whole-sector 16-byte stores, halves the
@@ -169,6 +150,23 @@ SELKV_DEC_HD int32_t effective_parts(int32_t total, int32_t min_blocks, int32_t 
   if (np > num_sm_parts) np = num_sm_parts;
   return np < 1 ? 1 : np;
 }
+// Fixed top-k plans at the default granularity refine min_blocks_per_part with the call's row
+// length and part count (every row has blocks_per_row blocks, so the cut is known on the host):
+// - H = 64, 3 blocks -> 2: 3-block parts of 32-block rows measured slower than the full grid of
+//   2-3-block parts that the 2-block granularity gives.
+// - Whole-row pieces: when the balanced cut's longest part L divides blocks_per_row and T / L
+//   parts are fewer than the cut's, take L: the same longest part, no part straddling two rows (a
+//   second Q tile and epilogue) and fewer split rows (e.g. 1024 blocks at H = 64: 128 parts of 8
+//   instead of 132 of 7-8). Measured: docs/perf-log.md session 39, plan granularity.
+SELKV_DEC_HD int32_t fixed_min_blocks_per_part(int num_heads, int32_t total_blocks, int32_t blocks_per_row,
+                                               int32_t num_sm_parts) {
+  int32_t m = int32_t(min_blocks_per_part(num_heads, total_blocks));
+  if (num_heads == 64 && m == 3) m = 2;
+  const int32_t np = effective_parts(total_blocks, m, num_sm_parts);
+  const int32_t longest = (total_blocks - 1) / np + 1;
+  return blocks_per_row > 0 && blocks_per_row % longest == 0 && total_blocks / longest < np ? longest : m;
+}
+
 // The row holding global block g: the last r < rows with prefix[r] <= g (prefix strictly
 // increasing: every row has at least one block).
 SELKV_DEC_HD int32_t row_containing(const int32_t* prefix, int32_t rows, int32_t g) {
