@@ -629,7 +629,7 @@ def main() -> int:
     ap.add_argument("--graph", action="store_true", help="time CUDA-graph replays of the calls")
     ap.add_argument("--order", choices=["rotate", "mirror"], default="rotate",
                     help="order of the interleaved calls in a round: rotate (every call takes every place) or "
-                         "mirror (a b c, c b a: the order of the runs before 2026-12-05)")
+                         "mirror (a b c, c b a: the order older result files were measured with)")
     ap.add_argument("--flush", choices=["memset", "icache"], default="memset",
                     help="before every timed call: memset (a 512 MiB memset, the L2 flush) or icache (the memset, then "
                          "256 KB of code on every SM: no call finds its own instructions cached; needs nvcc)")

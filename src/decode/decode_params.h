@@ -153,11 +153,12 @@ SELKV_DEC_HD int32_t effective_parts(int32_t total, int32_t min_blocks, int32_t 
 // Fixed top-k plans at the default granularity refine min_blocks_per_part with the call's row
 // length and part count (every row has blocks_per_row blocks, so the cut is known on the host):
 // - H = 64, 3 blocks -> 2: 3-block parts of 32-block rows measured slower than the full grid of
-//   2-3-block parts that the 2-block granularity gives.
+//   2-3-block parts that the 2-block granularity gives, with the same longest part (why is not
+//   known; dynamic plans, whose cuts differ, keep the call-size rule).
 // - Whole-row pieces: when the balanced cut's longest part L divides blocks_per_row and T / L
 //   parts are fewer than the cut's, take L: the same longest part, no part straddling two rows (a
 //   second Q tile and epilogue) and fewer split rows (e.g. 1024 blocks at H = 64: 128 parts of 8
-//   instead of 132 of 7-8). Measured: docs/perf-log.md session 39, plan granularity.
+//   instead of 132 of 7-8). (docs/perf-log.md: fixed_min_blocks_per_part.)
 SELKV_DEC_HD int32_t fixed_min_blocks_per_part(int num_heads, int32_t total_blocks, int32_t blocks_per_row,
                                                int32_t num_sm_parts) {
   int32_t m = int32_t(min_blocks_per_part(num_heads, total_blocks));
