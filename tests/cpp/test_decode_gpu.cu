@@ -137,7 +137,7 @@ TEST(DecodeGpu, DynamicTopkTails) {
   }
 }
 
-// Split granularity: rows split up to 32 ways (the combine merges them 8 partials per load
+// Split granularity: rows split up to 64 ways (the combine merges them 8 or 16 partials per load
 // batch), parts ending mid-row and spanning rows, fixed and dynamic schedules, with a sink.
 TEST(DecodeGpu, SplitGranularity) {
   SELKV_REQUIRE_GPU();
@@ -151,6 +151,9 @@ TEST(DecodeGpu, SplitGranularity) {
   for (const auto& c : cases)
     for (int min_blocks : {1, 3, 17}) check_case(c, 0, min_blocks, kBothFormats);
   check_case(cases[0], 9, 1, kBothFormats);  // 9 parts: 9 splits of one row (one full batch + 1)
+  // Rows split more than 32 ways: the combine's second chunk of 32 splits (lse and weights
+  // reloaded); the second row has no valid index (an empty row among split rows).
+  for (int H : {64, 128}) check_case({2, 1, H, 8192, 4096, 64}, 0, 1, kBothFormats);  // 64 / ~33 ways
 }
 
 // Split rows at any data scale: both partial formats (DecodePartials; fp16 is scaled per head
