@@ -32,9 +32,9 @@ constexpr int64_t kMaxCallBlocks = int64_t(1) << 29;
 
 // 64-token blocks of a call of this shape, at most (all of K for dynamic top-k): the size the
 // plan's defaults (granularity, partial format) are chosen from.
-int64_t call_blocks(const DecodeShape& s) {
-  return int64_t(s.batch) * s.seq_q * (s.topk / decode::kBlockTokens + s.extra_topk / decode::kBlockTokens);
-}
+// 64-token blocks of a row at full top-k (both caches), and of the whole call.
+int32_t row_blocks(const DecodeShape& s) { return s.topk / decode::kBlockTokens + s.extra_topk / decode::kBlockTokens; }
+int64_t call_blocks(const DecodeShape& s) { return int64_t(s.batch) * s.seq_q * row_blocks(s); }
 
 bool known_partials(DecodePartials f) {
   return f == DecodePartials::kAuto || f == DecodePartials::kFp32 || f == DecodePartials::kFp16;
@@ -146,10 +146,9 @@ Status make_decode_metadata(const DecodeShape& shape, void* buffer, size_t buffe
   // before the lengths are known, so from K; a shorter length only makes the parts shorter).
   const int64_t max_blocks = call_blocks(shape);
   const bool fixed_topk = shape.topk_length == nullptr && shape.extra_topk_length == nullptr;
-  const int32_t blocks_per_row = (shape.topk + shape.extra_topk) / decode::kBlockTokens;
   const int32_t min_blocks =
       shape.min_blocks_per_part > 0 ? shape.min_blocks_per_part
-      : fixed_topk ? decode::fixed_min_blocks_per_part(shape.num_heads, int32_t(max_blocks), blocks_per_row, parts)
+      : fixed_topk ? decode::fixed_min_blocks_per_part(shape.num_heads, int32_t(max_blocks), row_blocks(shape), parts)
                    : decode::min_blocks_per_part(shape.num_heads, max_blocks);
   SELKV_CUDA_RETURN(decode::launch_decode_scheduler(shape.batch, shape.seq_q, shape.topk,
                                                     shape.topk_length, shape.extra_topk,
