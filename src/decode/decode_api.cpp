@@ -30,9 +30,8 @@ bool aligned4(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 3u) 
 // and the part count adds the granularity to the block total; 2^29 keeps all of it far from 2^31.
 constexpr int64_t kMaxCallBlocks = int64_t(1) << 29;
 
-// 64-token blocks of a call of this shape, at most (all of K for dynamic top-k): the size the
-// plan's defaults (granularity, partial format) are chosen from.
-// 64-token blocks of a row at full top-k (both caches), and of the whole call.
+// 64-token blocks of a row at full top-k (both caches; all of K for dynamic top-k), and of the
+// whole call: the sizes the plan's defaults (granularity, partial format) are chosen from.
 int32_t row_blocks(const DecodeShape& s) { return s.topk / decode::kBlockTokens + s.extra_topk / decode::kBlockTokens; }
 int64_t call_blocks(const DecodeShape& s) { return int64_t(s.batch) * s.seq_q * row_blocks(s); }
 
