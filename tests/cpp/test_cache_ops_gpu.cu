@@ -80,12 +80,19 @@ __global__ void vector_codec_kernel(const uint16_t* bf16_in, uint8_t* enc, const
 }
 
 // UE8M0: every byte through the device twin; every code x every scale byte through the reader
-// rule (model1_fp8's dequant); the pow2 scale -> byte encoding on the device.
-__global__ void ue8m0_kernel(float* scale_of, uint16_t* dequant, uint8_t* enc, const float* amax, int n_amax) {
+// rule (model1_fp8's dequant) and through the decode kernels' bf16 power-of-two form (four codes a
+// word, each code in every byte position); the pow2 scale -> byte encoding on the device.
+__global__ void ue8m0_kernel(float* scale_of, uint16_t* dequant, uint16_t* dequant_pow2, uint8_t* enc,
+                             const float* amax, int n_amax) {
   const int b = blockIdx.x, code = threadIdx.x;  // 256 x 256
   const float s = dev::ue8m0_to_float(uint32_t(b));
   if (code == 0) scale_of[b] = s;
   dequant[b * 256 + code] = dev::dequant_e4m3(uint8_t(code), s);
+  uint32_t w = 0;
+  for (int i = 0; i < 4; ++i) w |= uint32_t((code + 64 * i) & 255) << (8 * i);
+  const uint2 v = dev::dequant_e4m3x4_pow2(w, dev::ue8m0_bf16x2(uint32_t(b)));
+  const uint32_t out[4] = {v.x & 0xffffu, v.x >> 16, v.y & 0xffffu, v.y >> 16};
+  for (int i = 0; i < 4; ++i) dequant_pow2[(i * 256 + b) * 256 + ((code + 64 * i) & 255)] = uint16_t(out[i]);
   for (int i = b * 256 + code; i < n_amax; i += 256 * 256) {
     enc[i] = codec::float_to_ue8m0(codec::tile_scale(amax[i], ScaleMode::kPow2));
   }
@@ -100,15 +107,17 @@ TEST(DeviceCodecGpu, Ue8m0MatchesCodec) {
   for (auto& a : amax) a = codec::bits_float(bits(rng));
   amax[0] = 0.f;
   amax[1] = std::numeric_limits<float>::infinity();
-  DevBuf dsc(256 * 4), ddq(256 * 256 * 2), denc(amax.size()), damax(amax.size() * 4);
+  DevBuf dsc(256 * 4), ddq(256 * 256 * 2), ddq2(4 * 256 * 256 * 2), denc(amax.size()), damax(amax.size() * 4);
   damax.upload(amax);
-  ue8m0_kernel<<<256, 256>>>(dsc.as<float>(), ddq.as<uint16_t>(), denc.as<uint8_t>(), damax.as<float>(),
-                             int(amax.size()));
+  ue8m0_kernel<<<256, 256>>>(dsc.as<float>(), ddq.as<uint16_t>(), ddq2.as<uint16_t>(), denc.as<uint8_t>(),
+                             damax.as<float>(), int(amax.size()));
   CUDA_OK(cudaDeviceSynchronize());
   const auto sc = dsc.download<float>();
   auto dq = ddq.download<uint16_t>();
+  auto dq2 = ddq2.download<uint16_t>();
   const auto enc = denc.download<uint8_t>();
   for (auto& w : dq) if ((w & 0x7fff) > 0x7f80) w = 0x7fff;  // NaN: both sides must be NaN
+  for (auto& w : dq2) if ((w & 0x7fff) > 0x7f80) w = 0x7fff;
   std::vector<float> want_sc(256);
   std::vector<uint16_t> want_dq(256 * 256);
   std::vector<uint8_t> want_enc(amax.size());
@@ -123,6 +132,10 @@ TEST(DeviceCodecGpu, Ue8m0MatchesCodec) {
   for (size_t i = 0; i < amax.size(); ++i) want_enc[i] = codec::float_to_ue8m0(codec::tile_scale(amax[i], ScaleMode::kPow2));
   EXPECT_TRUE(same_bits(want_sc, sc));
   EXPECT_TRUE(same_bits(want_dq, dq));
+  for (size_t i = 0; i < 4; ++i) {  // byte position i of the word
+    const std::vector<uint16_t> got(dq2.begin() + i * want_dq.size(), dq2.begin() + (i + 1) * want_dq.size());
+    EXPECT_TRUE(same_bits(want_dq, got)) << "dequant_e4m3x4_pow2, byte " << i;
+  }
   EXPECT_TRUE(same_bits(want_enc, enc));
 }
 

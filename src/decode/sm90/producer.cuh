@@ -452,11 +452,11 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, typena
     } else {
       CUTE_UNROLL
       for (int d = 0; d < kNopeChunks; ++d) {
-        const float s = dev::ue8m0_to_float(d < 4 ? r.sc.x >> (8 * d) : r.sc.y >> (8 * (d - 4)));  // chunk d = tile d
-        const uint2 a = dev::dequant_e4m3x4(r.nope[d].x, s);
-        const uint2 bq = dev::dequant_e4m3x4(r.nope[d].y, s);
-        const uint2 c = dev::dequant_e4m3x4(r.nope[d].z, s);
-        const uint2 e = dev::dequant_e4m3x4(r.nope[d].w, s);
+        const uint32_t s2 = dev::ue8m0_bf16x2(d < 4 ? r.sc.x >> (8 * d) : r.sc.y >> (8 * (d - 4)));  // chunk d = tile d
+        const uint2 a = dev::dequant_e4m3x4_pow2(r.nope[d].x, s2);
+        const uint2 bq = dev::dequant_e4m3x4_pow2(r.nope[d].y, s2);
+        const uint2 c = dev::dequant_e4m3x4_pow2(r.nope[d].z, s2);
+        const uint2 e = dev::dequant_e4m3x4_pow2(r.nope[d].w, s2);
         const uint4 lo = make_uint4(a.x, a.y, bq.x, bq.y), hi = make_uint4(c.x, c.y, e.x, e.y);
         const int o0 = base + d * 512 + c0, o1 = base + d * 512 + c1;
         store_local(o0, lo);
