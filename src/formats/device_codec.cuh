@@ -120,20 +120,26 @@ __device__ __forceinline__ uint32_t dequant_e4m3x2(uint32_t codes, float s) {
 #endif
 }
 
-// 4 E4M3 codes (byte i = element i) with one scale -> 4 bf16 (one uint2). The two
-// cvt.rn.f16x2.e4m3x2 read the halves of `w` as 16-bit registers, which ptxas maps to the F2FP
-// source half selector (R.H1) instead of a shift per word (`w >> 16`: one SHF per 4 values).
-__device__ __forceinline__ uint2 dequant_e4m3x4(uint32_t w, float s) {
-#if defined(SELKV_E4M3_SOFTWARE)
-  return make_uint2(dequant_e4m3x2(w, s), dequant_e4m3x2(w >> 16, s));
-#else
+// 4 E4M3 codes (byte i = element i) -> 4 exact floats (elements 0, 1 in .x, .y of the first).
+// The two cvt.rn.f16x2.e4m3x2 read the halves of `w` as 16-bit registers, which ptxas maps to the
+// F2FP source half selector (R.H1) instead of a shift per word (`w >> 16`: one SHF per 4 values).
+__device__ __forceinline__ void e4m3x4_to_float2x2(uint32_t w, float2& f01, float2& f23) {
   uint32_t r01, r23;
   asm("{\n\t.reg .b16 lo, hi;\n\tmov.b32 {lo, hi}, %2;\n\t"
       "cvt.rn.f16x2.e4m3x2 %0, lo;\n\tcvt.rn.f16x2.e4m3x2 %1, hi;\n\t}"
       : "=r"(r01), "=r"(r23)
       : "r"(w));
-  const float2 f01 = __half22float2(*reinterpret_cast<const __half2*>(&r01));
-  const float2 f23 = __half22float2(*reinterpret_cast<const __half2*>(&r23));
+  f01 = __half22float2(*reinterpret_cast<const __half2*>(&r01));
+  f23 = __half22float2(*reinterpret_cast<const __half2*>(&r23));
+}
+
+// 4 E4M3 codes (byte i = element i) with one scale -> 4 bf16 (one uint2).
+__device__ __forceinline__ uint2 dequant_e4m3x4(uint32_t w, float s) {
+#if defined(SELKV_E4M3_SOFTWARE)
+  return make_uint2(dequant_e4m3x2(w, s), dequant_e4m3x2(w >> 16, s));
+#else
+  float2 f01, f23;
+  e4m3x4_to_float2x2(w, f01, f23);
   const __nv_bfloat162 v01 = __floats2bfloat162_rn(__fmul_rn(f01.x, s), __fmul_rn(f01.y, s));
   const __nv_bfloat162 v23 = __floats2bfloat162_rn(__fmul_rn(f23.x, s), __fmul_rn(f23.y, s));
   return make_uint2(*reinterpret_cast<const uint32_t*>(&v01), *reinterpret_cast<const uint32_t*>(&v23));
@@ -153,13 +159,8 @@ __device__ __forceinline__ uint2 dequant_e4m3x4_pow2(uint32_t w, uint32_t scale2
 #if defined(SELKV_E4M3_SOFTWARE)
   return dequant_e4m3x4(w, __uint_as_float(scale2 << 16));
 #else
-  uint32_t r01, r23;
-  asm("{\n\t.reg .b16 lo, hi;\n\tmov.b32 {lo, hi}, %2;\n\t"
-      "cvt.rn.f16x2.e4m3x2 %0, lo;\n\tcvt.rn.f16x2.e4m3x2 %1, hi;\n\t}"
-      : "=r"(r01), "=r"(r23)
-      : "r"(w));
-  const float2 f01 = __half22float2(*reinterpret_cast<const __half2*>(&r01));
-  const float2 f23 = __half22float2(*reinterpret_cast<const __half2*>(&r23));
+  float2 f01, f23;
+  e4m3x4_to_float2x2(w, f01, f23);
   const __nv_bfloat162 sc = *reinterpret_cast<const __nv_bfloat162*>(&scale2);
   const __nv_bfloat162 v01 = __hmul2_rn(__floats2bfloat162_rn(f01.x, f01.y), sc);
   const __nv_bfloat162 v23 = __hmul2_rn(__floats2bfloat162_rn(f23.x, f23.y), sc);
