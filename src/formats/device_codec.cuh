@@ -157,7 +157,7 @@ __device__ __forceinline__ uint32_t ue8m0_bf16x2(uint32_t b) {
 
 __device__ __forceinline__ uint2 dequant_e4m3x4_pow2(uint32_t w, uint32_t scale2) {
 #if defined(SELKV_E4M3_SOFTWARE)
-  return dequant_e4m3x4(w, __uint_as_float(scale2 << 16));
+  return dequant_e4m3x4(w, bf16_lo(scale2));
 #else
   float2 f01, f23;
   e4m3x4_to_float2x2(w, f01, f23);
