@@ -114,6 +114,8 @@ __device__ __forceinline__ void store_row(const DecodeKernelParams& p, const Row
       p.accum_lse[int64_t(w.slot) * kNumHeads + h1] = lse1;
     }
   }
+  SELKV_TL(const bool tl_lead = (r0 | (lane & 3)) == 0;)  // lane 0 of the WG's first warp
+  SELKV_TL(if (tl_lead) tl_stamp(12 + 3 * cw);)
   if (kF16Partials || !w.split) {
     if (!w.split && p.attn_sink != nullptr) {
       if (any0) f0 *= selkv::sm90::sink_scale(p.attn_sink[h0], lse0);
@@ -139,11 +141,13 @@ __device__ __forceinline__ void store_row(const DecodeKernelParams& p, const Row
       stage_rows16(stage, lane, tOrO, [](float a, float b) { return bf16x2_bits(a, b); });
     }
     __syncwarp();
+    SELKV_TL(if (tl_lead) tl_stamp(13 + 3 * cw);)
     uint16_t* dst = orow + int64_t(head_base + 16 * warp_wg) * hs + cw * kDimVPerConsumer + lane * 8;
 #pragma unroll 4
     for (int j = 0; j < 16; ++j) {
       *reinterpret_cast<uint4*>(dst + j * hs) = lds_128(stage + uint32_t(stage_row_offset(j, lane)));
     }
+    SELKV_TL(if (tl_lead) tl_stamp(14 + 3 * cw);)
     if (cw == 0 && (lane & 3) == 0 && !to_slot) {
       float* lrow = p.lse + b * p.lse_batch_stride + s * p.lse_seq_stride;
       lrow[h0] = any0 ? lse0 : p.empty_lse;
