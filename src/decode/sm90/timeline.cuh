@@ -18,8 +18,9 @@ namespace selkv::decode::sm90 {
 // cluster sync), 8 its first index in a register, 9 its first round's first record chunk in a register
 // (8 and 9 make thread 0 wait for the value), 10 the PV WG's end, 11 the CTA's exit (after the cluster's
 // last barrier), 12-14 the softmax WG's and 15-17 the PV WG's last row epilogue (store_row): scaled
-// (after the partial scale and its stores), staged (after the stmatrix), stored (after the copy-out). The 4-heads combine kernel adds its own stamps
-// (entry, wait, lse table, merged, row ready, end: combine.cu), for the same launches.
+// (after the partial scale and its stores), staged (after the stmatrix), stored (after the copy-out).
+// The 4-heads combine kernel adds its own stamps (entry, wait, lse table, merged, row ready, end:
+// combine.cu), for the same launches.
 #if SELKV_DECODE_TIMELINE
 inline constexpr int kTlStamps = 18;
 inline constexpr int kTlMaxCtas = 512;  // CTAs stamped per launch (the grid is at most one per SM)
