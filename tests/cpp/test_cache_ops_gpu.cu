@@ -116,17 +116,17 @@ TEST(DeviceCodecGpu, Ue8m0MatchesCodec) {
   auto dq = ddq.download<uint16_t>();
   auto dq2 = ddq2.download<uint16_t>();
   const auto enc = denc.download<uint8_t>();
-  for (auto& w : dq) if ((w & 0x7fff) > 0x7f80) w = 0x7fff;  // NaN: both sides must be NaN
-  for (auto& w : dq2) if ((w & 0x7fff) > 0x7f80) w = 0x7fff;
+  // NaN results are compared as NaN, payload aside: both sides must be NaN.
+  auto nan_canonical = [](uint16_t w) -> uint16_t { return (w & 0x7fff) > 0x7f80 ? uint16_t(0x7fff) : w; };
+  for (auto& w : dq) w = nan_canonical(w);
+  for (auto& w : dq2) w = nan_canonical(w);
   std::vector<float> want_sc(256);
   std::vector<uint16_t> want_dq(256 * 256);
   std::vector<uint8_t> want_enc(amax.size());
   for (int b = 0; b < 256; ++b) {
     want_sc[size_t(b)] = codec::ue8m0_to_float(uint8_t(b));
     for (int c = 0; c < 256; ++c) {
-      uint16_t w = codec::dequant_e4m3(uint8_t(c), want_sc[size_t(b)]);
-      if ((w & 0x7fff) > 0x7f80) w = 0x7fff;  // NaN results: compared as NaN, payload aside
-      want_dq[size_t(b) * 256 + size_t(c)] = w;
+      want_dq[size_t(b) * 256 + size_t(c)] = nan_canonical(codec::dequant_e4m3(uint8_t(c), want_sc[size_t(b)]));
     }
   }
   for (size_t i = 0; i < amax.size(); ++i) want_enc[i] = codec::float_to_ue8m0(codec::tile_scale(amax[i], ScaleMode::kPow2));
