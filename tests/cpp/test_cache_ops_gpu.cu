@@ -31,6 +31,10 @@ using test::test_seed;
 
 #define SEED_TRACE(extra) SCOPED_TRACE("SELKV_TEST_SEED=" + std::to_string(test_seed()) + " " + (extra))
 
+// bf16 bits that are a NaN (any payload, either sign). The codec tests compare NaN results as NaN:
+// the oracle's payload is host-dependent.
+bool bf16_bits_are_nan(uint16_t w) { return (w & 0x7fff) > 0x7f80; }
+
 // Bytewise comparison with a readable first mismatch.
 template <typename T>
 ::testing::AssertionResult same_bits(const std::vector<T>& want, const std::vector<T>& got) {
@@ -117,7 +121,7 @@ TEST(DeviceCodecGpu, Ue8m0MatchesCodec) {
   auto dq2 = ddq2.download<uint16_t>();
   const auto enc = denc.download<uint8_t>();
   // NaN results are compared as NaN, payload aside: both sides must be NaN.
-  auto nan_canonical = [](uint16_t w) -> uint16_t { return (w & 0x7fff) > 0x7f80 ? uint16_t(0x7fff) : w; };
+  auto nan_canonical = [](uint16_t w) -> uint16_t { return bf16_bits_are_nan(w) ? uint16_t(0x7fff) : w; };
   for (auto& w : dq) w = nan_canonical(w);
   for (auto& w : dq2) w = nan_canonical(w);
   std::vector<float> want_sc(256);
@@ -244,9 +248,7 @@ TEST(DeviceCodecGpu, E4m3DecodeMatchesCodec) {
     for (int c = 0; c < 256; ++c) {
       const uint16_t want = codec::dequant_e4m3(uint8_t(c), scales[s]);
       const uint16_t g = got[size_t(s) * 256 + c];
-      const bool want_nan = (want & 0x7fff) > 0x7f80, got_nan = (g & 0x7fff) > 0x7f80;
-      // NaN results: the payload is host-dependent in the oracle; both must be NaN.
-      const bool ok = want_nan ? got_nan : g == want;
+      const bool ok = bf16_bits_are_nan(want) ? bf16_bits_are_nan(g) : g == want;  // NaN as NaN
       if (!ok && bad++ < 10) {
         ADD_FAILURE() << "code 0x" << std::hex << c << " scale 0x" << codec::float_bits(scales[s])
                       << " hw=0x" << g << " codec=0x" << want << std::dec;
