@@ -94,10 +94,11 @@ def icache_sweep() -> Callable[[torch.Tensor], None]:
 class Timer:
     """L2-flushed event timing shared by both libraries (median / min / max in microseconds).
 
-    Calls timed together are interleaved, each round in another order (a b, b a, b a, a b, ...;
-    three calls: all six orders): the clock and power state a call sees, and the call it follows,
-    then depend on no library's place in the run. Timing one library's reps after the
-    other's gives the second a hotter GPU under the board power cap."""
+    By default calls timed together are interleaved, each round in another order (a b, b a, b a,
+    a b, ...; three calls: all six orders): the clock and power state a call sees, and the call it
+    follows, then depend on no library's place in the run. Timing one library's reps after the
+    other's (``--order alone``, FlashMLA's own method) gives the second a hotter GPU under the
+    board power cap, and every call its own code in the instruction caches."""
 
     def __init__(self, reps: int, warmup: int, graph: bool, order: str = "rotate", flush: str = "memset"):
         self.reps, self.warmup, self.graph, self.order = reps, warmup, graph, order
@@ -130,29 +131,39 @@ class Timer:
         events: list[list[tuple]] = [[] for _ in calls]
         pre = pre or {}
         n = len(calls)
+        for i, _rep in self._schedule(n):
+            self.flush_buf.zero_()  # the host enqueues the call while the GPU runs the flush
+            if self.icache:
+                self.icache(self.flush_buf)
+            if i in pre:
+                pre[i]()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            calls[i]()
+            end.record()
+            events[i].append((start, end))
+        torch.cuda.synchronize()
+        return [[s.elapsed_time(e) * 1e3 for s, e in ev] for ev in events]
+
+    def _schedule(self, n: int) -> list[tuple[int, int]]:
+        """(call, rep) in run order. rotate: every call takes every place in the round, rotated by
+        the rep and reversed every other n reps (a fixed a b c / c b a order kept b in the middle,
+        a place of its own); mirror: that older order, kept to compare runs measured with it;
+        alone: each call's reps back to back, one call after the other (FlashMLA's own benchmark,
+        kernelkit's bench_kineto, and the C++ harness time each path so: a memset flush before every
+        rep, the call's own code still in the instruction caches from its previous rep)."""
+        if self.order == "alone":
+            return [(i, r) for i in range(n) for r in range(self.reps)]
+        run = []
         for r in range(self.reps):
-            # Every call takes every place in the round: rotated by r, reversed every other n reps
-            # (a fixed a b c / c b a order kept b in the middle, a place of its own). "mirror" is
-            # that older order, kept to compare runs measured with it (--order).
             if self.order == "mirror":
                 order = list(range(n)) if r % 2 == 0 else list(reversed(range(n)))
             else:
                 order = [(i + r) % n for i in range(n)]
                 if (r // n) % 2:
                     order.reverse()
-            for i in order:
-                self.flush_buf.zero_()  # the host enqueues the call while the GPU runs the flush
-                if self.icache:
-                    self.icache(self.flush_buf)
-                if i in pre:
-                    pre[i]()
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                calls[i]()
-                end.record()
-                events[i].append((start, end))
-        torch.cuda.synchronize()
-        return [[s.elapsed_time(e) * 1e3 for s, e in ev] for ev in events]
+            run += [(i, r) for i in order]
+        return run
 
     def __call__(self, fn: Callable[[], object]) -> tuple[float, float, float]:
         us = self._run([self._prepare(fn)])[0]
@@ -627,9 +638,10 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--graph", action="store_true", help="time CUDA-graph replays of the calls")
-    ap.add_argument("--order", choices=["rotate", "mirror"], default="rotate",
-                    help="order of the interleaved calls in a round: rotate (every call takes every place) or "
-                         "mirror (a b c, c b a: the order older result files were measured with)")
+    ap.add_argument("--order", choices=["rotate", "mirror", "alone"], default="rotate",
+                    help="order of the calls: rotate (interleaved, every call takes every place), "
+                         "mirror (a b c, c b a: the order older result files were measured with) or alone "
+                         "(each call's reps back to back: FlashMLA's own benchmark method)")
     ap.add_argument("--flush", choices=["memset", "icache"], default="memset",
                     help="before every timed call: memset (a 512 MiB memset, the L2 flush) or icache (the memset, then "
                          "256 KB of code on every SM: no call finds its own instructions cached; needs nvcc)")
@@ -655,7 +667,7 @@ def main() -> int:
     gen.manual_seed(args.seed)
     gpu, ghash = torch.cuda.get_device_name(), git_hash()
     timing = (("graph" if args.graph else "eager") + (",l2-flush" if args.flush == "memset" else ",l2-icache-flush")
-              + ",median,interleaved" + ("-mirror" if args.order == "mirror" else ""))
+              + ",median," + {"rotate": "interleaved", "mirror": "interleaved-mirror", "alone": "alone"}[args.order])
     ceiling = matmul_ceiling(timer)
     rows: list[Row] = []
     with torch.inference_mode():
