@@ -42,9 +42,9 @@ struct DecodeTraits {
 // WG2 = PV WG (O dims [256, 512) with P from smem). See the consumer section of the kernel.
 inline constexpr int kNumThreads = 384;
 inline constexpr int kNumConsumerThreads = 256;
-// 136 / 208 / 160: the producer's round loop needs more than 128, the softmax WG fits in 208 and
-// the PV WG (its epilogue) in 160; 144 / 200 / 160 and 144 / 208 / 152 spill more
-// (docs/perf-log.md: decode register split).
+// 136 / 208 / 160: the producer's round loop needs more than 128, the softmax WG's block loop fits
+// in 208 and the PV WG's in 160 (the code both run is at RegisterSplit::kShared); 144 / 200 / 160
+// and 144 / 208 / 152 spill more (docs/perf-log.md: decode register split).
 inline constexpr int kProducerRegs = 136;   // setmaxnreg.dec
 inline constexpr int kSoftmaxWgRegs = 208;  // setmaxnreg.inc: O (128) + S (32) + P (16) + state
 inline constexpr int kPvWgRegs = 160;       // setmaxnreg.dec: O (128) + state
@@ -67,6 +67,14 @@ struct RegisterSplit {
   static constexpr int kSoftmaxWg = kPairH64 || kModel1H64 ? 192 : kPairH128 ? 200 : kSoftmaxWgRegs;
   static constexpr int kPvWg = kModel1H64 ? kLaunchRegs : kPvWgRegs;
   static_assert(kProducer + kSoftmaxWg + kPvWg == 3 * kLaunchRegs, "setmaxnreg budget");
+  // H = 128 (consumer-bound) runs one copy of the consumer code for both warpgroups; H = 64
+  // (producer-bound) a copy per warpgroup at its own count (consumer.cuh run_consumer_wg).
+  static constexpr bool kOneConsumerCopy = kNumHeads == 128;
+  // The one copy's shared code (the row walk, the Q load, the row epilogue): half of what the
+  // producer leaves, in the allocation's units.
+  static constexpr int kShared = (3 * kLaunchRegs - kProducer) / 2 / 8 * 8;
+  static_assert(!kOneConsumerCopy || (kPvWg < kShared && kShared < kSoftmaxWg && kShared > kLaunchRegs),
+                "setmaxnreg directions");
 };
 inline constexpr int kTokensPerConsumer = kBlockN / 2;  // 32: the H = 128 cluster halves of a block
 inline constexpr int kDimVPerConsumer = kDimV / 2;      // 256

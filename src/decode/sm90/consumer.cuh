@@ -246,16 +246,29 @@ __device__ __forceinline__ void release_kv_tile(SS& ss, int buf, int lane) {
   }
 }
 
-// WG1: S, softmax, P, O_0 += P V_0.
-// `shape_words` (packed decode; null otherwise): the packed buffer's shape words, loaded here and
-// compared at each row end (long landed by then: no wait); a buffer whose words are not this
-// call's shape makes every row's sums NaN, so out and lse come out NaN, split rows included.
-template <class L, int kNumHeads, bool kF16Partials, class Iter>
-__device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, typename L::SharedStorage& ss, Iter it,
-                                               const uint64_t* shape_words = nullptr) {
-  const int tid_wg = int(threadIdx.x) - 128;
-  const int warp_wg = tid_wg / 32, lane = tid_wg % 32;
-  const int r0 = warp_wg * 16 + lane / 4, r1 = r0 + 8;
+// Where a consumer warpgroup is in the K tile ring (both walk the same blocks in the same order).
+struct KvRing {
+  int buf = 0;
+  uint32_t phase = 0;
+  __device__ __forceinline__ void advance() {
+    if (++buf == kNumKBufs) { buf = 0; phase ^= 1u; }
+  }
+};
+
+// WG1's blocks of row `w`: S, softmax, P, O_0 += P V_0; then the row's sums and maxima -> smem
+// for WG2 and the row-end barrier, which also orders every wgmma of this row before the next
+// row's Q load. Returns the row's statistics.
+// `shape_words` (packed decode; null otherwise): the packed buffer's shape words, loaded at the
+// row's start and compared at its end (long landed by then: no wait); a buffer whose words are
+// not this call's shape makes every row's sums NaN, so out and lse come out NaN, split rows
+// included.
+template <class L, int kNumHeads, class FragO>
+__device__ __forceinline__ RowStats softmax_wg_row(const DecodeKernelParams& p, typename L::SharedStorage& ss,
+                                                   const RowWork& w, KvRing& ring, FragO& tOrO, int tid_wg, int lane,
+                                                   int r0, int r1, const uint64_t* shape_words, bool& tl_first) {
+  const int warp_wg = tid_wg / 32;
+  const uint64_t shape_lo = shape_words != nullptr ? shape_words[0] : 0u;
+  const uint64_t shape_hi = shape_words != nullptr ? shape_words[1] : 0u;
   const float sl2 = p.sm_scale_log2;
 
   TiledMmaQK mma_qk;
@@ -264,144 +277,174 @@ __device__ __forceinline__ void run_softmax_wg(const DecodeKernelParams& p, type
   auto thr_pv = mma_pv.get_thread_slice(tid_wg);
   Tensor sQ = make_tensor(make_smem_ptr(ss.q), typename L::SmemLayoutQ{});
   Tensor tSrQ = thr_qk.partition_fragment_A(sQ);  // (MMA, 1, kDimQK / 16) descriptors
-  Tensor tOrO = partition_fragment_C(mma_pv, Shape<Int<kBlockM>, Int<kDimVPerConsumer>>{});
   Tensor tOrP = make_tensor<bf16_t>(partition_shape_A(mma_pv, Shape<Int<kBlockM>, Int<kBlockN>>{}));
-  static_assert(decltype(size(tOrO))::value == 128);
   static_assert(decltype(size(tOrP))::value == 32);
-
-  int buf = 0;
-  uint32_t phase = 0;
-  RowWork w;
-  SELKV_TL(bool tl_first = true;)
-  const uint64_t shape_lo = shape_words != nullptr ? shape_words[0] : 0u;
-  const uint64_t shape_hi = shape_words != nullptr ? shape_words[1] : 0u;
-  selkv::sm90::mbar_wait<true>(smem_u32(&ss.bar_first_loads), 0u);  // see run_producer
-  while (it.next(w)) {
-    load_q_tile<L>(p, ss, w);
-    SELKV_TL(if (tid_wg == 0 && tl_first) tl_stamp(3);)
-    clear(tOrO);
-    selkv::sm90::OnlineSoftmax2 sm;
-
-    for (int32_t blk = w.blk_begin; blk < w.blk_end; ++blk) {
-      wait_kv_tile<kNumHeads>(ss, buf, phase);
-
-      // S = Q K^T over kDimQK dims for the block's 64 tokens.
-      Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});
-      issue_s_gemm<L>(mma_qk, thr_qk, tSrQ, ss.k[buf], tSrS);
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(tSrS);
-      SELKV_TL(if (tid_wg == 0 && tl_first) { tl_stamp(4); tl_first = false; })
-
-      // Mask invalid tokens (bit t of the block's mask = token t), row maxima over the quad.
-      const float2 mx = sm.rowmax(tSrS, *reinterpret_cast<const uint64_t*>(ss.kv_valid_bits[buf]), lane);
-      // P = exp2(s * scale_log2 - m * scale_log2): row sums in fp32, P in bf16 registers.
-      const float2 sc = sm.advance(tSrS, sl2, fmaxf(sm.m0, mx.x), fmaxf(sm.m1, mx.y));
-      const float sc0 = sc.x, sc1 = sc.y;
-      CUTE_UNROLL
-      for (int i = 0; i < size(tSrS); i += 2) {
-        const uint32_t v = bf16x2_bits(tSrS(i), tSrS(i + 1));
-        *reinterpret_cast<uint32_t*>(&tOrP(i)) = v;
-      }
-
-      // Publish P and the rescale factors to WG2 (after it has finished with the previous ones).
-      if (blk != w.blk_begin) consumers_sync(NamedBar::kPFree);
-      // P tile by stmatrix: 4 instructions per thread instead of 16 four-byte stores (docs/perf-log.md:
-      // decode P tile). The u32 at
-      // tOrP(i) is (row half (i >> 1) & 1, column block i >> 2); store k writes column blocks 2k and
-      // 2k + 1 as matrices m = (half m & 1, block 2k + (m >> 1)), i.e. tOrP(8k + 2m).
-      {
-        const int m = lane >> 3;
-        const int srow = warp_wg * 16 + 8 * (m & 1) + (lane & 7);
-        auto u32_at = [&](int i) { return *reinterpret_cast<const uint32_t*>(&tOrP(i)); };
-        CUTE_UNROLL
-        for (int k = 0; k < 4; ++k)
-          stsm_x4(smem_u32(ss.p + p_tile_offset(srow, 8 * (2 * k + (m >> 1)))), u32_at(8 * k), u32_at(8 * k + 2),
-                  u32_at(8 * k + 4), u32_at(8 * k + 6));
-      }
-      if ((lane & 3) == 0) {
-        ss.row_scale[r0] = sc0;
-        ss.row_scale[r1] = sc1;
-      }
-      cutlass::arch::fence_view_async_shared();  // P tile: generic stores -> WG2's wgmma
-      consumers_arrive(NamedBar::kPReady);
-      // Once the running maxima settle the factors are exactly 1: skip the 128 multiplies
-      // (warp-uniform test; multiplying by 1 would give the same bits).
-      if (__any_sync(0xffffffffu, sc0 != 1.f || sc1 != 1.f)) {
-        CUTE_UNROLL
-        for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= ((i >> 1) & 1) ? sc1 : sc0;
-      }
-
-      // O_0 += P V_0 (V = first 512 dims of the same KV tile, read MN-major).
-      pv_gemm_wait<L>(mma_pv, thr_pv, tOrP, ss.k[buf], tOrO);
-
-      release_kv_tile<kNumHeads>(ss, buf, lane);
-      if (++buf == kNumKBufs) { buf = 0; phase ^= 1u; }
+  selkv::sm90::OnlineSoftmax2 sm;
+  // The P tile's stmatrix addresses (see the stores below), once a row: left to itself ptxas
+  // recomputes them every block in the code both warpgroups share (20 instructions a block).
+  uint32_t p_addr[4];
+  {
+    const int m = lane >> 3;
+    const int srow = warp_wg * 16 + 8 * (m & 1) + (lane & 7);
+    CUTE_UNROLL
+    for (int k = 0; k < 4; ++k) {
+      p_addr[k] = smem_u32(ss.p + p_tile_offset(srow, 8 * (2 * k + (m >> 1))));
+      asm volatile("mov.b32 %0, %0;" : "+r"(p_addr[k]));  // opaque: computed here, kept in a register
     }
-
-    // Row end: total row sums and maxima -> smem for WG2; the barrier also orders every wgmma of
-    // this row before the next row's Q load.
-    sm.finish();
-    if (shape_words != nullptr && !packed::packed_shape_matches(shape_lo, shape_hi, p.batch, p.seq_q, p.topk))
-      sm.l0 = sm.l1 = __uint_as_float(0x7fc00000u);  // NaN
-    if ((lane & 3) == 0) {
-      ss.row_sum[r0] = sm.l0;
-      ss.row_sum[r1] = sm.l1;
-      ss.row_max[r0] = sm.m0;
-      ss.row_max[r1] = sm.m1;
-    }
-    consumers_sync(NamedBar::kRowSum);
-    // WG2 reads row_sum / row_max right after kRowSum; WG1 rewrites them only after the next
-    // row's kQReady barrier, which WG2 reaches after that read.
-    SELKV_TL(if (tid_wg == 0) tl_stamp(6);)  // overwritten per row: the last row's remains
-    store_row<kNumHeads, kF16Partials>(p, w, smem_u32(ss.q), 0, lane, r0, r1, RowStats{sm.m0, sm.m1, sm.l0, sm.l1},
-                                       tOrO);
   }
-  SELKV_TL(if (tid_wg == 0) { tl_stamp(5); tl_finish(p); })
+
+  for (int32_t blk = w.blk_begin; blk < w.blk_end; ++blk) {
+    wait_kv_tile<kNumHeads>(ss, ring.buf, ring.phase);
+
+    // S = Q K^T over kDimQK dims for the block's 64 tokens.
+    Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});
+    issue_s_gemm<L>(mma_qk, thr_qk, tSrQ, ss.k[ring.buf], tSrS);
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tSrS);
+    SELKV_TL(if (tid_wg == 0 && tl_first) { tl_stamp(4); tl_first = false; })
+
+    // Mask invalid tokens (bit t of the block's mask = token t), row maxima over the quad.
+    const float2 mx = sm.rowmax(tSrS, *reinterpret_cast<const uint64_t*>(ss.kv_valid_bits[ring.buf]), lane);
+    // P = exp2(s * scale_log2 - m * scale_log2): row sums in fp32, P in bf16 registers.
+    const float2 sc = sm.advance(tSrS, sl2, fmaxf(sm.m0, mx.x), fmaxf(sm.m1, mx.y));
+    const float sc0 = sc.x, sc1 = sc.y;
+    CUTE_UNROLL
+    for (int i = 0; i < size(tSrS); i += 2) {
+      const uint32_t v = bf16x2_bits(tSrS(i), tSrS(i + 1));
+      *reinterpret_cast<uint32_t*>(&tOrP(i)) = v;
+    }
+
+    // Publish P and the rescale factors to WG2 (after it has finished with the previous ones).
+    if (blk != w.blk_begin) consumers_sync(NamedBar::kPFree);
+    // P tile by stmatrix: 4 instructions per thread instead of 16 four-byte stores (docs/perf-log.md:
+    // decode P tile). The u32 at tOrP(i) is (row half (i >> 1) & 1, column block i >> 2); store k
+    // writes column blocks 2k and 2k + 1 as matrices m = (half m & 1, block 2k + (m >> 1)), i.e.
+    // tOrP(8k + 2m).
+    {
+      auto u32_at = [&](int i) { return *reinterpret_cast<const uint32_t*>(&tOrP(i)); };
+      CUTE_UNROLL
+      for (int k = 0; k < 4; ++k)
+        stsm_x4(p_addr[k], u32_at(8 * k), u32_at(8 * k + 2), u32_at(8 * k + 4), u32_at(8 * k + 6));
+    }
+    if ((lane & 3) == 0) {
+      ss.row_scale[r0] = sc0;
+      ss.row_scale[r1] = sc1;
+    }
+    cutlass::arch::fence_view_async_shared();  // P tile: generic stores -> WG2's wgmma
+    consumers_arrive(NamedBar::kPReady);
+    // Once the running maxima settle the factors are exactly 1: skip the 128 multiplies
+    // (warp-uniform test; multiplying by 1 would give the same bits).
+    if (__any_sync(0xffffffffu, sc0 != 1.f || sc1 != 1.f)) {
+      CUTE_UNROLL
+      for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= ((i >> 1) & 1) ? sc1 : sc0;
+    }
+
+    // O_0 += P V_0 (V = first 512 dims of the same KV tile, read MN-major).
+    pv_gemm_wait<L>(mma_pv, thr_pv, tOrP, ss.k[ring.buf], tOrO);
+
+    release_kv_tile<kNumHeads>(ss, ring.buf, lane);
+    ring.advance();
+  }
+
+  sm.finish();
+  if (shape_words != nullptr && !packed::packed_shape_matches(shape_lo, shape_hi, p.batch, p.seq_q, p.topk))
+    sm.l0 = sm.l1 = __uint_as_float(0x7fc00000u);  // NaN
+  if ((lane & 3) == 0) {
+    ss.row_sum[r0] = sm.l0;
+    ss.row_sum[r1] = sm.l1;
+    ss.row_max[r0] = sm.m0;
+    ss.row_max[r1] = sm.m1;
+  }
+  consumers_sync(NamedBar::kRowSum);
+  // WG2 reads row_sum / row_max right after kRowSum; WG1 rewrites them only after the next
+  // row's kQReady barrier, which WG2 reaches after that read.
+  SELKV_TL(if (tid_wg == 0) tl_stamp(6);)  // overwritten per row: the last row's remains
+  return RowStats{sm.m0, sm.m1, sm.l0, sm.l1};
 }
 
-// WG2: O_1 = O_1 * scale + P V_1.
-template <class L, int kNumHeads, bool kF16Partials, class Iter>
-__device__ __forceinline__ void run_pv_wg(const DecodeKernelParams& p, typename L::SharedStorage& ss, Iter it) {
-  const int tid_wg = int(threadIdx.x) - 256;
-  const int warp_wg = tid_wg / 32, lane = tid_wg % 32;
-  const int r0 = warp_wg * 16 + lane / 4, r1 = r0 + 8;
-
+// WG2's blocks of row `w`: O_1 = O_1 * scale + P V_1; then the row-end barrier and the row's
+// statistics from WG1.
+template <class L, int kNumHeads, class FragO>
+__device__ __forceinline__ RowStats pv_wg_row(typename L::SharedStorage& ss, const RowWork& w, KvRing& ring,
+                                              FragO& tOrO, int tid_wg, int lane, int r0, int r1) {
   TiledMmaPV mma_pv;
   auto thr_pv = mma_pv.get_thread_slice(tid_wg);
   Tensor sP = make_tensor(make_smem_ptr(ss.p), SmemLayoutP{});
   Tensor tOrP = thr_pv.partition_fragment_A(sP);  // (MMA, 1, 4) descriptors
-  Tensor tOrO = partition_fragment_C(mma_pv, Shape<Int<kBlockM>, Int<kDimVPerConsumer>>{});
-  static_assert(decltype(size(tOrO))::value == 128);
 
-  int buf = 0;
-  uint32_t phase = 0;
+  for (int32_t blk = w.blk_begin; blk < w.blk_end; ++blk) {
+    consumers_sync(NamedBar::kPReady);
+    // WG1 waited for this tile before publishing P; waiting here too is free and keeps the
+    // async-proxy visibility chain explicit (producer fence -> mbarrier -> this thread).
+    wait_kv_tile<kNumHeads>(ss, ring.buf, ring.phase);
+    const float sc0 = ss.row_scale[r0], sc1 = ss.row_scale[r1];
+    if (__any_sync(0xffffffffu, sc0 != 1.f || sc1 != 1.f)) {
+      CUTE_UNROLL
+      for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= ((i >> 1) & 1) ? sc1 : sc0;
+    }
+
+    pv_gemm_wait<L>(mma_pv, thr_pv, tOrP, ss.k[ring.buf] + kVHalfDimOffset, tOrO);
+
+    release_kv_tile<kNumHeads>(ss, ring.buf, lane);
+    if (blk + 1 != w.blk_end) consumers_arrive(NamedBar::kPFree);
+    ring.advance();
+  }
+  consumers_sync(NamedBar::kRowSum);
+  return RowStats{ss.row_max[r0], ss.row_max[r1], ss.row_sum[r0], ss.row_sum[r1]};
+}
+
+// The consumer warpgroups: cw = 0 the softmax WG (WG1), cw = 1 the PV WG (WG2), which owns
+// d_v [256 cw, 256 cw + 256) of O. Only the block loops differ, so the row walk, the Q load and
+// the row epilogue are one source. kWg = kEitherWg (Regs::kOneConsumerCopy) makes them one copy
+// of the code run by both warpgroups: the second to reach a row's epilogue finds it in the
+// instruction cache (a launch ends on that epilogue, fetched cold; docs/perf-log.md: one
+// consumer function). kWg = 0 / 1 compiles a copy per warpgroup, each at its own register count.
+// Registers of the one copy: ptxas holds code reachable from both warpgroups to the count of the
+// path into it with the fewest, so the shared code runs at Regs::kShared in both; each block loop
+// runs at its warpgroup's own count. WG2 drops to kPvWg before its loop and WG1 then rises to
+// kSoftmaxWg (setmaxnreg.inc waits for the registers); after the row-end barrier WG1 drops back
+// first. Neither wait can close a cycle: a drop never waits.
+inline constexpr int kEitherWg = -1;
+template <class L, int kNumHeads, bool kF16Partials, class Regs, int kWg, class Iter>
+__device__ __forceinline__ void run_consumer_wg(const DecodeKernelParams& p, typename L::SharedStorage& ss, Iter it,
+                                                const uint64_t* shape_words) {
+  constexpr bool kOneCopy = kWg == kEitherWg;
+  const int cw = kOneCopy ? int(threadIdx.x) / 128 - 1 : kWg;  // warpgroup-uniform
+  const int tid_wg = int(threadIdx.x) % 128;
+  const int warp_wg = tid_wg / 32, lane = tid_wg % 32;
+  const int r0 = warp_wg * 16 + lane / 4, r1 = r0 + 8;
+
+  Tensor tOrO = partition_fragment_C(TiledMmaPV{}, Shape<Int<kBlockM>, Int<kDimVPerConsumer>>{});
+  static_assert(decltype(size(tOrO))::value == 128);
+  KvRing ring;
   RowWork w;
+  bool tl_first = true;
   selkv::sm90::mbar_wait<true>(smem_u32(&ss.bar_first_loads), 0u);  // see run_producer
   while (it.next(w)) {
     load_q_tile<L>(p, ss, w);
+    SELKV_TL(if (cw == 0 && tid_wg == 0 && tl_first) tl_stamp(3);)
     clear(tOrO);
-    for (int32_t blk = w.blk_begin; blk < w.blk_end; ++blk) {
-      consumers_sync(NamedBar::kPReady);
-      // WG1 waited for this tile before publishing P; waiting here too is free and keeps the
-      // async-proxy visibility chain explicit (producer fence -> mbarrier -> this thread).
-      wait_kv_tile<kNumHeads>(ss, buf, phase);
-      const float sc0 = ss.row_scale[r0], sc1 = ss.row_scale[r1];
-      if (__any_sync(0xffffffffu, sc0 != 1.f || sc1 != 1.f)) {
-        CUTE_UNROLL
-        for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= ((i >> 1) & 1) ? sc1 : sc0;
-      }
-
-      pv_gemm_wait<L>(mma_pv, thr_pv, tOrP, ss.k[buf] + kVHalfDimOffset, tOrO);
-
-      release_kv_tile<kNumHeads>(ss, buf, lane);
-      if (blk + 1 != w.blk_end) consumers_arrive(NamedBar::kPFree);
-      if (++buf == kNumKBufs) { buf = 0; phase ^= 1u; }
+    RowStats st;
+    if (cw == 0) {
+      if constexpr (kOneCopy) cutlass::arch::warpgroup_reg_alloc<Regs::kSoftmaxWg>();
+      st = softmax_wg_row<L, kNumHeads>(p, ss, w, ring, tOrO, tid_wg, lane, r0, r1, shape_words, tl_first);
+      if constexpr (kOneCopy) cutlass::arch::warpgroup_reg_dealloc<Regs::kShared>();
+    } else {
+      if constexpr (kOneCopy) cutlass::arch::warpgroup_reg_dealloc<Regs::kPvWg>();
+      st = pv_wg_row<L, kNumHeads>(ss, w, ring, tOrO, tid_wg, lane, r0, r1);
+      if constexpr (kOneCopy) cutlass::arch::warpgroup_reg_alloc<Regs::kShared>();
     }
-    consumers_sync(NamedBar::kRowSum);
-    const RowStats st{ss.row_max[r0], ss.row_max[r1], ss.row_sum[r0], ss.row_sum[r1]};
-    store_row<kNumHeads, kF16Partials>(p, w, smem_u32(ss.q), 1, lane, r0, r1, st, tOrO);
+    store_row<kNumHeads, kF16Partials>(p, w, smem_u32(ss.q), cw, lane, r0, r1, st, tOrO);
   }
-  SELKV_TL(if (tid_wg == 0) tl_stamp(10);)
+  SELKV_TL(if (tid_wg == 0) {
+    if (cw == 0) {
+      tl_stamp(5);
+      tl_finish(p);
+    } else {
+      tl_stamp(10);
+    }
+  })
+  (void)tl_first;
 }
 
 }  // namespace selkv::decode::sm90

@@ -566,7 +566,7 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, typena
   load_index(s1, s1p, e1);  // round 1
   SELKV_TL(if (threadIdx.x == 0) { tl_wait_value(uint32_t(s0)); tl_stamp(8); })
   issue_loads(s0, e0, x0);
-  // The consumers issue their Q tile's copies only now (run_softmax_wg / run_pv_wg): issued at
+  // The consumers issue their Q tile's copies only now (run_consumer_wg): issued at
   // the same time as the first index and record loads, its 4 K copies delayed those loads.
   // (relaxed: a signal of issue order; a release arrive or a named barrier would hold the loads)
   if (lane == 0) selkv::sm90::mbar_arrive<true>(smem_u32(&ss.bar_first_loads));

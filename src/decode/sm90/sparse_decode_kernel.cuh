@@ -3,7 +3,8 @@
 // One CTA = one 64-head group x one part of the split-KV schedule (a run of (row, 64-token
 // block) items). WG0 (producer.cuh) dequantizes FP8 records into a double-buffered bf16 K tile
 // ring; WG1 (consumer.cuh, softmax WG) computes S for all 64 tokens, the online softmax and
-// O[:, 0:256]; WG2 (PV WG) computes O[:, 256:512] from WG1's P tile. H = 128 runs as a 2-CTA
+// O[:, 0:256]; WG2 (PV WG) computes O[:, 256:512] from WG1's P tile. WG1 and WG2 run one function
+// (run_consumer_wg) that differs only in the block loop. H = 128 runs as a 2-CTA
 // cluster sharing the dequantized tiles.
 #pragma once
 
@@ -91,21 +92,24 @@ sparse_decode_sm90_kernel(const __grid_constant__ DecodeKernelParams p) {
 
   const int wg = int(threadIdx.x) / 128;
   // Branch order sets the code layout (ptxas places the else path first): the producer's code right
-  // after the prologue, then the softmax WG's, then the PV WG's. With the producer's code last, a
+  // after the prologue, then the consumers'. With the producer's code last, a
   // call with cold instruction caches (as in a serving engine) started its first KV block later
   // (docs/perf-log.md: decode code layout).
   using Regs = RegisterSplit<kNumHeads, kDynamic, kF16Partials, kPacked, kFormat>;
   if (wg != 0) {
-    if (wg == 2) {
+    // packed: the buffer's shape words (p.cache is the buffer, p.num_slots its B * S_q * K)
+    const uint64_t* shape_words = nullptr;
+    if constexpr (kPacked)
+      shape_words = reinterpret_cast<const uint64_t*>(p.cache + packed::packed_shape_offset(1, p.num_slots));
+    if constexpr (Regs::kOneConsumerCopy) {
+      cutlass::arch::warpgroup_reg_alloc<Regs::kShared>();
+      run_consumer_wg<L, kNumHeads, kF16Partials, Regs, kEitherWg>(p, ss, it, shape_words);
+    } else if (wg == 2) {
       if constexpr (Regs::kPvWg != kLaunchRegs) cutlass::arch::warpgroup_reg_dealloc<Regs::kPvWg>();
-      run_pv_wg<L, kNumHeads, kF16Partials>(p, ss, it);
+      run_consumer_wg<L, kNumHeads, kF16Partials, Regs, 1>(p, ss, it, nullptr);
     } else {
       cutlass::arch::warpgroup_reg_alloc<Regs::kSoftmaxWg>();
-      // packed: the buffer's shape words (p.cache is the buffer, p.num_slots its B * S_q * K)
-      const uint64_t* shape_words = nullptr;
-      if constexpr (kPacked)
-        shape_words = reinterpret_cast<const uint64_t*>(p.cache + packed::packed_shape_offset(1, p.num_slots));
-      run_softmax_wg<L, kNumHeads, kF16Partials>(p, ss, it, shape_words);
+      run_consumer_wg<L, kNumHeads, kF16Partials, Regs, 0>(p, ss, it, shape_words);
     }
   } else {
     cutlass::arch::warpgroup_reg_dealloc<Regs::kProducer>();
