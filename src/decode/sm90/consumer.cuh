@@ -281,7 +281,7 @@ __device__ __forceinline__ RowStats softmax_wg_row(const DecodeKernelParams& p, 
   static_assert(decltype(size(tOrP))::value == 32);
   selkv::sm90::OnlineSoftmax2 sm;
   // The P tile's stmatrix addresses (see the stores below), once a row: left to itself ptxas
-  // recomputes them every block in the code both warpgroups share (20 instructions a block).
+  // recomputes them every block in the one-copy build (kEitherWg; 20 instructions a block).
   uint32_t p_addr[4];
   {
     const int m = lane >> 3;
@@ -444,7 +444,6 @@ __device__ __forceinline__ void run_consumer_wg(const DecodeKernelParams& p, typ
       tl_stamp(10);
     }
   })
-  (void)tl_first;
 }
 
 }  // namespace selkv::decode::sm90
