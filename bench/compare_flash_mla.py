@@ -13,6 +13,8 @@ the prefill is ``[N, D]`` for selkv and the same memory as ``[N, 1, D]`` for Fla
 that the two outputs agree, and times both the same way: a 512 MiB buffer is zeroed before every
 timed call (L2 flush, as the C++ harness does), CUDA events around the call, median of the reps;
 schedule metadata is made outside the timed region (FlashMLA's on its first, untimed call).
+``--timing kineto`` times both as FlashMLA's own benchmark does (kernelkit ``bench_kineto``: an
+8 GB memset before every rep, the call's kernel span from CUPTI, mean of the reps).
 The memset leaves the SMs' instruction caches holding whatever ran before; ``--flush icache``
 adds the C++ harness's instruction-cache sweep (``bench/icache_sweep.cu``, compiled with nvcc on
 first use) so that every call starts with cold caches whatever ``--order`` puts before it.
@@ -92,17 +94,29 @@ def icache_sweep() -> Callable[[torch.Tensor], None]:
 
 # ---- timing -------------------------------------------------------------------------------------
 class Timer:
-    """L2-flushed event timing shared by both libraries (median / min / max in microseconds).
+    """L2-flushed timing shared by both libraries (per call: the median over the reps, or with
+    ``kineto`` the mean, in microseconds).
 
     By default calls timed together are interleaved, each round in another order (a b, b a, b a,
     a b, ...; three calls: all six orders): the clock and power state a call sees, and the call it
     follows, then depend on no library's place in the run. Timing one library's reps after the
-    other's (``--order alone``, FlashMLA's own method) gives the second a hotter GPU under the
-    board power cap, and every call its own code in the instruction caches."""
+    other's (``--order alone``) gives the second a hotter GPU under the board power cap, and every
+    call its own code in the instruction caches.
 
-    def __init__(self, reps: int, warmup: int, graph: bool, order: str = "rotate", flush: str = "memset"):
-        self.reps, self.warmup, self.graph, self.order = reps, warmup, graph, order
-        self.flush_buf = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+    ``method="kineto"`` is FlashMLA's own benchmark in full (kernelkit ``bench_kineto``, behind its
+    test files' figures and issue 18's): each call alone, an 8 GB memset before every rep, one
+    unprofiled pass of the reps, then a profiled pass; a rep's time is its kernels' span on the
+    GPU (first kernel's start to last kernel's end, CUPTI timestamps, launch latency excluded),
+    and a call's time the mean over the reps."""
+
+    KINETO_FLUSH_BYTES = 8_000_000_000  # kernelkit's flush: int(8e9 // 4) int32 zeroed
+
+    def __init__(self, reps: int, warmup: int, graph: bool, order: str = "rotate", flush: str = "memset",
+                 method: str = "events"):
+        self.reps, self.warmup, self.graph, self.order, self.method = reps, warmup, graph, order, method
+        self.stat = statistics.mean if method == "kineto" else statistics.median
+        nbytes = self.KINETO_FLUSH_BYTES if method == "kineto" else FLUSH_BYTES
+        self.flush_buf = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
         # --flush icache: after the memset, 256 KB of code on every SM, so no call finds its own
         # instructions cached from the call before it (the memset leaves them; which call ran
         # before a call then depends on --order).
@@ -124,17 +138,22 @@ class Timer:
         g.replay()
         return g.replay
 
+    def _flush(self) -> None:
+        self.flush_buf.zero_()  # the host enqueues the call while the GPU runs the flush
+        if self.icache:
+            self.icache(self.flush_buf)
+
     def _run(self, calls: list[Callable[[], object]],
              pre: dict[int, Callable[[], object]] | None = None) -> list[list[float]]:
-        """Each rep: flush, then (untimed) pre[i]() when given, then calls[i] between events."""
+        """Each rep: flush, then (untimed) pre[i]() when given, then calls[i], timed."""
+        if self.method == "kineto":
+            return self._run_kineto(calls, pre or {})
         torch.cuda.synchronize()
         events: list[list[tuple]] = [[] for _ in calls]
         pre = pre or {}
         n = len(calls)
         for i, _rep in self._schedule(n):
-            self.flush_buf.zero_()  # the host enqueues the call while the GPU runs the flush
-            if self.icache:
-                self.icache(self.flush_buf)
+            self._flush()
             if i in pre:
                 pre[i]()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -145,13 +164,57 @@ class Timer:
         torch.cuda.synchronize()
         return [[s.elapsed_time(e) * 1e3 for s, e in ev] for ev in events]
 
+    @staticmethod
+    def _gpu_activities(fn: Callable[[], object]) -> list:
+        """The GPU activities (kernels, memsets, copies) fn enqueues, in start order (CUPTI)."""
+        from torch.autograd import DeviceType
+        from torch.autograd.profiler_util import FunctionEvent
+        from torch.profiler import ProfilerActivity, profile
+
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        acts = [e for e in prof.events() if isinstance(e, FunctionEvent) and e.device_type == DeviceType.CUDA]
+        return sorted(acts, key=lambda e: e.time_range.start)
+
+    def _run_kineto(self, calls: list[Callable[[], object]], pre: dict[int, Callable[[], object]]) -> list[list[float]]:
+        """kernelkit's bench_kineto per call. A rep's activities are the flush's, pre's and the
+        call's, in that order on one stream; the flush's and pre's counts come from profiling
+        them once, the call's is the rest of the rep."""
+        if not hasattr(self, "_n_flush"):
+            self._n_flush = len(self._gpu_activities(self._flush))
+        out = []
+        for i, fn in enumerate(calls):
+            head = self._n_flush + (len(self._gpu_activities(pre[i])) if i in pre else 0)
+
+            def reps() -> None:
+                for _ in range(self.reps):
+                    self._flush()
+                    if i in pre:
+                        pre[i]()
+                    fn()
+
+            reps()  # kernelkit's unprofiled first pass
+            acts = self._gpu_activities(reps)
+            group = len(acts) // self.reps
+            if group <= head or len(acts) != self.reps * group:
+                raise RuntimeError(f"kineto timing: {len(acts)} GPU activities in {self.reps} reps, {head} a rep "
+                                   "before the call: the call's activity count is not fixed")
+            spans = []
+            for r in range(self.reps):
+                mine = acts[r * group + head:(r + 1) * group]
+                spans.append(max(e.time_range.end for e in mine) - mine[0].time_range.start)  # us
+            out.append(spans)
+        return out
+
     def _schedule(self, n: int) -> list[tuple[int, int]]:
         """(call, rep) in run order. rotate: every call takes every place in the round, rotated by
         the rep and reversed every other n reps (a fixed a b c / c b a order kept b in the middle,
         a place of its own); mirror: that older order, kept to compare runs measured with it;
-        alone: each call's reps back to back, one call after the other (FlashMLA's own benchmark,
-        kernelkit's bench_kineto, and the C++ harness time each path so: a memset flush before every
-        rep, the call's own code still in the instruction caches from its previous rep)."""
+        alone: each call's reps back to back, one call after the other (the C++ harness times each
+        path so: a memset flush before every rep, the call's own code still in the instruction
+        caches from its previous rep)."""
         if self.order == "alone":
             return [(i, r) for i in range(n) for r in range(self.reps)]
         run = []
@@ -165,14 +228,19 @@ class Timer:
             run += [(i, r) for i in order]
         return run
 
+    def times(self, calls: list[Callable[[], object]],
+              pre: dict[int, Callable[[], object]] | None = None) -> list[float]:
+        """Each call's time (median over the reps; mean with kineto, as kernelkit reports)."""
+        return [self.stat(u) for u in self._run([self._prepare(f) for f in calls], pre)]
+
     def __call__(self, fn: Callable[[], object]) -> tuple[float, float, float]:
         us = self._run([self._prepare(fn)])[0]
-        return statistics.median(us), min(us), max(us)
+        return self.stat(us), min(us), max(us)
 
     def pair(self, fa: Callable[[], object], fb: Callable[[], object]) -> tuple[float, float]:
-        """Medians of fa and fb timed interleaved."""
-        ua, ub = self._run([self._prepare(fa), self._prepare(fb)])
-        return statistics.median(ua), statistics.median(ub)
+        """Times of fa and fb timed together (interleaved, or one after the other)."""
+        a, b = self.times([fa, fb])
+        return a, b
 
 
 def matmul_ceiling(timer: Timer) -> float:
@@ -394,7 +462,7 @@ def run_packed(c: DecodeCase, fm, timer: Timer, gen: torch.Generator) -> list[Ro
         theirs = lambda: fm.flash_mla_with_kvcache(q, fm_cache, None, None, D_V, sched, None, scale, False, True, idx)  # noqa: E731
         cos, mad = agreement(out_p, theirs()[0])
         calls.append(theirs)
-    med = [statistics.median(u) for u in timer._run([timer._prepare(f) for f in calls], pre)]
+    med = timer.times(calls, pre)
     f_med = med[6] if fm is not None else None
     rows = [Row("packed", c.shape(), "native", med[0], f_med, flops, cos, mad),
             Row("packed", c.shape(), "packed", med[1], f_med, flops, cos, mad),
@@ -603,7 +671,7 @@ def run_model1(c: Model1Case, fm, timer: Timer, gen: torch.Generator, min_blocks
         note += f"; lse vs flash_mla max abs {lse_diff:.2e}, same non-finite entries {same_inf}"
         names.append("fm")
     print(f"[model1] {c.shape()}: {note}")
-    med = [statistics.median(u) for u in timer._run([timer._prepare(calls[n]) for n in names])]
+    med = timer.times([calls[n] for n in names])
     if fm is not None:
         f_med = med[2]
     return [Row("model1", c.shape(), "selkv ops", med[0], f_med, flops, cos, mad),
@@ -645,6 +713,10 @@ def main() -> int:
     ap.add_argument("--flush", choices=["memset", "icache"], default="memset",
                     help="before every timed call: memset (a 512 MiB memset, the L2 flush) or icache (the memset, then "
                          "256 KB of code on every SM: no call finds its own instructions cached; needs nvcc)")
+    ap.add_argument("--timing", choices=["events", "kineto"], default="events",
+                    help="events: CUDA events around each call, median of the reps; kineto: FlashMLA's own "
+                         "benchmark in full (kernelkit bench_kineto: each call alone, 8 GB memset before every rep, "
+                         "the call's kernel span from CUPTI, mean of the reps; --order is then ignored)")
     ap.add_argument("--min-blocks", type=int, default=0,
                     help="selkv decode (and model1) split granularity (0 = default)")
     ap.add_argument("--probe-pairing", action="store_true",
@@ -662,12 +734,13 @@ def main() -> int:
         return 2
     ops = set(args.ops.split(","))
     fm = import_flash_mla(args.flash_mla_module)
-    timer = Timer(args.reps, args.warmup, args.graph, args.order, args.flush)
+    timer = Timer(args.reps, args.warmup, args.graph, args.order, args.flush, args.timing)
     gen = torch.Generator(device="cuda")
     gen.manual_seed(args.seed)
     gpu, ghash = torch.cuda.get_device_name(), git_hash()
     timing = (("graph" if args.graph else "eager") + (",l2-flush" if args.flush == "memset" else ",l2-icache-flush")
-              + ",median," + {"rotate": "interleaved", "mirror": "interleaved-mirror", "alone": "alone"}[args.order])
+              + (",mean,kineto" if args.timing == "kineto" else ",median," + {
+                  "rotate": "interleaved", "mirror": "interleaved-mirror", "alone": "alone"}[args.order]))
     ceiling = matmul_ceiling(timer)
     rows: list[Row] = []
     with torch.inference_mode():
