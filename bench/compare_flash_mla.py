@@ -117,6 +117,7 @@ class Timer:
         self.stat = statistics.mean if method == "kineto" else statistics.median
         nbytes = self.KINETO_FLUSH_BYTES if method == "kineto" else FLUSH_BYTES
         self.flush_buf = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+        self._n_flush: int | None = None  # kineto: GPU activities of one flush (profiled once)
         # --flush icache: after the memset, 256 KB of code on every SM, so no call finds its own
         # instructions cached from the call before it (the memset leaves them; which call ran
         # before a call then depends on --order).
@@ -182,7 +183,7 @@ class Timer:
         """kernelkit's bench_kineto per call. A rep's activities are the flush's, pre's and the
         call's, in that order on one stream; the flush's and pre's counts come from profiling
         them once, the call's is the rest of the rep."""
-        if not hasattr(self, "_n_flush"):
+        if self._n_flush is None:
             self._n_flush = len(self._gpu_activities(self._flush))
         out = []
         for i, fn in enumerate(calls):
@@ -738,7 +739,8 @@ def main() -> int:
     gen = torch.Generator(device="cuda")
     gen.manual_seed(args.seed)
     gpu, ghash = torch.cuda.get_device_name(), git_hash()
-    timing = (("graph" if args.graph else "eager") + (",l2-flush" if args.flush == "memset" else ",l2-icache-flush")
+    flush = {"memset": ",l2-flush", "icache": ",l2-icache-flush"}[args.flush] + ("-8GB" if args.timing == "kineto" else "")
+    timing = (("graph" if args.graph else "eager") + flush
               + (",mean,kineto" if args.timing == "kineto" else ",median," + {
                   "rotate": "interleaved", "mirror": "interleaved-mirror", "alone": "alone"}[args.order]))
     ceiling = matmul_ceiling(timer)
