@@ -93,6 +93,42 @@ def icache_sweep() -> Callable[[torch.Tensor], None]:
 
 
 # ---- timing -------------------------------------------------------------------------------------
+def call_order(order: str, n: int, reps: int) -> list[tuple[int, int]]:
+    """(call, rep) in run order for n calls. rotate: every call takes every place in the round,
+    rotated by the rep and reversed every other n reps (a fixed a b c / c b a order kept b in the
+    middle, a place of its own); mirror: that older order, kept to compare runs measured with it;
+    alone: each call's reps back to back, one call after the other (the C++ harness times each
+    path so: a memset flush before every rep, the call's own code still in the instruction caches
+    from its previous rep)."""
+    if order == "alone":
+        return [(i, r) for i in range(n) for r in range(reps)]
+    run = []
+    for r in range(reps):
+        if order == "mirror":
+            seq = list(range(n)) if r % 2 == 0 else list(reversed(range(n)))
+        else:
+            seq = [(i + r) % n for i in range(n)]
+            if (r // n) % 2:
+                seq.reverse()
+        run += [(i, r) for i in seq]
+    return run
+
+
+def kineto_spans(acts: list[tuple[float, float]], reps: int, head: int) -> list[float]:
+    """Per rep, the span of the call's GPU activities (us): acts are (start, end) in start order,
+    each rep `head` activities (the flush's, pre's) and then the call's. The call's count must be
+    the same in every rep, or the reps cannot be told apart."""
+    group = len(acts) // reps if reps else 0
+    if group <= head or len(acts) != reps * group:
+        raise RuntimeError(f"kineto timing: {len(acts)} GPU activities in {reps} reps, {head} a rep "
+                           "before the call: the call's activity count is not fixed")
+    spans = []
+    for r in range(reps):
+        mine = acts[r * group + head:(r + 1) * group]
+        spans.append(max(e for _, e in mine) - mine[0][0])
+    return spans
+
+
 class Timer:
     """L2-flushed timing shared by both libraries (per call: the median over the reps, or with
     ``kineto`` the mean, in microseconds).
@@ -153,7 +189,7 @@ class Timer:
         events: list[list[tuple]] = [[] for _ in calls]
         pre = pre or {}
         n = len(calls)
-        for i, _rep in self._schedule(n):
+        for i, _rep in call_order(self.order, n, self.reps):
             self._flush()
             if i in pre:
                 pre[i]()
@@ -197,37 +233,9 @@ class Timer:
                     fn()
 
             reps()  # kernelkit's unprofiled first pass
-            acts = self._gpu_activities(reps)
-            group = len(acts) // self.reps
-            if group <= head or len(acts) != self.reps * group:
-                raise RuntimeError(f"kineto timing: {len(acts)} GPU activities in {self.reps} reps, {head} a rep "
-                                   "before the call: the call's activity count is not fixed")
-            spans = []
-            for r in range(self.reps):
-                mine = acts[r * group + head:(r + 1) * group]
-                spans.append(max(e.time_range.end for e in mine) - mine[0].time_range.start)  # us
-            out.append(spans)
+            acts = [(e.time_range.start, e.time_range.end) for e in self._gpu_activities(reps)]  # us
+            out.append(kineto_spans(acts, self.reps, head))
         return out
-
-    def _schedule(self, n: int) -> list[tuple[int, int]]:
-        """(call, rep) in run order. rotate: every call takes every place in the round, rotated by
-        the rep and reversed every other n reps (a fixed a b c / c b a order kept b in the middle,
-        a place of its own); mirror: that older order, kept to compare runs measured with it;
-        alone: each call's reps back to back, one call after the other (the C++ harness times each
-        path so: a memset flush before every rep, the call's own code still in the instruction
-        caches from its previous rep)."""
-        if self.order == "alone":
-            return [(i, r) for i in range(n) for r in range(self.reps)]
-        run = []
-        for r in range(self.reps):
-            if self.order == "mirror":
-                order = list(range(n)) if r % 2 == 0 else list(reversed(range(n)))
-            else:
-                order = [(i + r) % n for i in range(n)]
-                if (r // n) % 2:
-                    order.reverse()
-            run += [(i, r) for i in order]
-        return run
 
     def times(self, calls: list[Callable[[], object]],
               pre: dict[int, Callable[[], object]] | None = None) -> list[float]:
