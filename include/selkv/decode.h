@@ -48,7 +48,7 @@ namespace selkv {
 // Format of the split rows' partial outputs in the workspace (the combine merges them). Both
 // keep DESIGN §5's tolerances; the choice is a speed trade, made per plan from its shape only.
 enum class DecodePartials : int32_t {
-  kAuto = 0,  // fp32 for calls of at most 8192 block-heads (B*S_q*K/64*H), else fp16
+  kAuto = 0,  // fp32 at H = 64 for calls of at most 4096 block-heads (B*S_q*K/64*H), else fp16
   kFp32 = 1,  // normalized fp32 partials (FlashMLA's format)
   kFp16 = 2,  // fp16 with a power-of-two scale per (part, head, d_v half): half the bytes
 };

@@ -38,11 +38,12 @@ SELKV_DEC_HD constexpr int min_blocks_per_part(int num_heads, int64_t total_bloc
 // (slot, head, d_v half), written by the bf16 out path's whole-sector 16-byte stores, halves the
 // partial round trip; the scale (the half-row max lands in [2^13, 2^14)) keeps any data scale in
 // range, and fp16 rounds 8x finer than bf16 (bf16 partials reached DESIGN §5's cosine limit).
-// Faster on split calls of several rows, slower on single-row calls with a cold instruction cache,
-// so fp32 up to 8192 block-heads (T blocks x H: B=1 at K=2048, H=64 and S_q <= 4), else fp16
-// (docs/perf-log.md: decode partial format).
+// fp32 goes out by 8-byte register stores, 8 lines a warp instruction: it pays only at H = 64 on
+// the smallest calls, up to 4096 block-heads (T blocks x H: B * S_q <= 2 at K=2048), where the
+// fp16 epilogue's extra code, fetched cold, costs more than the stores (docs/perf-log.md: decode
+// partial format).
 SELKV_DEC_HD constexpr bool f16_partials_by_default(int num_heads, int64_t total_blocks) {
-  return total_blocks * num_heads > 8192;
+  return num_heads == 128 || total_blocks * num_heads > 4096;
 }
 
 // A schedule that splits rows pays for partials (written by the decode kernel, read by the

@@ -390,8 +390,8 @@ TEST(DecodeChecks, FixedTopkMinBlocksPerPart) {
       }
 }
 
-// The partial format a plan uses (DecodeShape::partials; kAuto: fp32 up to 8192 block-heads, the
-// single-row calls that fp16 made slower on the H200, else fp16).
+// The partial format a plan uses (DecodeShape::partials; kAuto: fp32 only at H = 64 up to 4096
+// block-heads, the smallest calls, where the fp16 epilogue's cold code costs more; else fp16).
 TEST(DecodeChecks, PartialFormatByShape) {
   auto uses_f16 = [](int B, int S, int H, int K, DecodePartials f = DecodePartials::kAuto) {
     DecodeShape s{B, S, H, K, nullptr, 132};
@@ -399,12 +399,13 @@ TEST(DecodeChecks, PartialFormatByShape) {
     return decode_uses_f16_partials(s);
   };
   EXPECT_FALSE(uses_f16(1, 1, 64, 2048));   // 32 blocks x 64 heads
-  EXPECT_FALSE(uses_f16(1, 2, 64, 2048));
-  EXPECT_FALSE(uses_f16(1, 4, 64, 2048));   // 8192: the last fp32 one
-  EXPECT_TRUE(uses_f16(1, 5, 64, 2048));
+  EXPECT_FALSE(uses_f16(1, 2, 64, 2048));   // 4096: the last fp32 one
+  EXPECT_FALSE(uses_f16(2, 1, 64, 2048));
+  EXPECT_TRUE(uses_f16(1, 3, 64, 2048));
+  EXPECT_TRUE(uses_f16(1, 4, 64, 2048));
   EXPECT_TRUE(uses_f16(8, 1, 64, 2048));
-  EXPECT_TRUE(uses_f16(2, 2, 128, 2048));   // 128 blocks x 128 heads
-  EXPECT_FALSE(uses_f16(1, 2, 128, 2048));  // 64 x 128
+  EXPECT_TRUE(uses_f16(1, 1, 128, 1024));   // H = 128: always fp16
+  EXPECT_TRUE(uses_f16(1, 2, 128, 2048));
   EXPECT_TRUE(uses_f16(64, 2, 128, 2048));
   EXPECT_TRUE(uses_f16(1, 1, 64, 2048, DecodePartials::kFp16));
   EXPECT_FALSE(uses_f16(64, 2, 128, 2048, DecodePartials::kFp32));
