@@ -67,9 +67,11 @@ struct RegisterSplit {
   static constexpr int kSoftmaxWg = kPairH64 || kModel1H64 ? 192 : kPairH128 ? 200 : kSoftmaxWgRegs;
   static constexpr int kPvWg = kModel1H64 ? kLaunchRegs : kPvWgRegs;
   static_assert(kProducer + kSoftmaxWg + kPvWg == 3 * kLaunchRegs, "setmaxnreg budget");
-  // H = 128 (consumer-bound) runs one copy of the consumer code for both warpgroups; H = 64
-  // (producer-bound) a copy per warpgroup at its own count (consumer.cuh run_consumer_wg).
-  static constexpr bool kOneConsumerCopy = kNumHeads == 128;
+  // H = 128 (consumer-bound) and model1_fp8 dynamic H = 64 run one copy of the consumer code for
+  // both warpgroups: the second warpgroup's row epilogue finds it in the instruction cache. Other
+  // H = 64 kernels (producer-bound) a copy per warpgroup at its own count (consumer.cuh
+  // run_consumer_wg; docs/perf-log.md: one consumer copy).
+  static constexpr bool kOneConsumerCopy = kNumHeads == 128 || (!kPair && kDynamic);
   // The one copy's shared code (the row walk, the Q load, the row epilogue): half of what the
   // producer leaves, in the allocation's units.
   static constexpr int kShared = (3 * kLaunchRegs - kProducer) / 2 / 8 * 8;
