@@ -71,7 +71,7 @@ struct RegisterSplit {
   // both warpgroups: the second warpgroup's row epilogue finds it in the instruction cache. Other
   // H = 64 kernels (producer-bound) a copy per warpgroup at its own count (consumer.cuh
   // run_consumer_wg; docs/perf-log.md: one consumer copy).
-  static constexpr bool kOneConsumerCopy = kNumHeads == 128 || (!kPair && kDynamic);
+  static constexpr bool kOneConsumerCopy = kNumHeads == 128 || (kFormat == KvFormat::kModel1Fp8 && kDynamic);
   // The one copy's shared code (the row walk, the Q load, the row epilogue): half of what the
   // producer leaves, in the allocation's units.
   static constexpr int kShared = (3 * kLaunchRegs - kProducer) / 2 / 8 * 8;
