@@ -413,6 +413,7 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, typena
           cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&ss.bar_remote[buf], kTxBytes);
       }
     }
+    SELKV_TL(if (threadIdx.x == 0 && n == 1) { tl_wait_value(r.nope[0].x); tl_stamp(19); })
     const int half = kCluster == 2 ? int(rank) : int(rin);
     const int base = half * kHalfOff + row_base;
     bf16_t* sk = ss.k[buf];
@@ -480,11 +481,13 @@ __device__ __forceinline__ void run_producer(const DecodeKernelParams& p, typena
         if (lane == 0) ss.kv_valid_bits[buf][4 * int(rank ^ 1u) + warp] = uint8_t(peer >> 8);
       }
     }
+    SELKV_TL(if (threadIdx.x == 0 && n == 0) tl_stamp(18);)
     if (rin == kRounds - 1) {
       // Generic-proxy smem writes -> visible to wgmma and the bulk copy (async proxy), then publish.
       cutlass::arch::fence_view_async_shared();
       cutlass::arch::ClusterBarrier::arrive(&ss.bar_full[buf]);
       SELKV_TL(if (threadIdx.x == 0 && n == kRounds - 1) tl_stamp(1);)
+      SELKV_TL(if (threadIdx.x == 96 && n == kRounds - 1) tl_stamp(20);)
       if constexpr (kCluster == 2) {
         // Each warp ships its own 8 tokens (one row group, contiguous in the tile) once its lanes'
         // stores are fenced: four copies that start as each warp finishes, instead of one that

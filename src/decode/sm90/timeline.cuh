@@ -18,11 +18,13 @@ namespace selkv::decode::sm90 {
 // cluster sync), 8 its first index in a register, 9 its first round's first record chunk in a register
 // (8 and 9 make thread 0 wait for the value), 10 the PV WG's end, 11 the CTA's exit (after the cluster's
 // last barrier), 12-14 the softmax WG's and 15-17 the PV WG's last row epilogue (store_row): scaled
-// (after the partial scale and its stores), staged (after the stmatrix), stored (after the copy-out).
+// (after the partial scale and its stores), staged (after the stmatrix), stored (after the copy-out),
+// 18 the producer's first round converted, 19 its second round's first record chunk in a register
+// (at the start of its conversion; thread 0 waits for it), 20 warp 3's first publish (lane 0).
 // The 4-heads combine kernel adds its own stamps (entry, wait, lse table, merged, row ready, end:
 // combine.cu), for the same launches.
 #if SELKV_DECODE_TIMELINE
-inline constexpr int kTlStamps = 18;
+inline constexpr int kTlStamps = 21;
 inline constexpr int kTlMaxCtas = 512;  // CTAs stamped per launch (the grid is at most one per SM)
 __device__ unsigned long long g_tl[kTlMaxCtas][kTlStamps];
 __device__ unsigned int g_tl_done;
@@ -69,7 +71,8 @@ static __global__ void tl_print_kernel() {  // static: one per translation unit,
     const char* names[kTlStamps] = {"entry", "producer_first_publish", "producer_end", "q_ready", "first_S", "end",
                                     "last_epilogue_start", "producer_start", "index0_ready", "records0_ready",
                                     "pv_end", "exit", "sm_epi_scaled", "sm_epi_staged", "sm_epi_stored",
-                                    "pv_epi_scaled", "pv_epi_staged", "pv_epi_stored"};
+                                    "pv_epi_scaled", "pv_epi_staged", "pv_epi_stored", "round0_converted",
+                                    "records1_ready", "w3_first_publish"};
     for (int k = 0; k < kTlStamps; ++k) {
       unsigned long long v[kTlMaxCtas];
       int m = 0;
