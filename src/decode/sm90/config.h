@@ -43,7 +43,7 @@ struct DecodeTraits {
 inline constexpr int kNumThreads = 384;
 inline constexpr int kNumConsumerThreads = 256;
 // 136 / 208 / 160: the producer's round loop needs more than 128, the softmax WG's block loop fits
-// in 208 and the PV WG's in 160 (at H = 128 the code both run is at RegisterSplit::kShared);
+// in 208 and the PV WG's in 160 (in one-copy kernels the code both run is at RegisterSplit::kShared);
 // 144 / 200 / 160 and 144 / 208 / 152 spill more (docs/perf-log.md: decode register split).
 inline constexpr int kProducerRegs = 136;   // setmaxnreg.dec
 inline constexpr int kSoftmaxWgRegs = 208;  // setmaxnreg.inc: O (128) + S (32) + P (16) + state

@@ -4,8 +4,8 @@
 // block) items). WG0 (producer.cuh) dequantizes FP8 records into a double-buffered bf16 K tile
 // ring; WG1 (consumer.cuh, softmax WG) computes S for all 64 tokens, the online softmax and
 // O[:, 0:256]; WG2 (PV WG) computes O[:, 256:512] from WG1's P tile. WG1 and WG2 run one source
-// (run_consumer_wg) that differs only in the block loop; at H = 128 one copy of its code. H = 128
-// runs as a 2-CTA cluster sharing the dequantized tiles.
+// (run_consumer_wg) that differs only in the block loop; one copy of its code where
+// RegisterSplit::kOneConsumerCopy says so. H = 128 runs as a 2-CTA cluster sharing the dequantized tiles.
 #pragma once
 
 #include <cuda_runtime_api.h>
