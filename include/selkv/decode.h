@@ -69,8 +69,8 @@ struct DecodeShape {
   // gets its own part and some row is longer than the default. At most 2^29.
   int32_t min_blocks_per_part = 0;
   // Partial format of split rows (kAuto: the measured rule of src/decode/decode_params.h
-  // f16_partials_by_default: fp16 is faster on split calls of several rows and slower on
-  // single-row calls, which write little). The torch ops always use kAuto.
+  // f16_partials_by_default: fp16 everywhere but the smallest H = 64 calls, where its epilogue's
+  // extra code, fetched cold, costs more than the bytes it saves). The torch ops always use kAuto.
   DecodePartials partials = DecodePartials::kAuto;
   // Extra KV cache (model1_fp8 decodes only): K2 indices per row, 0 = none; a multiple of 64,
   // <= 2^30. A row's blocks are ceil(len / 64) + ceil(len2 / 64) (fixed: K / 64 + K2 / 64), at
