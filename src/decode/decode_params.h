@@ -423,18 +423,22 @@ SELKV_DEC_HD RowCoord row_coord(int32_t row, int32_t batch) {
 }
 
 // Field order follows first use: a kernel parameter is read through the constant cache, where a
-// cold line stalls the warp (it is not scoreboarded). At entry every CTA finds its part from the
-// first 64 bytes (the schedule fields, the fixed cut, the metadata pointer); the producer's first
-// index load then needs the next lines, the consumers' Q load a later one (docs/perf-log.md:
-// decode parameter order).
+// cold 64-byte line stalls the warp (it is not scoreboarded), one line after another. SM90 puts the
+// parameters at constant-bank offset 0x210, so their first 48 bytes share a line: everything a
+// dynamic kernel's entry reads (the schedule fields, the metadata pointer, and for the extra
+// cache's plan words the batch and K2) sits there; the fixed cut follows (the fixed kernels read
+// it at entry: two lines); the producer's first index load then needs the next lines, the
+// consumers' Q load a later one (docs/perf-log.md: decode parameter order, parameter lines).
 struct DecodeKernelParams {
   int32_t num_rows;             // batch * seq_q, numbered s * batch + b (row_coord)
   int32_t topk;
   int32_t min_blocks_per_part;  // the plan's
   int32_t num_sm_parts;         // grid parts; parts >= NP exit at once
-  FixedPartition fixed;         // fixed top-k: the cut, from the host (launch_decode)
   const int32_t* metadata;      // see layout above (read by the dynamic top-k kernels only)
-  int32_t batch, seq_q;
+  int32_t batch;
+  int32_t topk_extra;           // K2 of the extra KV cache (model1_fp8 kernels; 0: none)
+  FixedPartition fixed;         // fixed top-k: the cut, from the host (launch_decode)
+  int32_t seq_q;
 
   const int32_t* indices;
   int64_t indices_batch_stride, indices_seq_stride;
@@ -461,9 +465,8 @@ struct DecodeKernelParams {
                      // [2 * num_sm_parts, H, 2] (partial_scale.h)
   float* accum_lse;  // [2 * num_sm_parts, H]
 
-  // Extra KV cache (kernels built with one, DecodeKernelTraits::kExtra; topk_extra == 0: none).
-  // Appended, so the fields above keep their offsets in every instantiation.
-  int32_t topk_extra;                // K2
+  // Extra KV cache (kernels built with one, DecodeKernelTraits::kExtra; topk_extra == 0: none;
+  // topk_extra itself sits with the entry fields above).
   const int32_t* extra_topk_length;  // non-null: the plan has lengths (dynamic)
   const int32_t* extra_indices;
   int64_t extra_indices_batch_stride, extra_indices_seq_stride;
@@ -475,8 +478,10 @@ struct DecodeKernelParams {
 
   float empty_lse;  // the lse written for a row with no valid entry: -inf, or +inf (FlashMLA's)
 };
-static_assert(offsetof(DecodeKernelParams, metadata) + sizeof(const int32_t*) <= 64,
-              "a CTA finds its part from the parameters' first 64 bytes (one constant-cache line)");
+static_assert(offsetof(DecodeKernelParams, metadata) < offsetof(DecodeKernelParams, topk_extra) &&
+                  offsetof(DecodeKernelParams, batch) < offsetof(DecodeKernelParams, topk_extra) &&
+                  offsetof(DecodeKernelParams, topk_extra) + sizeof(int32_t) <= 48,
+              "a dynamic kernel's entry reads one constant line: parameter bytes [0, 48) (bank 0x210-0x23f)");
 static_assert(sizeof(FastDivmod) == 12, "DecodeKernelParams packs page with page_size into 16 bytes");
 static_assert(offsetof(DecodeKernelParams, num_rows) == 0 && offsetof(DecodeKernelParams, num_sm_parts) == 12,
               "the schedule's fields stay in the first 16 bytes of the parameters (first-use order)");
