@@ -478,8 +478,8 @@ struct DecodeKernelParams {
 
   float empty_lse;  // the lse written for a row with no valid entry: -inf, or +inf (FlashMLA's)
 };
-static_assert(offsetof(DecodeKernelParams, metadata) < offsetof(DecodeKernelParams, topk_extra) &&
-                  offsetof(DecodeKernelParams, batch) < offsetof(DecodeKernelParams, topk_extra) &&
+static_assert(offsetof(DecodeKernelParams, metadata) + sizeof(const int32_t*) <= 48 &&
+                  offsetof(DecodeKernelParams, batch) + sizeof(int32_t) <= 48 &&
                   offsetof(DecodeKernelParams, topk_extra) + sizeof(int32_t) <= 48,
               "a dynamic kernel's entry reads one constant line: parameter bytes [0, 48) (bank 0x210-0x23f)");
 static_assert(sizeof(FastDivmod) == 12, "DecodeKernelParams packs page with page_size into 16 bytes");
