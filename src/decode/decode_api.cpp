@@ -90,8 +90,10 @@ bool decode_uses_f16_partials(const DecodeShape& s) {
 
 size_t decode_workspace_size(const DecodeMetadata& md) {
   if (!md.valid) return 0;
-  // accum_out [2 * parts, H, 512] fp32, then accum_lse [2 * parts, H] fp32.
-  return size_t(2) * md.num_sm_parts * md.shape.num_heads * (fmt::kVDim + 1) * sizeof(float);
+  // accum_out (the partial slots, decode_params.h accum_out_floats), then accum_lse [2 * parts, H] fp32.
+  const int64_t floats = decode::accum_out_floats(md.num_sm_parts, md.shape.num_heads, decode_uses_f16_partials(md.shape)) +
+                         int64_t(2) * md.num_sm_parts * md.shape.num_heads;
+  return size_t(floats) * sizeof(float);
 }
 
 Status make_decode_metadata(const DecodeShape& shape, void* buffer, size_t buffer_bytes,
@@ -376,7 +378,7 @@ decode::DecodeKernelParams common_kernel_params(const P& p, const DecodeMetadata
   k.num_sm_parts = md.num_sm_parts;
   k.min_blocks_per_part = md.min_blocks_per_part;
   k.accum_out = static_cast<float*>(workspace);
-  k.accum_lse = k.accum_out + size_t(2) * md.num_sm_parts * p.num_heads * fmt::kVDim;
+  k.accum_lse = k.accum_out + decode::accum_out_floats(md.num_sm_parts, p.num_heads, decode_uses_f16_partials(md.shape));
   return k;
 }
 

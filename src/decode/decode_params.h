@@ -46,6 +46,21 @@ SELKV_DEC_HD constexpr bool f16_partials_by_default(int num_heads, int64_t total
   return num_heads == 128 || total_blocks * num_heads > 4096;
 }
 
+// Split partial slots in the workspace (the decode kernel writes them, the combine reads them).
+// fp16 slots are [H, 512] halves back to back. fp32 slots are [H, 512] floats plus this pad: at a
+// stride of exactly H x 2 KB the fp32 epilogue's and the combine's time depended on the
+// workspace's address (up to 2 % by where it landed); 16 KB + 256 B between slots runs every
+// address at the better time (docs/perf-log.md: fp32 partial slot pad).
+inline constexpr int64_t kFp32SlotPadFloats = 4160;
+SELKV_DEC_HD constexpr int64_t fp32_slot_floats(int num_heads) {
+  return int64_t(num_heads) * fmt::kVDim + kFp32SlotPadFloats;
+}
+// Floats from accum_out to accum_lse: the 2 * parts slots (fp16: the first half of
+// [2 * parts, H, 512] floats, the inverse scales after; partial_scale.h).
+SELKV_DEC_HD constexpr int64_t accum_out_floats(int32_t num_sm_parts, int num_heads, bool f16_partials) {
+  return 2 * int64_t(num_sm_parts) * (f16_partials ? int64_t(num_heads) * fmt::kVDim : fp32_slot_floats(num_heads));
+}
+
 // A schedule that splits rows pays for partials (written by the decode kernel, read by the
 // combine), several blocks' worth of time per CTA. Cutting parts at row starts is taken when it
 // lengthens the longest part by at most this many blocks and 1/8 of the part (row_start_cut_pays;
@@ -460,10 +475,11 @@ struct DecodeKernelParams {
   int64_t out_batch_stride, out_seq_stride, out_head_stride;
   float* lse;
   int64_t lse_batch_stride, lse_seq_stride;
-  float* accum_out;  // [2 * num_sm_parts, H, 512] fp32-sized (normalized partial out): fp32, or
-                     // (fp16 partials) fp16 in its first half, then the inverse scales
-                     // [2 * num_sm_parts, H, 2] (partial_scale.h)
-  float* accum_lse;  // [2 * num_sm_parts, H]
+  float* accum_out;  // 2 * num_sm_parts slots of the normalized partial out: fp32 [H, 512] each,
+                     // fp32_slot_floats apart, or (fp16 partials) fp16 [2 * num_sm_parts, H, 512]
+                     // in the first half of [2 * num_sm_parts, H, 512] floats, then the inverse
+                     // scales [2 * num_sm_parts, H, 2] (partial_scale.h)
+  float* accum_lse;  // [2 * num_sm_parts, H], accum_out_floats past accum_out
 
   // Extra KV cache (kernels built with one, DecodeKernelTraits::kExtra; topk_extra == 0: none;
   // topk_extra itself sits with the entry fields above).

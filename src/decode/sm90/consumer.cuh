@@ -100,8 +100,9 @@ __device__ __forceinline__ void store_row(const DecodeKernelParams& p, const Row
       // fp32 partial: 8-byte stores of the accumulator pairs. The fp32 epilogue is bound by the
       // write bandwidth of all CTAs finishing at once; a head-pair layout with 16-byte stores was
       // slower (docs/perf-log.md: decode fp32 partial stores).
-      float* acc0 = p.accum_out + (int64_t(w.slot) * kNumHeads + h0) * kDimV + cw * kDimVPerConsumer + 2 * q4;
-      float* acc1 = p.accum_out + (int64_t(w.slot) * kNumHeads + h1) * kDimV + cw * kDimVPerConsumer + 2 * q4;
+      float* slot = p.accum_out + int64_t(w.slot) * fp32_slot_floats(kNumHeads) + cw * kDimVPerConsumer + 2 * q4;
+      float* acc0 = slot + h0 * kDimV;
+      float* acc1 = slot + h1 * kDimV;
       CUTE_UNROLL
       for (int i = 0; i < size(tOrO); i += 4) {
         const int c = 8 * (i >> 2);
