@@ -141,7 +141,14 @@ TEST(DecodeChecks, RejectsMetadataMismatch) {
 TEST(DecodeChecks, WorkspaceTooSmallSaysHowMuch) {
   Base b;
   ASSERT_GT(b.ws, 0u);
-  EXPECT_EQ(b.ws, size_t(2) * 132 * 64 * 513 * 4);
+  // Two slots per part: fp32 partials (this shape) are [64, 512] floats 4160 floats apart beyond
+  // that, then the partial lse [2 * parts, H]; fp16 partials (H = 128) take [H, 512] floats per
+  // slot (values in its first half, the inverse scales after) and the lse.
+  ASSERT_FALSE(decode_uses_f16_partials(b.md.shape));
+  EXPECT_EQ(b.ws, size_t(2) * 132 * ((64 * 512 + 4160) * 4 + 64 * 4));
+  const Base b128(74, 1, 128, 2048);
+  ASSERT_TRUE(decode_uses_f16_partials(b128.md.shape));
+  EXPECT_EQ(b128.ws, size_t(2) * 66 * (128 * 512 * 4 + 128 * 4));
   const Status st = check_sparse_mla_decode(b.p, b.md, b.ws - 1);
   EXPECT_EQ(st.code(), StatusCode::kWorkspaceTooSmall);
   EXPECT_NE(st.message().find(std::to_string(b.ws)), std::string::npos) << st.to_string();
