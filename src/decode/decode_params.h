@@ -49,8 +49,9 @@ SELKV_DEC_HD constexpr bool f16_partials_by_default(int num_heads, int64_t total
 // Split partial slots in the workspace (the decode kernel writes them, the combine reads them).
 // fp16 slots are [H, 512] halves back to back. fp32 slots are [H, 512] floats plus this pad: at a
 // stride of exactly H x 2 KB the fp32 epilogue's and the combine's time depended on the
-// workspace's address (up to 2 % by where it landed); 16 KB + 256 B between slots runs every
-// address at the better time (docs/perf-log.md: fp32 partial slot pad).
+// workspace's address (up to 2 % by where it landed); with 16 KB + 256 B between slots every
+// address runs at the same time, below the unpadded average (docs/perf-log.md: fp32 partial
+// slot pad; 8 KB and 32 KB pads were slower).
 inline constexpr int64_t kFp32SlotPadFloats = 4160;
 SELKV_DEC_HD constexpr int64_t fp32_slot_floats(int num_heads) {
   return int64_t(num_heads) * fmt::kVDim + kFp32SlotPadFloats;
