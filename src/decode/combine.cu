@@ -152,7 +152,7 @@ decode_combine_kernel(const DecodeKernelParams p) {
   const int h0 = int(blockIdx.y) * kHeadsPerCombineCta;
   const int hl = int(threadIdx.x) / 128, h = h0 + hl;
   const int d = (int(threadIdx.x) % 128) * 4;
-  const int64_t split_stride = kF16Partials ? int64_t(p.num_heads) * 512 : fp32_slot_floats(p.num_heads);  // elements
+  const int64_t split_stride = partial_slot_elems(p.num_heads, kF16Partials);
   auto slot = [&](int32_t i) -> int64_t { return i == 0 ? sr.first_slot : 2 * (sr.first_part + i); };
   using Elem = std::conditional_t<kF16Partials, uint16_t, float>;
   const Elem* po = reinterpret_cast<const Elem*>(p.accum_out) + int64_t(h) * 512 + d;
@@ -260,7 +260,7 @@ __global__ void __launch_bounds__(kFatThreads, 4) decode_combine_fat_kernel(cons
   const int h0 = int(blockIdx.y) * kFatHeads;
   const int hl = tid / kFatThreadsPerHead, h = h0 + hl;
   const int d = (tid % kFatThreadsPerHead) * kFatDims;
-  const int64_t split_stride = kF16Partials ? int64_t(p.num_heads) * 512 : fp32_slot_floats(p.num_heads);  // elements
+  const int64_t split_stride = partial_slot_elems(p.num_heads, kF16Partials);
   auto slot = [&](int32_t i) -> int64_t { return i == 0 ? sr.first_slot : 2 * (sr.first_part + i); };
   using Elem = std::conditional_t<kF16Partials, uint16_t, float>;
   using Chunk = std::conditional_t<kF16Partials, uint4, float4>;

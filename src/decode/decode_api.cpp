@@ -377,8 +377,7 @@ decode::DecodeKernelParams common_kernel_params(const P& p, const DecodeMetadata
   k.metadata = md.data;
   k.num_sm_parts = md.num_sm_parts;
   k.min_blocks_per_part = md.min_blocks_per_part;
-  k.accum_out = static_cast<float*>(workspace);
-  k.accum_lse = k.accum_out + decode::accum_out_floats(md.num_sm_parts, p.num_heads, decode_uses_f16_partials(md.shape));
+  k.accum_out = static_cast<float*>(workspace);  // accum_lse: launch_decode (it follows the partial format)
   return k;
 }
 
@@ -402,6 +401,7 @@ Status launch_decode(const char* kOp, decode::DecodeKernelParams k, const Decode
   const decode::FixedSchedule fixed(k.num_rows, k.topk + k.topk_extra, k.min_blocks_per_part, k.num_sm_parts);
   k.fixed = decode::FixedPartition(fixed);  // the fixed kernels' cut, made once here instead of in every CTA
   const bool f16 = decode_uses_f16_partials(md.shape);  // shape only: the same for every call of the plan
+  k.accum_lse = k.accum_out + decode::accum_out_floats(k.num_sm_parts, k.num_heads, f16);
   const bool model1 = format == KvFormat::kModel1Fp8;   // (checked: packed reads ds_mla_fp8 only)
   const cudaError_t err = dispatch_heads(k.num_heads, [&](auto heads) {
     return detail::dispatch_bool(dyn, [&](auto dynamic) {

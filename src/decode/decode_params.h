@@ -53,13 +53,14 @@ SELKV_DEC_HD constexpr bool f16_partials_by_default(int num_heads, int64_t total
 // address runs at the same time, below the unpadded average (docs/perf-log.md: fp32 partial
 // slot pad; 8 KB and 32 KB pads were slower).
 inline constexpr int64_t kFp32SlotPadFloats = 4160;
-SELKV_DEC_HD constexpr int64_t fp32_slot_floats(int num_heads) {
-  return int64_t(num_heads) * fmt::kVDim + kFp32SlotPadFloats;
+// Elements (fp16 or fp32) from one partial slot to the next.
+SELKV_DEC_HD constexpr int64_t partial_slot_elems(int num_heads, bool f16_partials) {
+  return int64_t(num_heads) * fmt::kVDim + (f16_partials ? 0 : kFp32SlotPadFloats);
 }
-// Floats from accum_out to accum_lse: the 2 * parts slots (fp16: the first half of
-// [2 * parts, H, 512] floats, the inverse scales after; partial_scale.h).
+// Floats from accum_out to accum_lse: the 2 * parts slots, counted in floats either way (fp16:
+// the values fill the first half of those floats, the inverse scales follow; partial_scale.h).
 SELKV_DEC_HD constexpr int64_t accum_out_floats(int32_t num_sm_parts, int num_heads, bool f16_partials) {
-  return 2 * int64_t(num_sm_parts) * (f16_partials ? int64_t(num_heads) * fmt::kVDim : fp32_slot_floats(num_heads));
+  return 2 * int64_t(num_sm_parts) * partial_slot_elems(num_heads, f16_partials);
 }
 
 // A schedule that splits rows pays for partials (written by the decode kernel, read by the
@@ -477,7 +478,7 @@ struct DecodeKernelParams {
   float* lse;
   int64_t lse_batch_stride, lse_seq_stride;
   float* accum_out;  // 2 * num_sm_parts slots of the normalized partial out: fp32 [H, 512] each,
-                     // fp32_slot_floats apart, or (fp16 partials) fp16 [2 * num_sm_parts, H, 512]
+                     // partial_slot_elems apart, or (fp16 partials) fp16 [2 * num_sm_parts, H, 512]
                      // in the first half of [2 * num_sm_parts, H, 512] floats, then the inverse
                      // scales [2 * num_sm_parts, H, 2] (partial_scale.h)
   float* accum_lse;  // [2 * num_sm_parts, H], accum_out_floats past accum_out

@@ -100,7 +100,7 @@ __device__ __forceinline__ void store_row(const DecodeKernelParams& p, const Row
       // fp32 partial: 8-byte stores of the accumulator pairs. The fp32 epilogue is bound by the
       // write bandwidth of all CTAs finishing at once; a head-pair layout with 16-byte stores was
       // slower (docs/perf-log.md: decode fp32 partial stores).
-      float* slot = p.accum_out + int64_t(w.slot) * fp32_slot_floats(kNumHeads) + cw * kDimVPerConsumer + 2 * q4;
+      float* slot = p.accum_out + int64_t(w.slot) * partial_slot_elems(kNumHeads, false) + cw * kDimVPerConsumer + 2 * q4;
       float* acc0 = slot + h0 * kDimV;
       float* acc1 = slot + h1 * kDimV;
       CUTE_UNROLL
@@ -128,7 +128,7 @@ __device__ __forceinline__ void store_row(const DecodeKernelParams& p, const Row
     // registers; the epilogue runs once per row, so a launch's end fetches it cold and every CTA
     // waits on that fetch (docs/perf-log.md: staged epilogue).
     const bool to_slot = kF16Partials && w.split;
-    uint16_t* orow = to_slot ? reinterpret_cast<uint16_t*>(p.accum_out) + int64_t(w.slot) * kNumHeads * kDimV
+    uint16_t* orow = to_slot ? reinterpret_cast<uint16_t*>(p.accum_out) + int64_t(w.slot) * partial_slot_elems(kNumHeads, true)
                              : p.out + b * p.out_batch_stride + s * p.out_seq_stride;
     const int64_t hs = to_slot ? int64_t(kDimV) : p.out_head_stride;
     const int warp_wg = r0 >> 4;
