@@ -11,10 +11,11 @@
 
 namespace selkv::decode {
 
-// Workspace layout with fp16 partials: the fp16 values [2 * parts, H, 512] fill the first half of
-// the fp32-sized accum_out; the inverse scales [2 * parts, H, 2 (d_v half)] start right after.
+// Workspace layout with fp16 partials: the 2 * parts fp16 slots (partial_slot_elems apart) fill the
+// first half of accum_out's accum_out_floats; the inverse scales [2 * parts, H, 2 (d_v half)] start
+// right after them.
 SELKV_DEC_HD int64_t f16_inv_scales_offset(int32_t num_sm_parts, int32_t num_heads) {  // in floats
-  return int64_t(num_sm_parts) * num_heads * fmt::kVDim;
+  return int64_t(num_sm_parts) * partial_slot_elems(num_heads, true);  // 2 * parts slots of halves
 }
 
 struct PartialScale {
