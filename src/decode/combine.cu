@@ -109,17 +109,28 @@ __device__ __forceinline__ float nan_sticky_max(float m, float x) {
   return (x != x || m != m) ? __int_as_float(0x7fffffff) : fmaxf(m, x);
 }
 
+// Head h's attn_sink logit, loaded before the dependency wait: attn_sink is the caller's input
+// (stream work before the decode kernel wrote it), not the decode kernel's output, so its load
+// (a DRAM miss in a cold call) leaves the tail that follows the wait.
+struct HeadSink {
+  bool on;
+  float logit;
+};
+__device__ __forceinline__ HeadSink load_head_sink(const DecodeKernelParams& p, int h) {
+  return p.attn_sink != nullptr ? HeadSink{true, p.attn_sink[h]} : HeadSink{false, 0.f};
+}
+
 // The merged row's lse and the scale of its weighted sum (1 / sum, times the attn_sink factor);
 // a row with no valid entry (max -inf): p.empty_lse and out 0.
 struct MergedRow {
   float lse, f;
 };
-__device__ __forceinline__ MergedRow merged_row(const DecodeKernelParams& p, int h, float max_lse, float sum_w) {
+__device__ __forceinline__ MergedRow merged_row(const DecodeKernelParams& p, HeadSink sink, float max_lse, float sum_w) {
   float lse = p.empty_lse, f = 0.f;
   if (max_lse != -INFINITY) {
     lse = max_lse + logf(sum_w);
     f = 1.f / sum_w;
-    if (p.attn_sink != nullptr) f *= 1.f / (1.f + expf(p.attn_sink[h] - lse));
+    if (sink.on) f *= 1.f / (1.f + expf(sink.logit - lse));
   }
   return {lse, f};
 }
@@ -157,6 +168,7 @@ decode_combine_kernel(const DecodeKernelParams p) {
   using Elem = std::conditional_t<kF16Partials, uint16_t, float>;
   const Elem* po = reinterpret_cast<const Elem*>(p.accum_out) + int64_t(h) * 512 + d;
 
+  const HeadSink sink = load_head_sink(p, h);
   // Launched as a programmatic dependent of the decode kernel: wait for its completion (and the
   // visibility of its partials) before reading them.
   asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -227,7 +239,7 @@ decode_combine_kernel(const DecodeKernelParams p) {
     }
   }
   SELKV_CTL(ctl_max(kCtlLastMerged);)
-  const auto [lse, f] = merged_row(p, h, max_lse, sum_w);
+  const auto [lse, f] = merged_row(p, sink, max_lse, sum_w);
   const uint2 packed =
       make_uint2(selkv::sm90::bf16x2_bits(acc.x * f, acc.y * f), selkv::sm90::bf16x2_bits(acc.z * f, acc.w * f));
   SELKV_CTL(ctl_max(kCtlLastRowReady);)
@@ -267,6 +279,7 @@ __global__ void __launch_bounds__(kFatThreads, 4) decode_combine_fat_kernel(cons
   constexpr int kChunks = kFatDims * int(sizeof(Elem)) / 16;  // 16-byte loads per split: 2 (fp16) or 4
   const Elem* po = reinterpret_cast<const Elem*>(p.accum_out) + int64_t(h) * 512 + d;
 
+  const HeadSink sink = load_head_sink(p, h);
   asm volatile("griddepcontrol.wait;" ::: "memory");  // the decode kernel's partials are visible
 
   for (int32_t i = tid; i < n * kFatHeads; i += kFatThreads)
@@ -330,7 +343,7 @@ __global__ void __launch_bounds__(kFatThreads, 4) decode_combine_fat_kernel(cons
       }
     }
   }
-  const auto [lse, f] = merged_row(p, h, max_lse, sum_w);
+  const auto [lse, f] = merged_row(p, sink, max_lse, sum_w);
   uint32_t packed[kFatDims / 2];
 #pragma unroll
   for (int e = 0; e < kFatDims / 2; ++e) packed[e] = selkv::sm90::bf16x2_bits(acc[2 * e] * f, acc[2 * e + 1] * f);
