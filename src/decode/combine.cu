@@ -109,9 +109,9 @@ __device__ __forceinline__ float nan_sticky_max(float m, float x) {
   return (x != x || m != m) ? __int_as_float(0x7fffffff) : fmaxf(m, x);
 }
 
-// Head h's attn_sink logit, loaded before the dependency wait: attn_sink is the caller's input
-// (stream work before the decode kernel wrote it), not the decode kernel's output, so its load
-// (a DRAM miss in a cold call) leaves the tail that follows the wait.
+// Head h's attn_sink logit, loaded before the dependency wait: attn_sink is the caller's input,
+// complete before the decode kernel (an ordinary launch) began, not the decode kernel's output, so
+// its load (a DRAM miss in a cold call) leaves the tail that follows the wait.
 struct HeadSink {
   bool on;
   float logit;
