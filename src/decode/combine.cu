@@ -9,6 +9,7 @@
 #include "decode/partial_scale.h"
 #include "decode/timeline_clock.cuh"
 #include "sm90/device_ops.cuh"  // bf16x2_bits
+#include "sm90/epilogue.cuh"     // sink_scale
 
 namespace selkv::decode {
 namespace {
@@ -130,7 +131,7 @@ __device__ __forceinline__ MergedRow merged_row(const DecodeKernelParams& p, Hea
   if (max_lse != -INFINITY) {
     lse = max_lse + logf(sum_w);
     f = 1.f / sum_w;
-    if (sink.on) f *= 1.f / (1.f + expf(sink.logit - lse));
+    if (sink.on) f *= selkv::sm90::sink_scale(sink.logit, lse);
   }
   return {lse, f};
 }
