@@ -160,6 +160,22 @@ inline int32_t env_min_blocks() {
   return env != nullptr && *env ? int32_t(std::atoi(env)) : 0;
 }
 
+// Extra-cache lengths of the MODEL1 extra_topk_length cases: SELKV_BENCH_EXTRA_LEN = "L" or
+// "L0,L1,..." (batch row b takes entry b mod n, clamped to [0, K2]), else drawn uniform in
+// [0, K2]. Not in the case label: one CLI run per setting (a sweep of the short-row plans).
+inline std::vector<int32_t> env_extra_lengths() {
+  std::vector<int32_t> v;
+  const char* env = std::getenv("SELKV_BENCH_EXTRA_LEN");
+  for (const char* p = env; p != nullptr && *p;) {
+    char* end = nullptr;
+    const long x = std::strtol(p, &end, 10);
+    if (end == p) break;
+    v.push_back(int32_t(x));
+    p = *end == ',' ? end + 1 : end;
+  }
+  return v;
+}
+
 // Partial format of every decode case: SELKV_BENCH_PARTIALS = fp32 | fp16, else the library's
 // choice (not in the case label, so bench_ab variants of it line up).
 inline DecodePartials env_partials() {

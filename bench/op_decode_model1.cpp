@@ -212,8 +212,10 @@ class Model1DecodeWorkload final : public Workload, public Anchored {
       if (s_.extra_len) {
         len2_.resize(size_t(B));
         v2 = 0;
+        const std::vector<int32_t> fixed_len = env_extra_lengths();  // SELKV_BENCH_EXTRA_LEN
         for (int32_t b = 0; b < B; ++b) {
           len2_[size_t(b)] = int32_t(rng.range(0, s_.K2));
+          if (!fixed_len.empty()) len2_[size_t(b)] = std::clamp(fixed_len[size_t(b) % fixed_len.size()], 0, s_.K2);
           for (int32_t s = 0; s < S; ++s) {
             int32_t* row = &idx2_[(size_t(b) * S + s) * s_.K2];
             for (int32_t k = len2_[size_t(b)]; k < s_.K2; ++k) row[k] = INT_MAX;  // never read
