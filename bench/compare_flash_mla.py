@@ -546,12 +546,16 @@ class Model1Case:
     extra_len: bool = False  # extra_topk_length uniform in [0, K2] per batch row
     S: int = 2
     quick: bool = True
+    extra_len_fixed: tuple[int, ...] = ()  # --extra-len-sweep: lengths set by hand, cycled over B
+
 
     def shape(self) -> str:
         s = f"model1 B={self.B} S_q={self.S} H={self.H} K={self.K} s_kv={self.s_kv} page={self.page}"
         if self.K2:
             s += f" extra K2={self.K2} s_kv2={self.s_kv2} page2={self.page2}"
             s += " extra_topk_length" if self.extra_len else ""
+            if self.extra_len and self.extra_len_fixed:
+                s += " lengths=" + ",".join(str(v) for v in self.extra_len_fixed)
         return s
 
 
@@ -619,6 +623,9 @@ def model1_inputs(c: Model1Case, gen: torch.Generator, dev: str | torch.device =
         if c.extra_len:
             x["extra_topk_length"] = torch.randint(0, c.K2 + 1, (c.B,), generator=gen, device=dev,
                                                    dtype=torch.int32)
+            if c.extra_len_fixed:  # same inputs otherwise: the draw above keeps the generator's stream
+                v = [min(max(c.extra_len_fixed[b % len(c.extra_len_fixed)], 0), c.K2) for b in range(c.B)]
+                x["extra_topk_length"] = torch.tensor(v, dtype=torch.int32, device=dev)
     return x
 
 
@@ -735,6 +742,9 @@ def main() -> int:
     ap.add_argument("--prefill-sweep", action="store_true",
                     help="add the K (256..1024) and N (8K, 128K) prefill sweep (fixed vs per-block cost)")
     ap.add_argument("--only", default="", help="regex: run only the cases whose shape matches (e.g. under ncu)")
+    ap.add_argument("--extra-len-sweep", default="",
+                    help="model1: the extra_topk_length cases again with lengths set by hand, one run per "
+                         "';'-separated setting of comma-separated per-batch-row lengths (e.g. '0;64;214,290')")
     ap.add_argument("--csv", default="")
     args = ap.parse_args()
     picked = (lambda c: re.search(args.only, c.shape()) is not None) if args.only else (lambda c: True)
@@ -769,6 +779,14 @@ def main() -> int:
                 if (not args.quick or c.quick) and picked(c):
                     rows += run_model1(c, fm, timer, gen, args.min_blocks)
                     torch.cuda.empty_cache()
+        if "model1" in ops and args.extra_len_sweep:
+            for setting in args.extra_len_sweep.split(";"):
+                lengths = tuple(int(v) for v in setting.split(","))
+                for c in MODEL1_CASES:
+                    if c.extra_len and (not args.quick or c.quick) and picked(c):
+                        c = dataclasses.replace(c, extra_len_fixed=lengths)
+                        rows += run_model1(c, fm, timer, gen, args.min_blocks)
+                        torch.cuda.empty_cache()
         if "prefill" in ops:
             for c in PREFILL_CASES + (PREFILL_SWEEP if args.prefill_sweep else []):
                 if (not args.quick or c.quick) and picked(c):
