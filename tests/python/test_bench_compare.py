@@ -80,3 +80,14 @@ def test_kineto_spans_refuse_reps_they_cannot_tell_apart(cmp, n_acts, reps, head
     acts = [(float(k), float(k) + 0.5) for k in range(n_acts)]
     with pytest.raises(RuntimeError, match="activity count is not fixed"):
         cmp.kineto_spans(acts, reps, head)
+
+
+def test_extra_len_sweep_labels_only_the_extra_topk_length_cases(cmp):
+    import dataclasses
+
+    dyn = [c for c in cmp.MODEL1_CASES if c.extra_len]
+    fixed = [c for c in cmp.MODEL1_CASES if c.K2 and not c.extra_len]
+    assert dyn and fixed
+    c = dataclasses.replace(dyn[0], extra_len_fixed=(214, 290))
+    assert c.shape() == dyn[0].shape() + " lengths=214,290"  # a sweep row never reads as the drawn case
+    assert dataclasses.replace(fixed[0], extra_len_fixed=(0,)).shape() == fixed[0].shape()
