@@ -548,7 +548,6 @@ class Model1Case:
     quick: bool = True
     extra_len_fixed: tuple[int, ...] = ()  # --extra-len-sweep: lengths set by hand, cycled over B
 
-
     def shape(self) -> str:
         s = f"model1 B={self.B} S_q={self.S} H={self.H} K={self.K} s_kv={self.s_kv} page={self.page}"
         if self.K2:
