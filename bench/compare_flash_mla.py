@@ -774,18 +774,15 @@ def main() -> int:
                     rows += run_packed(c, fm, timer, gen)
                     torch.cuda.empty_cache()
         if "model1" in ops:
-            for c in MODEL1_CASES:
+            # the drawn cases, then the extra_topk_length ones at each --extra-len-sweep setting
+            sweep = [tuple(int(v) for v in setting.split(",")) for setting in args.extra_len_sweep.split(";")
+                     if args.extra_len_sweep]
+            cases = MODEL1_CASES + [dataclasses.replace(c, extra_len_fixed=lengths)
+                                    for lengths in sweep for c in MODEL1_CASES if c.extra_len]
+            for c in cases:
                 if (not args.quick or c.quick) and picked(c):
                     rows += run_model1(c, fm, timer, gen, args.min_blocks)
                     torch.cuda.empty_cache()
-        if "model1" in ops and args.extra_len_sweep:
-            for setting in args.extra_len_sweep.split(";"):
-                lengths = tuple(int(v) for v in setting.split(","))
-                for c in MODEL1_CASES:
-                    if c.extra_len and (not args.quick or c.quick) and picked(c):
-                        c = dataclasses.replace(c, extra_len_fixed=lengths)
-                        rows += run_model1(c, fm, timer, gen, args.min_blocks)
-                        torch.cuda.empty_cache()
         if "prefill" in ops:
             for c in PREFILL_CASES + (PREFILL_SWEEP if args.prefill_sweep else []):
                 if (not args.quick or c.quick) and picked(c):

@@ -6,6 +6,7 @@ round, and which GPU activities of a profiled rep belong to the call."""
 from __future__ import annotations
 
 import collections
+import dataclasses
 import pathlib
 import sys
 
@@ -83,8 +84,6 @@ def test_kineto_spans_refuse_reps_they_cannot_tell_apart(cmp, n_acts, reps, head
 
 
 def test_extra_len_sweep_labels_only_the_extra_topk_length_cases(cmp):
-    import dataclasses
-
     dyn = [c for c in cmp.MODEL1_CASES if c.extra_len]
     fixed = [c for c in cmp.MODEL1_CASES if c.K2 and not c.extra_len]
     assert dyn and fixed
