@@ -214,6 +214,7 @@ class Model1DecodeWorkload final : public Workload, public Anchored {
         v2 = 0;
         const std::vector<int32_t> fixed_len = env_extra_lengths();  // SELKV_BENCH_EXTRA_LEN
         for (int32_t b = 0; b < B; ++b) {
+          // drawn even when SELKV_BENCH_EXTRA_LEN sets it: the other inputs stay the drawn case's
           len2_[size_t(b)] = int32_t(rng.range(0, s_.K2));
           if (!fixed_len.empty()) len2_[size_t(b)] = std::clamp(fixed_len[size_t(b) % fixed_len.size()], 0, s_.K2);
           for (int32_t s = 0; s < S; ++s) {
