@@ -775,8 +775,8 @@ def main() -> int:
                     torch.cuda.empty_cache()
         if "model1" in ops:
             # the drawn cases, then the extra_topk_length ones at each --extra-len-sweep setting
-            sweep = [tuple(int(v) for v in setting.split(",")) for setting in args.extra_len_sweep.split(";")
-                     if args.extra_len_sweep]
+            sweep = ([tuple(int(v) for v in setting.split(",")) for setting in args.extra_len_sweep.split(";")]
+                     if args.extra_len_sweep else [])
             cases = MODEL1_CASES + [dataclasses.replace(c, extra_len_fixed=lengths)
                                     for lengths in sweep for c in MODEL1_CASES if c.extra_len]
             for c in cases:
