@@ -295,7 +295,13 @@ __device__ __forceinline__ RowStats softmax_wg_row(const DecodeKernelParams& p, 
   }
 
   for (int32_t blk = w.blk_begin; blk < w.blk_end; ++blk) {
+    // (timeline build, first block: the local half's barrier apart from the whole tile's)
+    SELKV_TL(if (tl_first) {
+      cutlass::arch::ClusterBarrier::wait(&ss.bar_full[ring.buf], ring.phase);
+      if (tid_wg == 0) tl_stamp(21);
+    })
     wait_kv_tile<kNumHeads>(ss, ring.buf, ring.phase);
+    SELKV_TL(if (tid_wg == 0 && tl_first) tl_stamp(22);)
 
     // S = Q K^T over kDimQK dims for the block's 64 tokens.
     Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});

@@ -20,11 +20,13 @@ namespace selkv::decode::sm90 {
 // last barrier), 12-14 the softmax WG's and 15-17 the PV WG's last row epilogue (store_row): scaled
 // (after the partial scale and its stores), staged (after the stmatrix), stored (after the copy-out),
 // 18 the producer's first round converted, 19 its second round's first record chunk in a register
-// (at the start of its conversion; thread 0 waits for it), 20 warp 3's first publish (lane 0).
+// (at the start of its conversion; thread 0 waits for it), 20 warp 3's first publish (lane 0), 21 the
+// softmax WG's first block: this CTA's half complete (bar_full), 22 the whole tile complete (H = 128:
+// the peer's half too, bar_remote; 4 - 22 is then the first S wgmmas alone).
 // The 4-heads combine kernel adds its own stamps (entry, wait, lse table, merged, row ready, end:
 // combine.cu), for the same launches.
 #if SELKV_DECODE_TIMELINE
-inline constexpr int kTlStamps = 21;
+inline constexpr int kTlStamps = 23;
 inline constexpr int kTlMaxCtas = 512;  // CTAs stamped per launch (the grid is at most one per SM)
 __device__ unsigned long long g_tl[kTlMaxCtas][kTlStamps];
 __device__ unsigned int g_tl_done;
@@ -72,7 +74,7 @@ static __global__ void tl_print_kernel() {  // static: one per translation unit,
                                     "last_epilogue_start", "producer_start", "index0_ready", "records0_ready",
                                     "pv_end", "exit", "sm_epi_scaled", "sm_epi_staged", "sm_epi_stored",
                                     "pv_epi_scaled", "pv_epi_staged", "pv_epi_stored", "round0_converted",
-                                    "records1_ready", "w3_first_publish"};
+                                    "records1_ready", "w3_first_publish", "first_local_half", "first_tile_whole"};
     for (int k = 0; k < kTlStamps; ++k) {
       unsigned long long v[kTlMaxCtas];
       int m = 0;
