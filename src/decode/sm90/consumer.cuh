@@ -227,11 +227,14 @@ __device__ __forceinline__ void pv_gemm_wait(TiledMma& mma, const ThrMma& thr, c
 }
 
 // Wait until block `buf` (phase) is complete in this CTA: the local producer's part (bar_full),
-// and in a 2-CTA cluster (H = 128) the peer's part (bar_remote).
+// and in a 2-CTA cluster (H = 128) the peer's part (bar_remote). `tl_lead` (timeline build only)
+// stamps each of the two.
 template <int kNumHeads, class SS>
-__device__ __forceinline__ void wait_kv_tile(SS& ss, int buf, uint32_t phase) {
+__device__ __forceinline__ void wait_kv_tile(SS& ss, int buf, uint32_t phase, [[maybe_unused]] bool tl_lead = false) {
   cutlass::arch::ClusterBarrier::wait(&ss.bar_full[buf], phase);
+  SELKV_TL(if (tl_lead) tl_stamp(21);)
   if constexpr (DecodeTraits<kNumHeads>::kCluster == 2) cutlass::arch::ClusterBarrier::wait(&ss.bar_remote[buf], phase);
+  SELKV_TL(if (tl_lead) tl_stamp(22);)
 }
 
 // Return buffer `buf` to the producer(s): one arrival per consumer warp, on this CTA's and
@@ -295,13 +298,7 @@ __device__ __forceinline__ RowStats softmax_wg_row(const DecodeKernelParams& p, 
   }
 
   for (int32_t blk = w.blk_begin; blk < w.blk_end; ++blk) {
-    // (timeline build, first block: the local half's barrier apart from the whole tile's)
-    SELKV_TL(if (tl_first) {
-      cutlass::arch::ClusterBarrier::wait(&ss.bar_full[ring.buf], ring.phase);
-      if (tid_wg == 0) tl_stamp(21);
-    })
-    wait_kv_tile<kNumHeads>(ss, ring.buf, ring.phase);
-    SELKV_TL(if (tid_wg == 0 && tl_first) tl_stamp(22);)
+    wait_kv_tile<kNumHeads>(ss, ring.buf, ring.phase, tl_first && tid_wg == 0);
 
     // S = Q K^T over kDimQK dims for the block's 64 tokens.
     Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});
