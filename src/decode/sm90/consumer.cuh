@@ -57,9 +57,58 @@ __device__ __forceinline__ void stage_rows16(uint32_t stage, int lane, const Ten
   }
 }
 
-// Epilogue of one row for consumer `cw` (owns d_v [256 cw, 256 cw + 256)): normalize, then bf16
-// out + lse (unsplit) or the normalized partial (scaled fp16 when kF16Partials, else fp32) +
-// partial lse (split).
+// fp16 partial of rows r0, r1 (unnormalized O, so the 128 multiplies by 1 / sum are not in the
+// epilogue: the inverse scale carries them, decode/partial_scale.h) staged by warp scope. Returns
+// the inverse scales: `f` as is where a row's |max| rounds into [2^-13, 65504] (or the row is
+// empty); otherwise the warp scales by f16_partial_scale first (rare: data far from unit scale).
+// Why: the epilogue's code is fetched cold at a launch's end, and this path is ~160 instructions
+// shorter than an abs-max pass and a scaling pass in fp32 (docs/perf-log.md: short split epilogue).
+// The max is taken from a first packing (3-input fp16 max, VHMNMX), which leaves O intact, so
+// the values die as they are staged (no spills).
+template <typename TensorO>
+__device__ __forceinline__ float2 stage_f16_partial(uint32_t stage, int lane, TensorO& tOrO, bool any0, bool any1,
+                                                    float f0, float f1) {
+  auto as_h2 = [](uint32_t u) { return *reinterpret_cast<const __half2*>(&u); };
+  auto as_u32 = [](__half2 h) { return *reinterpret_cast<const uint32_t*>(&h); };
+  __half2 mx0 = __float2half2_rn(0.f), mx1 = mx0;  // |max| of the fp16 values, two lanes each
+  CUTE_UNROLL
+  for (int i = 0; i < size(tOrO); i += 8) {  // one VHMNMX per row and 4 values
+    mx0 = __hmax2(mx0, __hmax2(__habs2(as_h2(f16x2_bits(tOrO(i), tOrO(i + 1)))),
+                               __habs2(as_h2(f16x2_bits(tOrO(i + 4), tOrO(i + 5))))));
+    mx1 = __hmax2(mx1, __hmax2(__habs2(as_h2(f16x2_bits(tOrO(i + 2), tOrO(i + 3)))),
+                               __habs2(as_h2(f16x2_bits(tOrO(i + 6), tOrO(i + 7))))));
+  }
+  __half2 mx = __hmax2(__lows2half2(mx0, mx1), __highs2half2(mx0, mx1));  // (row r0, row r1)
+  mx = __hmax2(mx, as_h2(__shfl_xor_sync(0xffffffffu, as_u32(mx), 1)));
+  mx = __hmax2(mx, as_h2(__shfl_xor_sync(0xffffffffu, as_u32(mx), 2)));
+  const uint32_t mb = as_u32(mx);
+  // fp16 bits of 2^-13 and +inf: below, values near fp16's subnormals lose bits; at inf, overflow.
+  auto fits = [](uint32_t h) { return h >= 0x0800u && h < 0x7c00u; };
+  const bool ok = (!any0 || fits(mb & 0xffffu)) && (!any1 || fits(mb >> 16));
+  float2 inv = make_float2(f0, f1);
+  if (__any_sync(0xffffffffu, !ok)) [[unlikely]] {
+    float m0 = 0.f, m1 = 0.f;
+    CUTE_UNROLL
+    for (int i = 0; i < size(tOrO); i += 4) {
+      m0 = fmaxf(m0, fmaxf(fabsf(tOrO(i)), fabsf(tOrO(i + 1))));
+      m1 = fmaxf(m1, fmaxf(fabsf(tOrO(i + 2)), fabsf(tOrO(i + 3))));
+    }
+    m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, 1));
+    m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, 1));
+    m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, 2));
+    m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, 2));
+    const PartialScale s0 = f16_partial_scale(m0), s1 = f16_partial_scale(m1);
+    CUTE_UNROLL
+    for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= ((i >> 1) & 1) ? s1.scale : s0.scale;
+    inv = make_float2(s0.inv * f0, s1.inv * f1);
+  }
+  stage_rows16(stage, lane, tOrO, [](float a, float b) { return f16x2_bits(a, b); });
+  return inv;
+}
+
+// Epilogue of one row for consumer `cw` (owns d_v [256 cw, 256 cw + 256)): bf16 out + lse
+// (unsplit, normalized) or the partial + partial lse (split: fp16 O with its inverse scale when
+// kF16Partials, else normalized fp32).
 template <int kNumHeads, bool kF16Partials, typename TensorO>
 __device__ __forceinline__ void store_row(const DecodeKernelParams& p, const RowWork& w, uint32_t stage_base, int cw,
                                           int lane, int r0, int r1, const RowStats& st, TensorO& tOrO) {
@@ -75,28 +124,7 @@ __device__ __forceinline__ void store_row(const DecodeKernelParams& p, const Row
   // Lane q of a quad holds word q (columns 2q, 2q + 1) of every 8-column chunk of rows r0 and r1.
   const int q4 = lane & 3;
   if (w.split) {
-    if constexpr (kF16Partials) {
-      // fp16 partial: the half-row max over the quad sets the scale, written beside the partial;
-      // the values are stored below by the out code, into the slot.
-      float m0 = 0.f, m1 = 0.f;
-      CUTE_UNROLL
-      for (int i = 0; i < size(tOrO); i += 4) {
-        m0 = fmaxf(m0, fmaxf(fabsf(tOrO(i)), fabsf(tOrO(i + 1))));
-        m1 = fmaxf(m1, fmaxf(fabsf(tOrO(i + 2)), fabsf(tOrO(i + 3))));
-      }
-      m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, 1));
-      m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, 1));
-      m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, 2));
-      m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, 2));
-      const PartialScale s0 = f16_partial_scale(m0 * f0), s1 = f16_partial_scale(m1 * f1);
-      f0 *= s0.scale;
-      f1 *= s1.scale;
-      if (q4 == 0) {
-        float* inv = p.accum_out + f16_inv_scales_offset(p.num_sm_parts, kNumHeads);
-        inv[(int64_t(w.slot) * kNumHeads + h0) * 2 + cw] = s0.inv;
-        inv[(int64_t(w.slot) * kNumHeads + h1) * 2 + cw] = s1.inv;
-      }
-    } else {
+    if constexpr (!kF16Partials) {
       // fp32 partial: 8-byte stores of the accumulator pairs. The fp32 epilogue is bound by the
       // write bandwidth of all CTAs finishing at once; a head-pair layout with 16-byte stores was
       // slower (docs/perf-log.md: decode fp32 partial stores).
@@ -133,12 +161,17 @@ __device__ __forceinline__ void store_row(const DecodeKernelParams& p, const Row
     const int64_t hs = to_slot ? int64_t(kDimV) : p.out_head_stride;
     const int warp_wg = r0 >> 4;
     const uint32_t stage = stage_base + uint32_t(cw * kStageBytesPerConsumer + warp_wg * kStageBytesPerWarp);
-    // Scaled once, packed by one of two short stmatrix sequences (not a select per word).
-    CUTE_UNROLL
-    for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= ((i >> 1) & 1) ? f1 : f0;
     if (to_slot) {
-      stage_rows16(stage, lane, tOrO, [](float a, float b) { return f16x2_bits(a, b); });
+      const float2 inv = stage_f16_partial(stage, lane, tOrO, any0, any1, f0, f1);
+      if (q4 == 0) {
+        float* inv_out = p.accum_out + f16_inv_scales_offset(p.num_sm_parts, kNumHeads);
+        inv_out[(int64_t(w.slot) * kNumHeads + h0) * 2 + cw] = inv.x;
+        inv_out[(int64_t(w.slot) * kNumHeads + h1) * 2 + cw] = inv.y;
+      }
     } else {
+      // Scaled once, packed by one short stmatrix sequence (not a select per word).
+      CUTE_UNROLL
+      for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= ((i >> 1) & 1) ? f1 : f0;
       stage_rows16(stage, lane, tOrO, [](float a, float b) { return bf16x2_bits(a, b); });
     }
     __syncwarp();
