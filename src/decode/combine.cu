@@ -143,7 +143,7 @@ __device__ __forceinline__ MergedRow merged_row(const DecodeKernelParams& p, Hea
 // rows kCombineBatch splits at a time, so a row split n ways costs ~ceil(n / kCombineBatch) L2 round
 // trips instead of ~n. The merge arithmetic and its order (max,
 // then w_i = exp(lse_i - max), sum and accumulation in split order) are fixed: deterministic.
-// kF16Partials: the partials are fp16 with a power-of-two inverse scale per (split, head, d_v half)
+// kF16Partials: the partials are fp16 with an inverse scale per (split, head, d_v half)
 // (decode_params.h f16_partials_by_default), else fp32. Same element offsets either way.
 template <class Shape, bool kF16Partials>
 __global__ void __launch_bounds__(kCombineThreads, Shape::kMinCtas)

@@ -34,10 +34,11 @@ SELKV_DEC_HD constexpr int min_blocks_per_part(int num_heads, int64_t total_bloc
 }
 
 // Partial format of split rows for DecodePartials::kAuto (a template parameter of the decode and
-// combine kernels, chosen per call from the plan's shape). fp16 with a power-of-two scale per
-// (slot, head, d_v half), written by the bf16 out path's whole-sector 16-byte stores, halves the
-// partial round trip; the scale (the half-row max lands in [2^13, 2^14)) keeps any data scale in
-// range, and fp16 rounds 8x finer than bf16 (bf16 partials reached DESIGN §5's cosine limit).
+// combine kernels, chosen per call from the plan's shape). fp16 with an inverse scale per (slot,
+// head, d_v half) (partial_scale.h: 1 / sum, times a power of two where the data is far from unit
+// scale), written by the bf16 out path's whole-sector 16-byte stores, halves the partial round
+// trip; any data scale stays in range, and fp16 rounds 8x finer than bf16 (bf16 partials reached
+// DESIGN §5's cosine limit).
 // fp32 goes out by 8-byte register stores, 8 lines a warp instruction: it pays only at H = 64 on
 // the smallest calls, up to 4096 block-heads (T blocks x H: B * S_q <= 2 at K=2048), where the
 // fp16 epilogue's extra code, fetched cold, costs more than the stores (docs/perf-log.md: decode

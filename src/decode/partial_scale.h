@@ -1,7 +1,9 @@
-// Power-of-two scale of the fp16 split partials (DecodePartials::kFp16, decode_params.h),
-// host and device: the decode epilogue scales each (slot, head, d_v half) by `scale` before the
-// fp16 rounding and stores `inv`; the combine multiplies by `inv`. Both are exact powers of two,
-// so the scaling itself rounds nothing.
+// fp16 split partials (DecodePartials::kFp16, decode_params.h), host and device. Each (slot, head,
+// d_v half) holds the row's O unnormalized, in fp16, and one float inverse scale the combine
+// multiplies it by: 1 / sum where O's |max| rounds into [2^-13, 65504] in fp16 (the usual case:
+// no multiply in the decode epilogue), else O times the power of two `scale` below and
+// inv = `inv` / sum (data far from unit scale; the power of two rounds nothing). 0 for an empty
+// row, NaN for a NaN row (sm90/consumer.cuh stage_f16_partial).
 #pragma once
 
 #include <cstdint>

@@ -24,7 +24,7 @@
 namespace selkv::decode::sm90 {
 
 // ---- kernel ---------------------------------------------------------------------------------
-// kF16Partials: split rows' partials in fp16 with a power-of-two scale, else fp32
+// kF16Partials: split rows' partials in fp16 with an inverse scale (partial_scale.h), else fp32
 // (decode_params.h f16_partials_by_default; the combine reads the same format). kPacked: the
 // records come from a packed KV buffer (C6, selkv/packed.h; producer.cuh), else the paged cache.
 // kFormat: the cache's record format, which sets the geometry (DecodeLayout: d_qk 576 or 512) and
