@@ -156,13 +156,14 @@ TEST(DecodeGpu, SplitGranularity) {
   for (int H : {64, 128}) check_case({2, 1, H, 8192, 4096, 64}, 0, 1, kBothFormats);  // 64 / ~33 ways
 }
 
-// Split rows at any data scale: both partial formats (DecodePartials; fp16 is scaled per head
-// and d_v half, decode_params.h) must neither overflow (|cache| ~ 3e6: the
-// normalized partials reach ~1e5, beyond fp16's 65504) nor lose precision to subnormals
-// (|cache| ~ 1e-6: |out| ~ 4e-8). compare()'s cosine distance is the scale-free check of DESIGN §5.
+// Split rows at any data scale: both partial formats (DecodePartials; fp16 holds O unnormalized,
+// scaled per head and d_v half only where its fp16 max is outside [2^-13, 65504], partial_scale.h)
+// must neither overflow (|cache| ~ 3e6: the partials reach ~1e5 and more, beyond fp16's 65504) nor
+// lose precision to subnormals (|cache| ~ 1e-6: |out| ~ 4e-8); 1e3 and 1e-4 lie between, far from
+// unit scale. compare()'s cosine distance is the scale-free check of DESIGN §5.
 TEST(DecodeGpu, SplitRowsAtAnyDataScale) {
   SELKV_REQUIRE_GPU();
-  for (float std_dev : {3e6f, 1e-6f})
+  for (float std_dev : {3e6f, 1e3f, 1e-4f, 1e-6f})
     for (int H : {64, 128}) {
       CaseSpec c{2, 2, H, 1024, 576, 64, 0, true, false, false, false, std_dev};
       check_case(c, 0, 1, kBothFormats);  // 1-block parts: every row split 9 ways
