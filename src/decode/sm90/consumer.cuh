@@ -369,9 +369,10 @@ __device__ __forceinline__ RowStats softmax_wg_row(const DecodeKernelParams& p, 
     }
     cutlass::arch::fence_view_async_shared();  // P tile: generic stores -> WG2's wgmma
     consumers_arrive(NamedBar::kPReady);
-    // Once the running maxima settle the factors are exactly 1: skip the 128 multiplies
-    // (warp-uniform test; multiplying by 1 would give the same bits).
-    if (__any_sync(0xffffffffu, sc0 != 1.f || sc1 != 1.f)) {
+    // Once the running maxima settle the factors are exactly 1, and at the row's first block O is
+    // the cleared +0 (the factor is 0): skip the 128 multiplies (warp-uniform test; multiplying
+    // would give the same bits).
+    if (__any_sync(0xffffffffu, (sc0 != 1.f || sc1 != 1.f) && blk != w.blk_begin)) {
       CUTE_UNROLL
       for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= ((i >> 1) & 1) ? sc1 : sc0;
     }
@@ -415,7 +416,7 @@ __device__ __forceinline__ RowStats pv_wg_row(typename L::SharedStorage& ss, con
     // async-proxy visibility chain explicit (producer fence -> mbarrier -> this thread).
     wait_kv_tile<kNumHeads>(ss, ring.buf, ring.phase);
     const float sc0 = ss.row_scale[r0], sc1 = ss.row_scale[r1];
-    if (__any_sync(0xffffffffu, sc0 != 1.f || sc1 != 1.f)) {
+    if (__any_sync(0xffffffffu, (sc0 != 1.f || sc1 != 1.f) && blk != w.blk_begin)) {  // as WG1's
       CUTE_UNROLL
       for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= ((i >> 1) & 1) ? sc1 : sc0;
     }
