@@ -116,7 +116,8 @@ __device__ __forceinline__ void store_row(const DecodeKernelParams& p, const Row
   const int head_base = int(blockIdx.x) * kBlockM;
   // An empty row gives out 0 and lse -inf (the final lse: p.empty_lse, below); a NaN that reached
   // the softmax keeps the row NaN (DESIGN §2).
-  const selkv::sm90::RowResult2 rr = selkv::sm90::row_results<true, true>(st.m0, st.l0, st.m1, st.l1, p.sm_scale);
+  const selkv::sm90::RowResult2 rr = selkv::sm90::row_results</*kLseFirst=*/true, /*kFastMath=*/true>(
+      st.m0, st.l0, st.m1, st.l1, p.sm_scale);
   const bool any0 = rr.any0, any1 = rr.any1;
   const float lse0 = rr.lse0, lse1 = rr.lse1;
   float f0 = rr.f0, f1 = rr.f1;
