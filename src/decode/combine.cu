@@ -191,8 +191,10 @@ decode_combine_kernel(const DecodeKernelParams p) {
   Chunk o[kCombineBatch];
   auto load_batch = [&](int32_t base) {
     #pragma unroll
-    for (int j = 0; j < kCombineBatch; ++j)
-      if (base + j < n) o[j] = *reinterpret_cast<const Chunk*>(po + slot(base + j) * split_stride);
+    for (int j = 0; j < kCombineBatch; ++j) {
+      if (base + j >= n) break;  // CTA-uniform
+      o[j] = *reinterpret_cast<const Chunk*>(po + slot(base + j) * split_stride);
+    }
   };
   auto value = [&](int j) -> float4 {
     if constexpr (kF16Partials) {
@@ -224,18 +226,25 @@ decode_combine_kernel(const DecodeKernelParams p) {
           inv_c = lane_inv(base + lane);
         }
       }
+      // The batch's weights (and inverse scales) by shuffle, all at once; then the merge stops at
+      // the row's last split: a row split n < kCombineBatch ways issues n steps, not kCombineBatch
+      // predicated ones (n is CTA-uniform).
+      float wj[kCombineBatch], isj[kCombineBatch];
       #pragma unroll
       for (int j = 0; j < kCombineBatch; ++j) {
         const int src = (int(base) + j) & 31;
-        const float w = __shfl_sync(0xffffffffu, w_c, src);
-        float is = 1.f;  // fp32 partials carry no scale
-        if constexpr (kF16Partials) is = __shfl_sync(0xffffffffu, inv_c, src);
-        if (base + j < n) {
-          sum_w += w;
-          float4 v = value(j);
-          if constexpr (kF16Partials) v = make_float4(v.x * is, v.y * is, v.z * is, v.w * is);
-          acc.x += w * v.x; acc.y += w * v.y; acc.z += w * v.z; acc.w += w * v.w;
-        }
+        wj[j] = __shfl_sync(0xffffffffu, w_c, src);
+        isj[j] = 1.f;  // fp32 partials carry no scale
+        if constexpr (kF16Partials) isj[j] = __shfl_sync(0xffffffffu, inv_c, src);
+      }
+      #pragma unroll
+      for (int j = 0; j < kCombineBatch; ++j) {
+        if (base + j >= n) break;
+        const float w = wj[j], is = isj[j];
+        sum_w += w;
+        float4 v = value(j);
+        if constexpr (kF16Partials) v = make_float4(v.x * is, v.y * is, v.z * is, v.w * is);
+        acc.x += w * v.x; acc.y += w * v.y; acc.z += w * v.z; acc.w += w * v.w;
       }
     }
   }
