@@ -234,16 +234,15 @@ decode_combine_kernel(const DecodeKernelParams p) {
       for (int j = 0; j < kCombineBatch; ++j) {
         const int src = (int(base) + j) & 31;
         wj[j] = __shfl_sync(0xffffffffu, w_c, src);
-        isj[j] = 1.f;  // fp32 partials carry no scale
-        if constexpr (kF16Partials) isj[j] = __shfl_sync(0xffffffffu, inv_c, src);
+        if constexpr (kF16Partials) isj[j] = __shfl_sync(0xffffffffu, inv_c, src);  // fp32 partials: no scale
       }
       #pragma unroll
       for (int j = 0; j < kCombineBatch; ++j) {
         if (base + j >= n) break;
-        const float w = wj[j], is = isj[j];
+        const float w = wj[j];
         sum_w += w;
         float4 v = value(j);
-        if constexpr (kF16Partials) v = make_float4(v.x * is, v.y * is, v.z * is, v.w * is);
+        if constexpr (kF16Partials) v = make_float4(v.x * isj[j], v.y * isj[j], v.z * isj[j], v.w * isj[j]);
         acc.x += w * v.x; acc.y += w * v.y; acc.z += w * v.z; acc.w += w * v.w;
       }
     }
