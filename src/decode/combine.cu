@@ -226,24 +226,32 @@ decode_combine_kernel(const DecodeKernelParams p) {
           inv_c = lane_inv(base + lane);
         }
       }
-      // The batch's weights (and inverse scales) by shuffle, all at once; then the merge stops at
-      // the row's last split: a row split n < kCombineBatch ways issues n steps, not kCombineBatch
-      // predicated ones (n is CTA-uniform).
-      float wj[kCombineBatch], isj[kCombineBatch];
+      // Merge steps in groups of kStepGroup: the group's weights (and inverse scales) by shuffle at
+      // once, then its steps, predicated; the loop stops after the row's last split's group (n is
+      // CTA-uniform). Shuffling the whole batch at once held 2 x kBatch more values live and
+      // spilled the 64-register Narrow shape; one group a step serialized the shuffles.
+      constexpr int kStepGroup = 4;
+      static_assert(kCombineBatch % kStepGroup == 0);
       #pragma unroll
-      for (int j = 0; j < kCombineBatch; ++j) {
-        const int src = (int(base) + j) & 31;
-        wj[j] = __shfl_sync(0xffffffffu, w_c, src);
-        if constexpr (kF16Partials) isj[j] = __shfl_sync(0xffffffffu, inv_c, src);  // fp32 partials: no scale
-      }
-      #pragma unroll
-      for (int j = 0; j < kCombineBatch; ++j) {
-        if (base + j >= n) break;
-        const float w = wj[j];
-        sum_w += w;
-        float4 v = value(j);
-        if constexpr (kF16Partials) v = make_float4(v.x * isj[j], v.y * isj[j], v.z * isj[j], v.w * isj[j]);
-        acc.x += w * v.x; acc.y += w * v.y; acc.z += w * v.z; acc.w += w * v.w;
+      for (int g = 0; g < kCombineBatch; g += kStepGroup) {
+        if (base + g >= n) break;
+        float wj[kStepGroup], isj[kStepGroup];
+        #pragma unroll
+        for (int j = 0; j < kStepGroup; ++j) {
+          const int src = (int(base) + g + j) & 31;
+          wj[j] = __shfl_sync(0xffffffffu, w_c, src);
+          if constexpr (kF16Partials) isj[j] = __shfl_sync(0xffffffffu, inv_c, src);  // fp32 partials: no scale
+        }
+        #pragma unroll
+        for (int j = 0; j < kStepGroup; ++j) {
+          if (base + g + j < n) {
+            const float w = wj[j];
+            sum_w += w;
+            float4 v = value(g + j);
+            if constexpr (kF16Partials) v = make_float4(v.x * isj[j], v.y * isj[j], v.z * isj[j], v.w * isj[j]);
+            acc.x += w * v.x; acc.y += w * v.y; acc.z += w * v.z; acc.w += w * v.w;
+          }
+        }
       }
     }
   }
